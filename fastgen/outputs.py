@@ -1,0 +1,58 @@
+"""What the engine hands back for a request: its text and tokens so far, and its timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RequestMetrics:
+    """Timings in seconds (time.perf_counter clock) and prefix-cache use of one request.
+
+    time_to_first_token: arrival to first output token. time_per_output_token: mean gap between
+    output tokens after the first. e2e_latency: arrival to finish (None until finished).
+    num_cached_tokens: prompt tokens served from the prefix cache on first admission.
+    """
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        if self.first_token_time is None or self.num_output_tokens < 2:
+            return None
+        return (self.last_token_time - self.first_token_time) / (self.num_output_tokens - 1)
+
+    @property
+    def e2e_latency(self) -> float | None:
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step.
+
+    text / token_ids: everything generated so far (stop string cut from text).
+    new_text / new_token_ids: what this output adds to the previous one of the same request
+    (the pieces a stream yields). finish_reason: "stop", "length" or "abort" once finished.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    new_text: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    metrics: RequestMetrics

@@ -1,0 +1,98 @@
+"""A request's life outside the scheduler: its text, stop strings, timings and stream cursor."""
+
+from __future__ import annotations
+
+import time
+
+from fastgen.detokenizer import IncrementalDetokenizer
+from fastgen.outputs import RequestMetrics, RequestOutput
+from fastgen.sequence import FinishReason, Sequence
+
+
+class RequestState:
+    """Follows one sequence and turns its progress into `RequestOutput`s.
+
+    Stop strings: the text is searched after every token; on a match the text is cut before the
+    stop string and the request finishes with reason "stop". So that a stream never yields text
+    that a later token turns into part of a stop string, the last len(longest stop) - 1
+    characters are held back until the request finishes.
+    """
+
+    def __init__(self, request_id: str, seq: Sequence, prompt: str | None, tokenizer, arrival_time: float):
+        self.request_id = request_id
+        self.seq = seq
+        self.prompt = prompt
+        self.detokenizer = IncrementalDetokenizer(tokenizer, seq.token_ids[: seq.num_prompt_tokens])
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.stop = seq.params.stop
+        self.hold_back = max((len(s) for s in self.stop), default=1) - 1
+        self.text = ""
+        self.num_tokens_seen = 0
+        self.sent_text_len = 0
+        self.sent_tokens = 0
+        self.stop_string_hit = False
+
+    def on_scheduled(self, now: float) -> None:
+        if self.metrics.first_scheduled_time is None:
+            self.metrics.first_scheduled_time = now
+            self.metrics.num_cached_tokens = self.seq.num_cached_tokens
+
+    def on_new_tokens(self, now: float) -> bool:
+        """Take the sequence's new tokens into the text; True when a stop string matched."""
+        output_ids = self.seq.output_token_ids
+        new_ids = output_ids[self.num_tokens_seen :]
+        if not new_ids:
+            return False
+        self.num_tokens_seen = len(output_ids)
+        m = self.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.last_token_time = now
+        m.num_output_tokens = len(output_ids)
+        before = len(self.text)
+        self.text += self.detokenizer.add(new_ids)
+        if self.seq.is_finished:
+            self.text += self.detokenizer.flush()
+        return self._cut_stop_string(before)
+
+    def _cut_stop_string(self, searched_up_to: int) -> bool:
+        if not self.stop:
+            return False
+        start = max(0, searched_up_to - self.hold_back)
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        self.stop_string_hit = True
+        return True
+
+    def make_output(self, now: float) -> RequestOutput | None:
+        """The delta since the previous output, or None when there is nothing new to say."""
+        seq = self.seq
+        finished = seq.is_finished
+        if finished and self.metrics.finished_time is None:
+            self.metrics.finished_time = now
+        visible = len(self.text) if finished else max(self.sent_text_len, len(self.text) - self.hold_back)
+        token_ids = seq.output_token_ids
+        if not finished and visible == self.sent_text_len and len(token_ids) == self.sent_tokens:
+            return None
+        new_text = self.text[self.sent_text_len : visible]
+        new_ids = token_ids[self.sent_tokens :]
+        self.sent_text_len, self.sent_tokens = visible, len(token_ids)
+        reason = seq.finish_reason
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            text=self.text[:visible],
+            token_ids=list(token_ids),
+            new_text=new_text,
+            new_token_ids=list(new_ids),
+            finished=finished,
+            finish_reason=reason.value if isinstance(reason, FinishReason) else None,
+            metrics=self.metrics,
+        )
+
+
+def now() -> float:
+    return time.perf_counter()

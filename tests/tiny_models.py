@@ -1,0 +1,98 @@
+"""Tiny random-weight Qwen3, Qwen2 and Llama models built with transformers, plus a small
+byte-level BPE tokenizer trained on the spot, so tests need no model hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+
+EOS = "<|endoftext|>"
+VOCAB_SIZE = 384
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention keeps the KV cache in fixed-size blocks.",
+    "Continuous batching schedules prefill first, then decode.",
+    "Prefix caching shares full blocks between requests.",
+    "Grüße aus Köln! 東京は晴れ。 Emoji: 🚀✨ and accents: café, naïve, señor.",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
+] * 20
+
+_SHAPES = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+    # Wider than transformers' default init so the random model's next-token distribution is
+    # peaked: greedy comparisons then test the engine, not float ties.
+    initializer_range=0.2,
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+
+
+def model_config(family: str):
+    eos_id = 0  # the first special token
+    if family == "qwen3":
+        return Qwen3Config(**_SHAPES, head_dim=32, tie_word_embeddings=True, rope_theta=1e6, eos_token_id=eos_id)
+    if family == "qwen2":
+        return Qwen2Config(**_SHAPES, tie_word_embeddings=False, rope_theta=1e6, eos_token_id=eos_id)
+    if family == "llama":
+        return LlamaConfig(
+            **_SHAPES,
+            tie_word_embeddings=True,
+            rope_theta=500000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            eos_token_id=eos_id,
+        )
+    raise ValueError(family)
+
+
+def build_tiny_model(family: str, out_dir: Path, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    config = model_config(family)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out_dir)
+    build_tokenizer().save_pretrained(out_dir)
+    return out_dir
+
+
+def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' own greedy continuation of each prompt (one at a time: no padding), never
+    stopping early at EOS."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    results = []
+    with torch.no_grad():
+        for ids in prompts:
+            out = model.generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0
+            )
+            results.append(out[0, len(ids) :].tolist())
+    return results
