@@ -132,6 +132,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def check_invariants(self) -> None:
+        """Assert the block manager's books balance against the running sequences."""
+        self.block_manager.check_invariants(self.scheduler.running)
+
     # ---- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; return an output for each request that progressed."""

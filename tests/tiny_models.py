@@ -82,10 +82,12 @@ def build_tiny_model(family: str, out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+def hf_greedy(
+    model_dir: Path, prompts: list[list[int]], max_new_tokens: int, dtype: torch.dtype = torch.float32
+) -> list[list[int]]:
     """transformers' own greedy continuation of each prompt (one at a time: no padding), never
     stopping early at EOS."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     results = []

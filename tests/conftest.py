@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny random models of each family, built once per test session, and
+transformers' greedy output on them (the reference every engine test compares against)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Triton reads this when a kernel is decorated, so it must be set before `kernels` is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import random  # noqa: E402
+from functools import lru_cache  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.tiny_models import VOCAB_SIZE, build_tiny_model, hf_greedy  # noqa: E402
+
+FAMILIES = ("qwen3", "qwen2", "llama")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("models")
+    return {family: str(build_tiny_model(family, root / family)) for family in FAMILIES}
+
+
+@lru_cache(maxsize=None)
+def _reference(model_dir: str, prompts: tuple[tuple[int, ...], ...], max_new_tokens: int):
+    return hf_greedy(model_dir, [list(p) for p in prompts], max_new_tokens)
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """reference(model_dir, prompts, max_new_tokens) -> transformers' greedy tokens (memoised)."""
+    return lambda model_dir, prompts, n: _reference(model_dir, tuple(map(tuple, prompts)), n)
+
+
+def random_prompts(lengths, seed: int = 0, prefix: list[int] | None = None) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [(prefix or []) + [rng.randrange(1, VOCAB_SIZE) for _ in range(n)] for n in lengths]
