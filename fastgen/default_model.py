@@ -70,8 +70,8 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
     template inside tokenizer_config.json, and one `model.safetensors` with every tensor
     dequantized to `dtype` under HF Llama names. Work happens in a temporary sibling that is
     renamed to `out_dir` last, so an interrupted run leaves no folder under the final name.
-    Raises FileExistsError if `out_dir` already exists (and was not just made by a concurrent
-    conversion).
+    Raises ValueError for a GGUF of another architecture, FileExistsError if `out_dir` already
+    exists (and was not just made by a concurrent conversion).
     """
     # Imported here: transformers and gguf take seconds to import and are needed only once.
     from safetensors.torch import save_file
@@ -87,6 +87,9 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
     try:
         folder, name = gguf_path.parent, gguf_path.name
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        if config.model_type != "llama":
+            raise ValueError(f"{gguf_path} holds model_type={config.model_type!r}; "
+                             f"only 'llama' GGUFs can be converted")
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         if tokenizer.chat_template is None:
             logger.warning("%s has no chat template; chat prompts will not be formatted", name)

