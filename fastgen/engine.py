@@ -32,7 +32,16 @@ logger = logging.getLogger(__name__)
 Prompt = str | list[int]
 
 
+# Files that carry a vocabulary; without one, transformers 5 silently builds an empty tokenizer.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(model: str):
+    if not any((Path(model) / name).is_file() for name in _TOKENIZER_FILES):
+        raise ValueError(
+            f"model={model!r}: could not load its tokenizer (none of {list(_TOKENIZER_FILES)} found; "
+            "pass skip_tokenizer_init=True to serve token ids only)"
+        )
     try:
         return AutoTokenizer.from_pretrained(model)
     except (OSError, ValueError, TypeError) as exc:

@@ -1,0 +1,136 @@
+"""Bad input is refused at the boundary with a ValueError naming the field, the value and the
+limit; a rejected request leaves the engine usable and runs nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from fastgen import LLM, SamplingParams
+from fastgen.config import EngineConfig
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_models):
+    return LLM(tiny_models["qwen3"], dtype="float32", block_size=16, num_kv_blocks=64, max_model_len=128)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(temperature=-0.5), r"temperature must be >= 0, got -0.5"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
+        (dict(top_k=0), r"top_k must be -1 \(disabled\) or >= 1, got 0"),
+        (dict(top_k=-2), r"top_k must be -1 \(disabled\) or >= 1, got -2"),
+        (dict(max_tokens=0), r"max_tokens must be an integer >= 1, got 0"),
+        (dict(seed=-1), r"seed must be a non-negative integer"),
+        (dict(stop=[""]), r"stop must hold non-empty strings"),
+    ],
+)
+def test_sampling_params_bounds(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_empty_prompt(llm):
+    with pytest.raises(ValueError, match=r"prompt=''.*is empty.*at least 1 token"):
+        llm.generate([""], GREEDY)
+    with pytest.raises(ValueError, match=r"prompt=\[\] is empty"):
+        llm.generate([[]], GREEDY)
+
+
+def test_token_outside_vocabulary(llm):
+    vocab = llm.config.model_config.vocab_size
+    with pytest.raises(ValueError, match=rf"token_ids\[1\]={vocab} is outside the vocabulary \[0, {vocab}\)"):
+        llm.generate([[1, vocab, 2]], GREEDY)
+    with pytest.raises(ValueError, match=r"token_ids\[0\]=-3 is outside"):
+        llm.generate([[-3]], GREEDY)
+
+
+def test_prompt_plus_max_tokens_over_max_model_len(llm):
+    with pytest.raises(ValueError, match=r"prompt length 120 \+ max_tokens 10 = 130 exceeds max_model_len=128"):
+        llm.generate([[5] * 120], SamplingParams(max_tokens=10))
+
+
+def test_one_bad_request_rejects_batch_before_anything_runs(llm, reference, tiny_models):
+    good = [[5, 6, 7], [8, 9]]
+    steps_before = llm.engine.num_steps
+    with pytest.raises(ValueError, match="max_tokens"):
+        llm.generate(good + [[1] * 200], GREEDY)
+    assert llm.engine.num_steps == steps_before
+    assert not llm.engine.has_unfinished_requests()
+    # ... and the engine still serves.
+    outputs = llm.generate(good, GREEDY)
+    assert [o.token_ids for o in outputs] == reference(tiny_models["qwen3"], good, 4)
+
+
+def test_mismatched_params_list(llm):
+    with pytest.raises(ValueError, match="sampling_params has 1 entries but there are 2 prompts"):
+        llm.generate([[1], [2]], [GREEDY])
+
+
+def test_kv_budget_too_small_for_one_sequence(tiny_models):
+    with pytest.raises(ValueError, match=r"holds 3 blocks of 16 tokens .* max_model_len=128 sequence needs 8 blocks"):
+        LLM(tiny_models["qwen3"], dtype="float32", block_size=16, num_kv_blocks=3, max_model_len=128)
+    with pytest.raises(ValueError, match=r"KV cache budget holds 0 blocks"):
+        LLM(tiny_models["qwen3"], dtype="float32", kv_cache_memory_bytes=1000)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(block_size=0), r"block_size=0 must be >= 1"),
+        (dict(max_num_seqs=0), r"max_num_seqs=0 must be >= 1"),
+        (dict(max_num_batched_tokens=-1), r"max_num_batched_tokens=-1 must be >= 1"),
+        (dict(max_model_len=100000), r"max_model_len=100000 exceeds the model's max_position_embeddings=1024"),
+        (dict(dtype="int8"), r"dtype='int8' is not one of"),
+        (dict(device="tpu"), r"device='tpu' must be"),
+        (dict(gpu_memory_utilization=1.5), r"gpu_memory_utilization=1.5 must be in \(0, 1\]"),
+        (dict(num_kv_blocks=0), r"num_kv_blocks=0 must be >= 1"),
+        (dict(block_size=2.5), r"block_size=2.5 must be an integer"),
+    ],
+)
+def test_engine_config_bounds(tiny_models, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(model=tiny_models["qwen3"], **kwargs)
+
+
+def test_unknown_engine_argument(tiny_models):
+    with pytest.raises(ValueError, match=r"unknown engine argument\(s\) \['max_num_sequences'\]"):
+        LLM(tiny_models["qwen3"], max_num_sequences=4)
+
+
+def test_unknown_architecture(tiny_models, tmp_path):
+    folder = tmp_path / "gpt2ish"
+    shutil.copytree(tiny_models["qwen3"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"architectures=\['GPT2LMHeadModel'\].*not supported; supported: \["):
+        LLM(str(folder))
+
+
+def test_model_folder_with_missing_files(tiny_models, tmp_path):
+    with pytest.raises(ValueError, match=r"is not a directory"):
+        LLM(str(tmp_path / "nowhere"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=r"has no config.json"):
+        LLM(str(empty))
+    no_weights = tmp_path / "no_weights"
+    shutil.copytree(tiny_models["qwen3"], no_weights)
+    for f in no_weights.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ValueError, match=r"has no \*.safetensors weight files"):
+        LLM(str(no_weights), dtype="float32", num_kv_blocks=64)
+    no_tokenizer = tmp_path / "no_tokenizer"
+    shutil.copytree(tiny_models["qwen3"], no_tokenizer)
+    for f in no_tokenizer.glob("tokenizer*"):
+        f.unlink()
+    with pytest.raises(ValueError, match=r"could not load its tokenizer"):
+        LLM(str(no_tokenizer), dtype="float32", num_kv_blocks=64)
