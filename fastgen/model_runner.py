@@ -11,7 +11,9 @@ import torch
 from fastgen.attention import select_backend
 from fastgen.compile import build_ops
 from fastgen.config import EngineConfig
+from fastgen.graphs import CudaGraphRunner, default_capture_sizes
 from fastgen.kv_cache import allocate_kv_cache, check_fits_one_sequence, num_blocks_for_budget
+from fastgen.memory_profile import profile_kv_budget
 from fastgen.models import DecoderForCausalLM, load_weights
 from fastgen.sampler import Sampler
 from fastgen.scheduler import SchedulerOutput
@@ -57,22 +59,29 @@ class ModelRunner:
         self.num_kv_blocks = num_blocks_for_budget(config, self._gpu_kv_budget())
         check_fits_one_sequence(config, self.num_kv_blocks)
         self.kv_cache = allocate_kv_cache(config, self.num_kv_blocks)
-        for i, attn in enumerate(self.model.attention_layers()):
-            attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        self.bind_kv_cache(self.kv_cache)
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed, self.ops.sample_tokens)
-        self.graphs = None
-        if config.graphs_enabled:
-            from fastgen.graphs import CudaGraphRunner
+        self.graphs = CudaGraphRunner(self, self.capture_sizes) if config.graphs_enabled else None
 
-            self.graphs = CudaGraphRunner(self, config)
+    @property
+    def capture_sizes(self) -> list[int]:
+        config = self.config
+        sizes = config.cuda_graph_batch_sizes or default_capture_sizes(
+            config.max_num_seqs, config.max_cuda_graph_batch_size
+        )
+        return [s for s in sizes if s <= config.max_num_seqs] or [1]
 
     def _gpu_kv_budget(self) -> int | None:
-        """On CUDA: what gpu_memory_utilization leaves after weights and a peak-sized step."""
+        """On CUDA: what gpu_memory_utilization leaves after weights, a peak-sized step and the
+        decode graphs; None elsewhere (the CPU budget comes from the config)."""
         if self.device.type != "cuda" or self.config.kv_cache_memory_bytes or self.config.num_kv_blocks:
             return None
-        from fastgen.graphs.memory import profile_kv_budget
-
         return profile_kv_budget(self)
+
+    def bind_kv_cache(self, cache: torch.Tensor) -> None:
+        """Give each attention layer its [2, ...] slice of a cache tensor."""
+        for i, attn in enumerate(self.model.attention_layers()):
+            attn.k_cache, attn.v_cache = cache[0, i], cache[1, i]
 
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs) -> torch.Tensor:

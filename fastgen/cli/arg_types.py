@@ -1,0 +1,127 @@
+"""argparse `type=` converters: each turns one flag's text into a checked value.
+
+They raise `argparse.ArgumentTypeError`, which argparse turns into
+`fastgen ...: error: argument --flag: <message>` and exit status 2, so every message names the
+flag (argparse adds it), the value and the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
+    "ti": 1024**4, "tib": 1024**4,
+}
+_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer") from None
+
+
+def int_at_least(minimum: int):
+    """Converter for integers >= minimum."""
+
+    def convert(text: str) -> int:
+        value = _int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be >= {minimum}")
+        return value
+
+    convert.__name__ = f"integer >= {minimum}"  # what argparse prints for a failed conversion
+    return convert
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number") from None
+    if not value >= 0.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be >= 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1], such as a share of GPU memory or a top-p mass."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number in (0, 1]") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be in (0, 1]")
+    return value
+
+
+def top_k(text: str) -> int:
+    value = _int(text)
+    if value == 0 or value < -1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be -1 (all tokens) or >= 1")
+    return value
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: `1073741824`, `4GiB`, `512MiB`, `1.5GB`, `2e9` (decimal and binary units)."""
+    match = _BYTES_RE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _BYTE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: must be a size such as 1073741824, 4GiB, 512MiB or 2GB"
+        )
+    value = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be at least 1 byte")
+    return value
+
+
+def device(text: str) -> str:
+    if text in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", text):
+        return text
+    raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be auto, cpu, cuda or cuda:N")
+
+
+@dataclass(frozen=True)
+class IntRange:
+    """An inclusive range of integers, [low, high]; a single value has low == high."""
+
+    low: int
+    high: int
+
+    def __str__(self) -> str:
+        return str(self.low) if self.low == self.high else f"{self.low}:{self.high}"
+
+
+def int_range(minimum: int):
+    """Converter for `N` or `MIN:MAX` (inclusive), every bound >= minimum and MIN <= MAX."""
+
+    def convert(text: str) -> IntRange:
+        parts = text.split(":")
+        if len(parts) > 2 or not all(p.strip() for p in parts):
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be N or MIN:MAX")
+        try:
+            bounds = [int(p) for p in parts]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid value {text!r}: must be N or MIN:MAX with integer bounds"
+            ) from None
+        low, high = bounds[0], bounds[-1]
+        if low < minimum:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: {low} must be >= {minimum}")
+        if low > high:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: MIN {low} must be <= MAX {high}")
+        return IntRange(low, high)
+
+    convert.__name__ = "N or MIN:MAX"
+    return convert

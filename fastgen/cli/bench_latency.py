@@ -1,0 +1,173 @@
+"""`fastgen bench latency`: how long one batch takes, end to end and step by step.
+
+Like `vllm bench latency`: a batch of `--batch-size` requests of fixed input and output length
+runs to completion, `--num-iters-warmup` times unmeasured and then `--num-iters` times measured.
+Each iteration draws fresh random prompts, so its prefill is computed rather than served from
+the prefix cache filled by the previous iteration. Every `engine.step()` is timed on its own
+(synchronizing the GPU) and classified as prefill or decode from the scheduler's decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+
+from fastgen.cli import arg_types, engine_args
+from fastgen.cli.arg_types import IntRange
+from fastgen.cli.bench_common import EngineCounters, add_output_args, warm_up
+from fastgen.cli.environment import engine_settings, environment_info, peak_memory_bytes, reset_peak_memory, synchronize
+from fastgen.cli.help_format import HelpFormatter
+from fastgen.cli.report import emit, make_report
+from fastgen.cli.stats import summarize_ms
+from fastgen.cli.workload import WorkloadSpec, build_workload
+
+DESCRIPTION = """\
+Measure the latency of one batch: run the same-shaped batch of requests to completion several
+times and report the per-iteration latency, TTFT and TPOT per request, and the duration of each
+prefill and decode step (percentiles in ms)."""
+
+EPILOG = """\
+examples:
+  # batch of 8, 32 prompt tokens, 128 generated tokens, 10 warm-up + 30 measured iterations
+  fastgen bench latency
+
+  # single-sequence decode latency of Qwen3-0.6B shapes, as JSON
+  fastgen bench latency --model-preset qwen3-0.6b --batch-size 1 --input-len 128 \\
+      --output-len 256 --output-json latency.json"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "latency", help="latency of one batch, end to end and per step",
+        description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter,
+    )
+    group = parser.add_argument_group("workload")
+    group.add_argument("--batch-size", type=arg_types.positive_int, default=8, help="requests in the batch")
+    group.add_argument("--input-len", type=arg_types.positive_int, default=32, help="prompt tokens per request")
+    group.add_argument("--output-len", type=arg_types.positive_int, default=128,
+                       help="tokens generated per request")
+    group.add_argument("--num-iters", type=arg_types.positive_int, default=30, help="measured iterations")
+    group.add_argument("--num-iters-warmup", type=arg_types.non_negative_int, default=10,
+                       help="unmeasured iterations first (0: only the two short warm-up requests)")
+    group.add_argument("--temperature", type=arg_types.non_negative_float, default=0.0,
+                       help="sampling temperature of every request; 0 is greedy")
+    add_output_args(parser)
+    engine_args.add_engine_args(parser, max_model_len_default="--input-len + --output-len")
+    parser.set_defaults(run=run, parser=parser)
+    return parser
+
+
+class StepKindRecorder:
+    """Remembers the scheduler's decision of the current step, so a timed `engine.step()` can be
+    told apart as prefill or decode.
+
+    The engine does not expose the decision, so this wraps `scheduler.schedule` on the instance
+    while the context is open (proposed engine hook: `LLMEngine.last_scheduler_output`).
+    """
+
+    def __init__(self, scheduler):
+        self._scheduler = scheduler
+        self.last = None
+
+    def __enter__(self) -> "StepKindRecorder":
+        original = self._scheduler.schedule
+
+        def schedule():
+            self.last = original()
+            return self.last
+
+        self._scheduler.schedule = schedule
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self._scheduler.schedule  # the class's method shows through again
+
+
+@dataclass
+class IterationTimes:
+    """Seconds, host clock, GPU synchronized after each step."""
+
+    total: float = 0.0
+    prefill_steps: list[float] = field(default_factory=list)
+    decode_steps: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    tpots: list[float | None] = field(default_factory=list)
+    output_tokens: int = 0
+
+
+def run_iteration(engine, recorder: StepKindRecorder, prompts, params, device) -> IterationTimes:
+    times = IterationTimes()
+    synchronize(device)
+    start = time.perf_counter()
+    states = [engine.prepare(p, sp) for p, sp in zip(prompts, params)]
+    pending = {engine.enqueue(s) for s in states}
+    while pending:
+        recorder.last = None
+        step_start = time.perf_counter()
+        outputs = engine.step()
+        synchronize(device)
+        step_time = time.perf_counter() - step_start
+        if recorder.last is not None:
+            (times.prefill_steps if recorder.last.is_prefill else times.decode_steps).append(step_time)
+        for output in outputs:
+            if output.finished and output.request_id in pending:
+                pending.discard(output.request_id)
+                times.ttfts.append(output.metrics.time_to_first_token)
+                times.tpots.append(output.metrics.time_per_output_token)
+                times.output_tokens += len(output.token_ids)
+    times.total = time.perf_counter() - start
+    return times
+
+
+def run(args: argparse.Namespace) -> int:
+    choice = engine_args.resolve_model(args, args.parser, need_tokenizer=False)
+    llm = engine_args.build_llm(
+        choice, args, need_tokenizer=False, needed_model_len=args.input_len + args.output_len,
+        needed_by="--input-len + --output-len",
+    )
+    engine, device = llm.engine, llm.engine.runner.device
+    vocab = llm.config.model_config.vocab_size
+
+    def batch(iteration: int):
+        spec = WorkloadSpec(args.batch_size, IntRange(args.input_len, args.input_len),
+                            IntRange(args.output_len, args.output_len), seed=args.seed + iteration)
+        workload = build_workload(spec, vocab)
+        return workload.prompts, workload.sampling_params(args.temperature)
+
+    measured: list[IterationTimes] = []
+    with StepKindRecorder(engine.scheduler) as recorder:
+        warm_up(engine, llm.config.max_model_len)
+        for i in range(args.num_iters_warmup):
+            run_iteration(engine, recorder, *batch(i), device)
+        reset_peak_memory(device)
+        before = EngineCounters.read(engine)
+        for i in range(args.num_iters_warmup, args.num_iters_warmup + args.num_iters):
+            measured.append(run_iteration(engine, recorder, *batch(i), device))
+            if not args.quiet:
+                print(f"iteration {len(measured)}/{args.num_iters}: {measured[-1].total * 1000:.1f} ms", flush=True)
+    counters = EngineCounters.read(engine).since(before)
+
+    total_seconds = sum(t.total for t in measured)
+    output_tokens = sum(t.output_tokens for t in measured)
+    results = {
+        "iteration_latency_ms": summarize_ms(t.total for t in measured),
+        "iteration_latencies_ms": [t.total * 1000.0 for t in measured],
+        "ttft_ms": summarize_ms(x for t in measured for x in t.ttfts),
+        "tpot_ms": summarize_ms(x for t in measured for x in t.tpots),
+        "prefill_step_ms": summarize_ms(x for t in measured for x in t.prefill_steps),
+        "decode_step_ms": summarize_ms(x for t in measured for x in t.decode_steps),
+        "num_prefill_steps": sum(len(t.prefill_steps) for t in measured),
+        "num_decode_steps": sum(len(t.decode_steps) for t in measured),
+        "output_tokens": output_tokens,
+        "output_tokens_per_s": output_tokens / total_seconds,
+        "num_preemptions": counters.preemptions,
+        "peak_memory_bytes": peak_memory_bytes(device),
+    }
+    workload_json = {"batch_size": args.batch_size, "input_len": args.input_len, "output_len": args.output_len,
+                     "num_iters": args.num_iters, "num_iters_warmup": args.num_iters_warmup, "seed": args.seed,
+                     "temperature": args.temperature}
+    doc = make_report("latency", args.command_line, environment_info(device), engine_settings(llm, choice),
+                      workload_json, results)
+    emit(doc, args.output_json)
+    return 0

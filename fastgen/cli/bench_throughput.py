@@ -1,0 +1,103 @@
+"""`fastgen bench throughput`: offline throughput of a random workload, submitted all at once.
+
+Like `vllm bench throughput` and nano-vllm's bench.py: every request arrives at t=0 and the
+engine runs them with continuous batching as fast as it can. The clock covers submitting,
+scheduling, the model, sampling and (with --detokenize) detokenization; per-request timings
+(TTFT, TPOT, end-to-end) come from the engine's own request metrics, so TTFT includes the time a
+request waited for a batch slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from fastgen.cli import engine_args
+from fastgen.cli.bench_common import EngineCounters, add_output_args, run_requests, warm_up
+from fastgen.cli.environment import engine_settings, environment_info, peak_memory_bytes, reset_peak_memory, synchronize
+from fastgen.cli.help_format import HelpFormatter
+from fastgen.cli.report import emit, make_report
+from fastgen.cli.stats import summarize_ms
+from fastgen.cli.workload import add_workload_args, build_workload, spec_from_args
+
+DESCRIPTION = """\
+Measure offline throughput: build a random token-id workload, submit every request at once and
+run the engine until all finish. Reports requests/s, output and total tokens/s, TTFT, TPOT and
+end-to-end latency percentiles, the prefix-cache hit rate, preemptions and peak memory."""
+
+EPILOG = """\
+examples:
+  # the default model (SmolLM2-135M-Instruct), 200 requests of 128 + 128 tokens
+  fastgen bench throughput --num-prompts 200 --input-len 128 --output-len 128
+
+  # Qwen3-0.6B shapes on random weights, varied lengths, JSON report
+  fastgen bench throughput --model-preset qwen3-0.6b --num-prompts 1000 \\
+      --input-len 100:1024 --output-len 100:1024 --output-json qwen3.json
+
+  # a shared 512-token prefix, prefix caching off for comparison
+  fastgen bench throughput --model ./my-model --prefix-len 512 --no-prefix-caching"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "throughput", help="offline throughput of a random workload",
+        description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter,
+    )
+    add_workload_args(parser)
+    run_group = parser.add_argument_group("run")
+    run_group.add_argument("--no-warmup", dest="warmup", action="store_false",
+                           help="skip the two short warm-up requests run before the clock starts")
+    run_group.add_argument("--detokenize", action="store_true",
+                           help="load the tokenizer and detokenize outputs as a server would "
+                           "(default: token ids only)")
+    add_output_args(parser)
+    engine_args.add_engine_args(parser, max_model_len_default="--prefix-len + max --input-len + max --output-len")
+    parser.set_defaults(run=run, parser=parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    choice = engine_args.resolve_model(args, args.parser, need_tokenizer=args.detokenize)
+    spec = spec_from_args(args)
+    llm = engine_args.build_llm(
+        choice, args, need_tokenizer=args.detokenize, needed_model_len=spec.max_seq_len,
+        needed_by="--prefix-len + max --input-len + max --output-len",
+    )
+    engine, device = llm.engine, llm.engine.runner.device
+    workload = build_workload(spec, llm.config.model_config.vocab_size)
+    if args.warmup:
+        warm_up(engine, llm.config.max_model_len)
+    synchronize(device)
+    reset_peak_memory(device)
+    before = EngineCounters.read(engine)
+
+    start = time.perf_counter()
+    outputs = run_requests(engine, workload, args.temperature, progress=not args.quiet, desc="bench")
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+
+    counters = EngineCounters.read(engine).since(before)
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    output_tokens = sum(len(o.token_ids) for o in outputs)
+    results = {
+        "elapsed_s": elapsed,
+        "num_requests": len(outputs),
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "requests_per_s": len(outputs) / elapsed,
+        "output_tokens_per_s": output_tokens / elapsed,
+        "total_tokens_per_s": (prompt_tokens + output_tokens) / elapsed,
+        "ttft_ms": summarize_ms(o.metrics.time_to_first_token for o in outputs),
+        "tpot_ms": summarize_ms(o.metrics.time_per_output_token for o in outputs),
+        "e2e_latency_ms": summarize_ms(o.metrics.e2e_latency for o in outputs),
+        "prefix_cache_hit_rate": counters.hit_rate,
+        "cached_prompt_tokens": sum(o.metrics.num_cached_tokens for o in outputs),
+        "num_preemptions": counters.preemptions,
+        "peak_memory_bytes": peak_memory_bytes(device),
+    }
+    workload_json = {**spec.to_json(), "temperature": args.temperature, "warmup": args.warmup,
+                     "detokenize": args.detokenize}
+    doc = make_report("throughput", args.command_line, environment_info(device), engine_settings(llm, choice),
+                      workload_json, results)
+    emit(doc, args.output_json)
+    return 0

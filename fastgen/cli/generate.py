@@ -1,0 +1,111 @@
+"""`fastgen generate`: complete one or more prompts and print the text."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fastgen.cli import arg_types, engine_args
+from fastgen.cli.help_format import HelpFormatter
+
+DESCRIPTION = """\
+Complete prompts with a model and print the completions (one prompt: just its text). Without
+--model the default model, SmolLM2-135M-Instruct, is used (converted once on first use)."""
+
+EPILOG = """\
+examples:
+  fastgen generate "The capital of France is"
+  fastgen generate --chat "Write a haiku about the sea." --temperature 0.7 --top-p 0.9 --stream
+  fastgen generate --model ./Qwen3-0.6B --max-tokens 64 "Once upon a time" "def fib(n):"
+  echo "Tell me a joke." | fastgen generate --chat -"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "generate", help="complete prompts and print the text",
+        description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter,
+    )
+    parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text; '-' reads it from stdin")
+    group = parser.add_argument_group("generation")
+    group.add_argument("--chat", action="store_true",
+                       help="wrap the prompt as a user message in the model's chat template")
+    group.add_argument("--system", metavar="TEXT", default=None, help="system message (with --chat)")
+    group.add_argument("--max-tokens", type=arg_types.positive_int, default=128, help="most tokens to generate")
+    group.add_argument("--temperature", type=arg_types.non_negative_float, default=0.0,
+                       help="0 is greedy (deterministic); higher samples more freely")
+    group.add_argument("--top-p", type=arg_types.fraction, default=1.0,
+                       help="sample from the smallest set of tokens with this much probability")
+    group.add_argument("--top-k", type=arg_types.top_k, default=-1,
+                       help="sample from the k most likely tokens; -1: all")
+    group.add_argument("--stop", action="append", metavar="TEXT", default=None,
+                       help="end the completion before this text (repeatable)")
+    group.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    group.add_argument("--stream", action="store_true", help="print tokens as they are generated (one prompt)")
+    group.add_argument("--stats", action="store_true",
+                       help="print token counts, TTFT and decode speed to stderr")
+    engine_args.add_engine_args(parser, max_model_len_default="the model's max_position_embeddings")
+    parser.set_defaults(run=run, parser=parser)
+    return parser
+
+
+def chat_prompt(tokenizer, text: str, system: str | None) -> list[int]:
+    """Token ids of `text` as a user turn (after an optional system turn), ready for the
+    assistant's reply. Raises ValueError when the tokenizer has no chat template."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("--chat: the model's tokenizer has no chat template; drop --chat to send raw text")
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": text})
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # The template writes any BOS itself; letting encode() add another would double it.
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    parser = args.parser
+    if args.stream and len(args.prompts) > 1:
+        parser.error(f"argument --stream: streams one prompt, got {len(args.prompts)}")
+    if args.system is not None and not args.chat:
+        parser.error("argument --system: needs --chat")
+    if args.prompts.count("-") > 1:
+        parser.error("argument PROMPT: '-' (stdin) can be given once")
+    texts = [sys.stdin.read() if p == "-" else p for p in args.prompts]
+    choice = engine_args.resolve_model(args, parser, need_tokenizer=True)
+
+    from fastgen.sampling_params import SamplingParams
+
+    params = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,
+        ignore_eos=args.ignore_eos, stop=args.stop or [],
+    )
+    llm = engine_args.build_llm(choice, args, need_tokenizer=True)
+    prompts = [chat_prompt(llm.tokenizer, t, args.system) for t in texts] if args.chat else texts
+
+    if args.stream:
+        final = None
+        for output in llm.stream(prompts[0], params):
+            sys.stdout.write(output.new_text)
+            sys.stdout.flush()
+            final = output
+        sys.stdout.write("\n")
+        outputs = [final]
+    else:
+        outputs = llm.generate(prompts, params)
+        for i, output in enumerate(outputs):
+            if len(outputs) > 1:
+                print(f"=== {i + 1}/{len(outputs)} ===")
+            print(output.text)
+    if args.stats:
+        for output in outputs:
+            print(_stats_line(output), file=sys.stderr)
+    return 0
+
+
+def _stats_line(output) -> str:
+    m = output.metrics
+    line = (f"[{output.request_id}] {len(output.prompt_token_ids)} prompt + {len(output.token_ids)} generated "
+            f"tokens, finish {output.finish_reason}")
+    if m.time_to_first_token is not None:
+        line += f", TTFT {m.time_to_first_token * 1000:.1f} ms"
+    if m.time_per_output_token:
+        line += f", {1.0 / m.time_per_output_token:.1f} tok/s decode"
+    return line
