@@ -102,3 +102,12 @@ class LLM:
         finally:
             if not finished:
                 self.engine.abort(request_id)
+
+    def background(self) -> "BackgroundEngine":
+        """Start a loop thread that owns this LLM's engine; submit and stream from any thread.
+
+        While it runs, use only the returned object (generate/stream would race with the loop).
+        """
+        from fastgen.background import BackgroundEngine
+
+        return BackgroundEngine(self.engine)

@@ -22,7 +22,7 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--output-json", metavar="PATH", default=None,
                        help="also write the results as one JSON document (schema: docs/bench-json.md); "
                        "'-' prints it to stdout and the summary to stderr")
-    group.add_argument("--quiet", action="store_true", help="no progress bar")
+    group.add_argument("--quiet", action="store_true", help="no progress reports on stderr")
 
 
 @dataclass

@@ -10,6 +10,7 @@ the prefix cache filled by the previous iteration. Every `engine.step()` is time
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -43,14 +44,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter,
     )
     group = parser.add_argument_group("workload")
-    group.add_argument("--batch-size", type=arg_types.positive_int, default=8, help="requests in the batch")
-    group.add_argument("--input-len", type=arg_types.positive_int, default=32, help="prompt tokens per request")
-    group.add_argument("--output-len", type=arg_types.positive_int, default=128,
+    group.add_argument("--batch-size", metavar="N", type=arg_types.positive_int, default=8, help="requests in the batch")
+    group.add_argument("--input-len", metavar="N", type=arg_types.positive_int, default=32, help="prompt tokens per request")
+    group.add_argument("--output-len", metavar="N", type=arg_types.positive_int, default=128,
                        help="tokens generated per request")
-    group.add_argument("--num-iters", type=arg_types.positive_int, default=30, help="measured iterations")
-    group.add_argument("--num-iters-warmup", type=arg_types.non_negative_int, default=10,
+    group.add_argument("--num-iters", metavar="N", type=arg_types.positive_int, default=30, help="measured iterations")
+    group.add_argument("--num-iters-warmup", metavar="N", type=arg_types.non_negative_int, default=10,
                        help="unmeasured iterations first (0: only the two short warm-up requests)")
-    group.add_argument("--temperature", type=arg_types.non_negative_float, default=0.0,
+    group.add_argument("--temperature", metavar="T", type=arg_types.non_negative_float, default=0.0,
                        help="sampling temperature of every request; 0 is greedy")
     add_output_args(parser)
     engine_args.add_engine_args(parser, max_model_len_default="--input-len + --output-len")
@@ -145,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         for i in range(args.num_iters_warmup, args.num_iters_warmup + args.num_iters):
             measured.append(run_iteration(engine, recorder, *batch(i), device))
             if not args.quiet:
-                print(f"iteration {len(measured)}/{args.num_iters}: {measured[-1].total * 1000:.1f} ms", flush=True)
+                print(f"iteration {len(measured)}/{args.num_iters}: {measured[-1].total * 1000:.1f} ms",
+                      file=sys.stderr, flush=True)
     counters = EngineCounters.read(engine).since(before)
 
     total_seconds = sum(t.total for t in measured)

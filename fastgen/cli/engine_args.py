@@ -52,26 +52,27 @@ def add_engine_args(parser: argparse.ArgumentParser, max_model_len_default: str)
     )
 
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=arg_types.positive_int, default=_DEFAULTS["max_num_seqs"],
+    engine.add_argument("--max-num-seqs", metavar="N", type=arg_types.positive_int, default=_DEFAULTS["max_num_seqs"],
                         help="most sequences in one step (the decode batch)")
-    engine.add_argument("--max-num-batched-tokens", type=arg_types.positive_int,
+    engine.add_argument("--max-num-batched-tokens", metavar="N", type=arg_types.positive_int,
                         default=_DEFAULTS["max_num_batched_tokens"],
                         help="most prompt tokens computed in one prefill step (longer prompts are chunked)")
-    engine.add_argument("--max-model-len", type=arg_types.int_at_least(2), default=None,
+    engine.add_argument("--max-model-len", metavar="N", type=arg_types.int_at_least(2), default=None,
                         help=f"longest sequence, prompt + output. Default: {max_model_len_default}.")
-    engine.add_argument("--block-size", type=arg_types.positive_int, default=_DEFAULTS["block_size"],
+    engine.add_argument("--block-size", metavar="N", type=arg_types.positive_int, default=_DEFAULTS["block_size"],
                         help="tokens per KV-cache block")
-    engine.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default=_DEFAULTS["dtype"],
-                        help="weight and activation dtype; auto: the model's own")
+    engine.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default=_DEFAULTS["dtype"], metavar="DTYPE",
+                        help=f"weight and activation dtype, one of: {', '.join(['auto', *DTYPE_NAMES])}; "
+                        "auto: the model's own")
     engine.add_argument("--device", type=arg_types.device, default=_DEFAULTS["device"],
                         help="auto (CUDA when present), cpu, cuda or cuda:N")
-    engine.add_argument("--gpu-memory-utilization", type=arg_types.fraction,
+    engine.add_argument("--gpu-memory-utilization", metavar="FRACTION", type=arg_types.fraction,
                         default=_DEFAULTS["gpu_memory_utilization"],
                         help="share of the GPU's memory the engine may use in total (CUDA only)")
     engine.add_argument("--kv-cache-memory-bytes", type=arg_types.byte_size, default=None, metavar="SIZE",
                         help="explicit KV-cache budget, e.g. 4GiB or 512MiB. "
                         "Default: what --gpu-memory-utilization leaves on CUDA, 1 GiB on CPU.")
-    engine.add_argument("--num-kv-blocks", type=arg_types.positive_int, default=None,
+    engine.add_argument("--num-kv-blocks", metavar="N", type=arg_types.positive_int, default=None,
                         help="explicit number of KV-cache blocks; wins over both budgets")
     engine.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                         help="do not share KV blocks between requests with a common prefix")
@@ -79,7 +80,7 @@ def add_engine_args(parser: argparse.ArgumentParser, max_model_len_default: str)
     engine.add_argument("--compile", dest="use_torch_compile", action=argparse.BooleanOptionalAction,
                         default=None,
                         help="torch.compile the fused ops and the sampler. Default: on CUDA only.")
-    engine.add_argument("--seed", type=arg_types.non_negative_int, default=_DEFAULTS["seed"],
+    engine.add_argument("--seed", metavar="N", type=arg_types.non_negative_int, default=_DEFAULTS["seed"],
                         help="seed of the sampler (and of the random workload in bench commands)")
 
 

@@ -30,12 +30,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     group.add_argument("--chat", action="store_true",
                        help="wrap the prompt as a user message in the model's chat template")
     group.add_argument("--system", metavar="TEXT", default=None, help="system message (with --chat)")
-    group.add_argument("--max-tokens", type=arg_types.positive_int, default=128, help="most tokens to generate")
-    group.add_argument("--temperature", type=arg_types.non_negative_float, default=0.0,
+    group.add_argument("--max-tokens", metavar="N", type=arg_types.positive_int, default=128, help="most tokens to generate")
+    group.add_argument("--temperature", metavar="T", type=arg_types.non_negative_float, default=0.0,
                        help="0 is greedy (deterministic); higher samples more freely")
-    group.add_argument("--top-p", type=arg_types.fraction, default=1.0,
+    group.add_argument("--top-p", metavar="P", type=arg_types.fraction, default=1.0,
                        help="sample from the smallest set of tokens with this much probability")
-    group.add_argument("--top-k", type=arg_types.top_k, default=-1,
+    group.add_argument("--top-k", metavar="K", type=arg_types.top_k, default=-1,
                        help="sample from the k most likely tokens; -1: all")
     group.add_argument("--stop", action="append", metavar="TEXT", default=None,
                        help="end the completion before this text (repeatable)")

@@ -94,14 +94,14 @@ def build_workload(spec: WorkloadSpec, vocab_size: int) -> Workload:
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("workload")
-    group.add_argument("--num-prompts", type=arg_types.positive_int, default=1000, help="number of requests")
+    group.add_argument("--num-prompts", metavar="N", type=arg_types.positive_int, default=1000, help="number of requests")
     group.add_argument("--input-len", type=arg_types.int_range(1), default=IntRange(1024, 1024), metavar="MIN[:MAX]",
                        help="prompt tokens after the shared prefix, drawn uniformly from [MIN, MAX]")
     group.add_argument("--output-len", type=arg_types.int_range(1), default=IntRange(128, 128),
                        metavar="MIN[:MAX]", help="tokens generated per request, drawn uniformly from [MIN, MAX]")
-    group.add_argument("--prefix-len", type=arg_types.non_negative_int, default=0,
+    group.add_argument("--prefix-len", metavar="N", type=arg_types.non_negative_int, default=0,
                        help="random tokens shared at the start of every prompt (prefix-cache hits)")
-    group.add_argument("--temperature", type=arg_types.non_negative_float, default=0.0,
+    group.add_argument("--temperature", metavar="T", type=arg_types.non_negative_float, default=0.0,
                        help="sampling temperature of every request; 0 is greedy")
 
 

@@ -1,0 +1,5 @@
+"""`python -m fastgen ...` runs the `fastgen` command line."""
+
+from fastgen.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""A background engine loop that many threads can submit to and stream from.
+
+Threading model: exactly one thread — the loop thread started here — ever touches the
+`LLMEngine` (its scheduler, block manager, model and tokenizer state). Other threads talk to it
+through a command queue: `submit` and `abort` enqueue a command and, for `submit`, wait for the
+loop to accept or reject it, so a bad request raises ValueError in the caller's thread. Each
+request's outputs flow back through its own queue, which `RequestStream` iterates. No lock
+guards the engine because nothing else reaches it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+from fastgen.engine import LLMEngine, Prompt
+from fastgen.outputs import RequestOutput
+from fastgen.sampling_params import SamplingParams
+
+_END = object()
+
+
+class RequestStream:
+    """Iterates one request's outputs (deltas in new_text / new_token_ids) until it finishes.
+
+    Leaving the iteration early (break, close, garbage) aborts the request.
+    """
+
+    def __init__(self, request_id: str, owner: "BackgroundEngine"):
+        self.request_id = request_id
+        self._owner = owner
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = False
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    self._done = True
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if not self._done:
+                self._owner.abort(self.request_id)
+
+    def result(self) -> RequestOutput:
+        """Consume the stream; return the final output."""
+        last = None
+        for last in self:
+            pass
+        return last
+
+
+class BackgroundEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}
+        self._ids = itertools.count()
+        self._stopped = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="fastgen-engine-loop", daemon=True)
+        self._thread.start()
+
+    # ---- any thread ------------------------------------------------------------------------
+    def submit(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestStream:
+        """Queue a request; raises ValueError (in this thread) if the engine rejects it."""
+        if self._stopped.is_set():
+            raise RuntimeError("the background engine has shut down") from self._error
+        stream = RequestStream(f"bg-{next(self._ids)}", self)
+        accepted: Future = Future()
+        self._commands.put(("add", stream, prompt, params or SamplingParams(), accepted))
+        accepted.result()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        if not self._stopped.is_set():
+            self._commands.put(("abort", request_id))
+
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Stop the loop; unfinished streams end (their iteration stops)."""
+        self._commands.put(("stop",))
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "BackgroundEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ---- the loop thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                idle = not self.engine.has_unfinished_requests()
+                if not self._apply_commands(block=idle):
+                    break
+                for output in self.engine.step():
+                    stream = self._streams.get(output.request_id)
+                    if stream is None:
+                        continue
+                    stream._queue.put(output)
+                    if output.finished:
+                        del self._streams[output.request_id]
+        except BaseException as exc:  # a failed step ends every stream with the error
+            self._error = exc
+            for stream in self._streams.values():
+                stream._queue.put(exc)
+        finally:
+            self._stopped.set()
+            for stream in self._streams.values():
+                stream._queue.put(_END)
+            self._streams.clear()
+
+    def _apply_commands(self, block: bool) -> bool:
+        """Run queued commands (waiting for one when idle); False once asked to stop."""
+        while True:
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            kind = command[0]
+            if kind == "stop":
+                return False
+            if kind == "add":
+                _, stream, prompt, params, accepted = command
+                try:
+                    self.engine.add_request(prompt, params, request_id=stream.request_id)
+                except Exception as exc:  # rejected request: the submitting thread raises it
+                    accepted.set_exception(exc)
+                    continue
+                self._streams[stream.request_id] = stream
+                accepted.set_result(stream.request_id)
+            elif kind == "abort":
+                _, request_id = command
+                if self.engine.abort(request_id):
+                    stream = self._streams.pop(request_id, None)
+                    if stream is not None:
+                        stream._queue.put(_END)

@@ -1,0 +1,1 @@
+"""The `fastgen` command line: `bench throughput`, `bench latency` and `generate`."""
