@@ -32,5 +32,12 @@ test-slow:
 test-all:
 	$(PY) -m pytest -q
 
+# On a GPU machine, with its own python3 (no setup needed): the cuda-marked tests, then the
+# GPU benchmark, whose JSON lands in benchmarks/results/.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) -m pytest -q -m cuda tests
+	$(GPU_PYTHON) benchmarks/gpu_decode.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks *.egg-info
