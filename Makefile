@@ -36,7 +36,7 @@ test-all:
 # GPU benchmark, whose JSON lands in benchmarks/results/.
 GPU_PYTHON ?= python3
 gpu-check:
-	$(GPU_PYTHON) -m pytest -q -m cuda tests
+	$(GPU_PYTHON) -m pytest -q -m cuda tests/kernels tests/graphs tests/compile
 	$(GPU_PYTHON) benchmarks/gpu_decode.py
 
 clean:
