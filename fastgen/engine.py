@@ -24,7 +24,7 @@ from fastgen.model_runner import ModelRunner
 from fastgen.outputs import RequestOutput
 from fastgen.request import RequestState, now
 from fastgen.sampling_params import SamplingParams
-from fastgen.scheduler import Scheduler
+from fastgen.scheduler import Scheduler, SchedulerOutput
 from fastgen.sequence import FinishReason, Sequence
 
 logger = logging.getLogger(__name__)
@@ -84,6 +84,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self.num_steps = 0
+        self.last_scheduler_output: SchedulerOutput | None = None  # the latest step's decision
 
     # ---- requests in -----------------------------------------------------------------------
     def prepare(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> RequestState:
@@ -154,6 +155,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; return an output for each request that progressed."""
         out = self.scheduler.schedule()
+        self.last_scheduler_output = out
         if out is None:
             return []
         t = now()

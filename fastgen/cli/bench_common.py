@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
@@ -78,9 +77,3 @@ def run_requests(engine, workload: Workload, temperature: float, progress: bool 
                     bar.update(1)
     return [finished[i] for i in ids]
 
-
-def timed(fn, *args, **kwargs):
-    """(fn's result, seconds it took on the host clock)."""
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start

@@ -59,32 +59,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-class StepKindRecorder:
-    """Remembers the scheduler's decision of the current step, so a timed `engine.step()` can be
-    told apart as prefill or decode.
-
-    The engine does not expose the decision, so this wraps `scheduler.schedule` on the instance
-    while the context is open (proposed engine hook: `LLMEngine.last_scheduler_output`).
-    """
-
-    def __init__(self, scheduler):
-        self._scheduler = scheduler
-        self.last = None
-
-    def __enter__(self) -> "StepKindRecorder":
-        original = self._scheduler.schedule
-
-        def schedule():
-            self.last = original()
-            return self.last
-
-        self._scheduler.schedule = schedule
-        return self
-
-    def __exit__(self, *exc) -> None:
-        del self._scheduler.schedule  # the class's method shows through again
-
-
 @dataclass
 class IterationTimes:
     """Seconds, host clock, GPU synchronized after each step."""
@@ -97,20 +71,20 @@ class IterationTimes:
     output_tokens: int = 0
 
 
-def run_iteration(engine, recorder: StepKindRecorder, prompts, params, device) -> IterationTimes:
+def run_iteration(engine, prompts, params, device) -> IterationTimes:
     times = IterationTimes()
     synchronize(device)
     start = time.perf_counter()
     states = [engine.prepare(p, sp) for p, sp in zip(prompts, params)]
     pending = {engine.enqueue(s) for s in states}
     while pending:
-        recorder.last = None
         step_start = time.perf_counter()
         outputs = engine.step()
         synchronize(device)
         step_time = time.perf_counter() - step_start
-        if recorder.last is not None:
-            (times.prefill_steps if recorder.last.is_prefill else times.decode_steps).append(step_time)
+        decision = engine.last_scheduler_output
+        if decision is not None:
+            (times.prefill_steps if decision.is_prefill else times.decode_steps).append(step_time)
         for output in outputs:
             if output.finished and output.request_id in pending:
                 pending.discard(output.request_id)
@@ -137,17 +111,16 @@ def run(args: argparse.Namespace) -> int:
         return workload.prompts, workload.sampling_params(args.temperature)
 
     measured: list[IterationTimes] = []
-    with StepKindRecorder(engine.scheduler) as recorder:
-        warm_up(engine, llm.config.max_model_len)
-        for i in range(args.num_iters_warmup):
-            run_iteration(engine, recorder, *batch(i), device)
-        reset_peak_memory(device)
-        before = EngineCounters.read(engine)
-        for i in range(args.num_iters_warmup, args.num_iters_warmup + args.num_iters):
-            measured.append(run_iteration(engine, recorder, *batch(i), device))
-            if not args.quiet:
-                print(f"iteration {len(measured)}/{args.num_iters}: {measured[-1].total * 1000:.1f} ms",
-                      file=sys.stderr, flush=True)
+    warm_up(engine, llm.config.max_model_len)
+    for i in range(args.num_iters_warmup):
+        run_iteration(engine, *batch(i), device)
+    reset_peak_memory(device)
+    before = EngineCounters.read(engine)
+    for i in range(args.num_iters_warmup, args.num_iters_warmup + args.num_iters):
+        measured.append(run_iteration(engine, *batch(i), device))
+        if not args.quiet:
+            print(f"iteration {len(measured)}/{args.num_iters}: {measured[-1].total * 1000:.1f} ms",
+                  file=sys.stderr, flush=True)
     counters = EngineCounters.read(engine).since(before)
 
     total_seconds = sum(t.total for t in measured)

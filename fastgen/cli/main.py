@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from fastgen.cli import bench_latency, bench_throughput, generate
@@ -38,18 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"fastgen {fastgen.__version__}")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
-                        help="verbosity of the engine's log messages (stderr)")
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND", required=True)
 
     bench = commands.add_parser(
         "bench", help="benchmark the engine (throughput, latency)",
         description="Benchmark the engine on a random token-id workload.", formatter_class=HelpFormatter,
+        epilog="examples:\n  fastgen bench throughput --model-preset qwen3-0.6b --num-prompts 256\n"
+        "  fastgen bench latency --batch-size 1 --output-json latency.json",
     )
     kinds = bench.add_subparsers(title="benchmarks", dest="bench", metavar="KIND", required=True)
-    bench_throughput.add_parser(kinds)
-    bench_latency.add_parser(kinds)
-    generate.add_parser(commands)
+    for leaf in (bench_throughput.add_parser(kinds), bench_latency.add_parser(kinds), generate.add_parser(commands)):
+        leaf.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
+                          help="verbosity of the engine's log messages (stderr)")
     return parser
 
 
@@ -71,3 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fastgen: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`fastgen generate ... | head -1`): nothing left to say. Point
+        # stdout at devnull so the interpreter's final flush does not fail a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

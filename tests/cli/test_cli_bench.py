@@ -1,0 +1,253 @@
+"""`fastgen bench throughput` / `bench latency`: the real commands on tiny models, their JSON
+checked against the schema and against the workload they were given."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+
+import pytest
+
+from fastgen.cli.arg_types import IntRange, byte_size
+from fastgen.cli.main import main
+from fastgen.cli.report import validate_report
+from fastgen.cli.workload import WorkloadSpec, build_workload, token_id_range
+from fastgen.model_config import ModelConfig
+from fastgen.presets import PRESETS, preset_model_dir
+from tests.cli.conftest import CPU_FLAGS
+from tests.tiny_models import VOCAB_SIZE
+
+WORKLOAD = ["--num-prompts", "8", "--input-len", "4:32", "--output-len", "4:16", "--seed", "3"]
+WORKLOAD_SPEC = WorkloadSpec(8, IntRange(4, 32), IntRange(4, 16), prefix_len=32, seed=3)
+# Four sequences at a time: the second four are admitted after the first four's prefix blocks
+# are computed and keyed, so they hit the prefix cache.
+ENGINE = [*CPU_FLAGS, "--block-size", "16", "--max-num-seqs", "4"]
+
+
+def _bench(fastgen_cli, tmp_path, *args: str) -> dict:
+    out = tmp_path / "report.json"
+    result = fastgen_cli("bench", *args, "--quiet", "--output-json", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    validate_report(doc)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def prefix_run(fastgen_cli, tiny_models, tmp_path_factory) -> dict:
+    return _bench(fastgen_cli, tmp_path_factory.mktemp("prefix"), "throughput", "--model", tiny_models["qwen3"],
+                  *WORKLOAD, "--prefix-len", "32", *ENGINE)
+
+
+@pytest.fixture(scope="module")
+def uncached_run(fastgen_cli, tiny_models, tmp_path_factory) -> dict:
+    # 8 blocks of 16 tokens cannot hold four sequences of up to 80 tokens: forces preemptions.
+    return _bench(fastgen_cli, tmp_path_factory.mktemp("uncached"), "throughput", "--model", tiny_models["llama"],
+                  *WORKLOAD, "--prefix-len", "32", *ENGINE, "--no-prefix-caching", "--num-kv-blocks", "8")
+
+
+# ---- bench throughput ----------------------------------------------------------------------------
+def test_throughput_totals_equal_the_workload_drawn_from_the_same_seed(prefix_run):
+    workload = build_workload(WORKLOAD_SPEC, VOCAB_SIZE)
+    results = prefix_run["results"]
+    assert results["num_requests"] == 8
+    assert results["prompt_tokens"] == workload.num_prompt_tokens
+    assert results["output_tokens"] == workload.num_output_tokens
+    assert prefix_run["workload"]["input_len"] == [4, 32]
+    assert prefix_run["workload"]["prefix_len"] == 32
+
+
+def test_throughput_rates_are_totals_over_elapsed_time(prefix_run):
+    r = prefix_run["results"]
+    assert r["elapsed_s"] > 0
+    assert math.isclose(r["requests_per_s"], r["num_requests"] / r["elapsed_s"], rel_tol=1e-9)
+    assert math.isclose(r["output_tokens_per_s"], r["output_tokens"] / r["elapsed_s"], rel_tol=1e-9)
+    assert math.isclose(r["total_tokens_per_s"], (r["prompt_tokens"] + r["output_tokens"]) / r["elapsed_s"],
+                        rel_tol=1e-9)
+
+
+def test_throughput_latency_percentiles_are_ordered_and_within_the_run(prefix_run):
+    r = prefix_run["results"]
+    for key in ("ttft_ms", "tpot_ms", "e2e_latency_ms"):
+        stats = r[key]
+        assert 0 < stats["p50"] <= stats["p90"] <= stats["p99"], key
+    assert r["ttft_ms"]["count"] == r["e2e_latency_ms"]["count"] == 8
+    # Every request arrived at t=0 and finished before the clock stopped.
+    assert r["e2e_latency_ms"]["max"] <= r["elapsed_s"] * 1000
+    assert r["ttft_ms"]["max"] <= r["e2e_latency_ms"]["max"]
+
+
+def test_throughput_with_shared_prefix_hits_the_prefix_cache(prefix_run):
+    r = prefix_run["results"]
+    assert 0 < r["prefix_cache_hit_rate"] <= 1
+    assert r["cached_prompt_tokens"] > 0 and r["cached_prompt_tokens"] % 16 == 0
+
+
+def test_throughput_reports_the_engine_it_ran(prefix_run):
+    engine, env = prefix_run["engine"], prefix_run["environment"]
+    assert engine["architecture"] == "Qwen3ForCausalLM"
+    assert (engine["block_size"], engine["max_num_seqs"], engine["dtype"]) == (16, 4, "float32")
+    assert engine["max_model_len"] == 32 + 32 + 16  # prefix + max input + max output
+    assert engine["enable_prefix_caching"] is True and engine["attention_backend"] == "torch"
+    assert engine["kv_cache_bytes"] == 16 * 2**20
+    assert env["device_type"] == "cpu" and env["torch_version"]
+    assert prefix_run["command"][:3] == ["fastgen", "bench", "throughput"]
+    assert prefix_run["results"]["peak_memory_bytes"] > 0
+
+
+def test_throughput_without_prefix_caching_has_no_hits_and_counts_preemptions(uncached_run):
+    r = uncached_run["results"]
+    assert uncached_run["engine"]["enable_prefix_caching"] is False
+    assert r["prefix_cache_hit_rate"] == 0 and r["cached_prompt_tokens"] == 0
+    assert r["num_preemptions"] > 0
+    # Preempted requests are recomputed, never cut short.
+    assert r["output_tokens"] == build_workload(WORKLOAD_SPEC, VOCAB_SIZE).num_output_tokens
+
+
+def test_dummy_preset_runs_end_to_end(fastgen_cli, tmp_path):
+    doc = _bench(fastgen_cli, tmp_path, "throughput", "--model-preset", "smollm2-135m", "--num-prompts", "2",
+                 "--input-len", "4", "--output-len", "3", "--no-warmup", "--block-size", "16", *CPU_FLAGS)
+    engine = doc["engine"]
+    assert (engine["model_preset"], engine["load_format"]) == ("smollm2-135m", "dummy")
+    assert engine["num_parameters"] == 134_515_008  # SmolLM2-135M's, embeddings tied
+    assert doc["results"]["output_tokens"] == 6
+
+
+# ---- bench latency -------------------------------------------------------------------------------
+def test_latency_report_counts_steps_and_tokens(fastgen_cli, tiny_models, tmp_path):
+    doc = _bench(fastgen_cli, tmp_path, "latency", "--model", tiny_models["llama"], "--batch-size", "4",
+                 "--input-len", "8", "--output-len", "6", "--num-iters", "3", "--num-iters-warmup", "1", *ENGINE)
+    r = doc["results"]
+    assert doc["workload"]["batch_size"] == 4
+    assert r["output_tokens"] == 3 * 4 * 6
+    # The whole batch prefills in one step (its first token), then decodes the other five.
+    assert r["num_prefill_steps"] == 3 and r["num_decode_steps"] == 3 * 5
+    assert r["decode_step_ms"]["count"] == 15 and r["ttft_ms"]["count"] == 12
+    assert len(r["iteration_latencies_ms"]) == 3
+    assert math.isclose(r["iteration_latency_ms"]["mean"], sum(r["iteration_latencies_ms"]) / 3)
+    assert math.isclose(r["output_tokens_per_s"], 72 / (sum(r["iteration_latencies_ms"]) / 1000))
+    for key in ("iteration_latency_ms", "ttft_ms", "tpot_ms", "prefill_step_ms", "decode_step_ms"):
+        assert 0 < r[key]["p50"] <= r[key]["p90"] <= r[key]["p99"], key
+    assert r["decode_step_ms"]["max"] <= r["iteration_latency_ms"]["max"]
+
+
+# ---- flags ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, words", [
+    ([], ["bench", "generate"]),
+    (["bench"], ["throughput", "latency"]),
+    (["bench", "throughput"], ["--num-prompts", "--input-len", "--prefix-len", "--output-json", "--model-preset",
+                               "--no-prefix-caching", "--kv-cache-memory-bytes", "(default: 256)", "examples:"]),
+    (["bench", "latency"], ["--batch-size", "--num-iters", "--num-iters-warmup", "--output-json", "examples:"]),
+])
+def test_help_exits_0_and_names_the_key_flags(capsys, argv, words):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for word in words:
+        assert word in out
+
+
+@pytest.mark.parametrize("argv, flag, value", [
+    (["--input-len", "0"], "--input-len", "'0'"),
+    (["--input-len", "9:3"], "--input-len", "'9:3'"),
+    (["--output-len", "a:b"], "--output-len", "'a:b'"),
+    (["--num-prompts", "-2"], "--num-prompts", "'-2'"),
+    (["--block-size", "-1"], "--block-size", "'-1'"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization", "'1.5'"),
+    (["--kv-cache-memory-bytes", "4XB"], "--kv-cache-memory-bytes", "'4XB'"),
+    (["--device", "gpu"], "--device", "'gpu'"),
+    (["--model-preset", "gpt-9"], "--model-preset", "'gpt-9'"),
+    (["--load-format", "dummy"], "--load-format", "'dummy'"),
+    (["--model-preset", "qwen3-0.6b", "--load-format", "safetensors"], "--load-format", "'safetensors'"),
+])
+def test_bad_flag_values_exit_2_naming_flag_and_value(capsys, private_cache, argv, flag, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "throughput", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert flag in err and value in err, err
+
+
+def test_bad_latency_flag_exits_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "latency", "--batch-size", "0"])
+    assert exit_info.value.code == 2
+    assert "--batch-size" in capsys.readouterr().err
+
+
+def test_engine_rejection_prints_one_line_and_exits_2(capsys, tiny_models):
+    status = main(["bench", "throughput", "--model", tiny_models["qwen3"], *CPU_FLAGS, "--max-model-len", "8",
+                   "--num-prompts", "2", "--input-len", "16", "--output-len", "4", "--quiet", "--no-warmup"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.startswith("fastgen: error: ") and "max_model_len=8" in err and "Traceback" not in err
+
+
+def test_workload_longer_than_the_model_context_names_the_flags(capsys, tiny_models):
+    status = main(["bench", "throughput", "--model", tiny_models["qwen3"], *CPU_FLAGS, "--input-len", "2000",
+                   "--output-len", "4", "--quiet"])
+    err = capsys.readouterr().err
+    assert status == 2 and "--input-len" in err and "max_position_embeddings=1024" in err
+
+
+# ---- pieces --------------------------------------------------------------------------------------
+def test_workload_is_reproducible_and_respects_the_ranges():
+    spec = WorkloadSpec(50, IntRange(3, 9), IntRange(1, 5), prefix_len=7, seed=11)
+    a, b = build_workload(spec, 49152), build_workload(spec, 49152)
+    assert a.prompts == b.prompts and a.output_lens == b.output_lens
+    low, high = token_id_range(49152)
+    assert all(low <= t < high for p in a.prompts for t in p)
+    assert all(p[:7] == a.prompts[0][:7] for p in a.prompts)
+    assert {len(p) - 7 for p in a.prompts} <= set(range(3, 10)) and {1, 5} <= set(a.output_lens)
+    assert all(sp.ignore_eos and sp.max_tokens == n for sp, n in zip(a.sampling_params(0.0), a.output_lens))
+    assert build_workload(WorkloadSpec(50, IntRange(3, 9), IntRange(1, 5), 7, seed=12), 49152).prompts != a.prompts
+
+
+@pytest.mark.parametrize("text, expected", [("1024", 1024), ("4GiB", 4 << 30), ("512MiB", 512 << 20),
+                                            ("2GB", 2 * 10**9), ("1.5k", 1500), ("16 mib", 16 << 20)])
+def test_byte_sizes_parse(text, expected):
+    assert byte_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-4GiB", "4 XB", "0"])
+def test_bad_byte_sizes_are_rejected(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        byte_size(text)
+
+
+def test_validate_report_names_the_bad_field(prefix_run):
+    for path, value, message in [
+        (("results", "output_tokens"), "12", "results.output_tokens"),
+        (("results", "ttft_ms", "p90"), -1.0, "results.ttft_ms"),
+        (("schema",), "fastgen.bench.throughput/0", "schema="),
+        (("timestamp",), "yesterday", "timestamp="),
+    ]:
+        doc = copy.deepcopy(prefix_run)
+        *parents, last = path
+        section = doc
+        for key in parents:
+            section = section[key]
+        section[last] = value
+        with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+            validate_report(doc)
+    doc = copy.deepcopy(prefix_run)
+    del doc["engine"]["block_size"]
+    with pytest.raises(ValueError, match=r"engine\.block_size is missing"):
+        validate_report(doc)
+
+
+def test_presets_are_readable_model_configs(private_cache):
+    qwen3 = ModelConfig.from_folder(preset_model_dir("qwen3-0.6b"))
+    assert (qwen3.architecture, qwen3.hidden_size, qwen3.num_layers, qwen3.num_heads, qwen3.num_kv_heads,
+            qwen3.head_dim, qwen3.intermediate_size, qwen3.vocab_size) == \
+        ("Qwen3ForCausalLM", 1024, 28, 16, 8, 128, 3072, 151936)
+    assert (qwen3.rope_theta, qwen3.tie_word_embeddings, qwen3.max_position_embeddings, qwen3.rms_norm_eps) == \
+        (1e6, True, 40960, 1e-6)
+    for name in PRESETS:
+        assert ModelConfig.from_folder(preset_model_dir(name)).architecture == PRESETS[name]["architectures"][0]
+    assert (private_cache / "presets" / "qwen3-0.6b" / "config.json").is_file()
+    with pytest.raises(ValueError, match="qwen3-0.6b"):
+        preset_model_dir("gpt-9")
