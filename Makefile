@@ -20,8 +20,8 @@ setup:
 # The main job: a chat completion and a throughput benchmark on the default model.
 run:
 	$(FASTGEN) generate --chat "What is the capital of France?" --max-tokens 32
-	$(FASTGEN) bench throughput --num-prompts 32 --input-len 32:256 --output-len 16:64 \
-		--prefix-len 64 --output-json bench-throughput.json
+	$(FASTGEN) bench throughput --num-prompts 16 --input-len 32:128 --output-len 16:48 \
+		--prefix-len 64 --block-size 16 --max-num-seqs 8 --output-json bench-throughput.json
 
 test:
 	$(PY) -m pytest -q -m "not slow"
