@@ -39,5 +39,17 @@ gpu-check:
 	$(GPU_PYTHON) -m pytest -q -m cuda tests/kernels tests/graphs tests/compile
 	$(GPU_PYTHON) benchmarks/gpu_decode.py
 
+# Every benchmark once, as a plain test, so the suites never rot (seconds).
+bench-smoke:
+	$(PY) -m pytest benchmarks --benchmark-disable -q
+
+# Perf regression check (docs/perf-ci.md): save a baseline, then compare against it; exits 1
+# when a benchmark's min time grew by more than 50% on three runs in a row.
+bench-save:
+	$(PY) benchmarks/perf_check.py save
+
+bench-check:
+	$(PY) benchmarks/perf_check.py check
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks *.egg-info

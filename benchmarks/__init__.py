@@ -1,0 +1,1 @@
+"""pytest-benchmark suites (own rootdir: pytest.ini); see docs/perf-ci.md."""

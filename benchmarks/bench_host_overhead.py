@@ -1,0 +1,260 @@
+"""Host-side cost of one decode step with 256 running sequences (group `host-step`).
+
+Everything the CPU does per step besides the model: scheduling and block bookkeeping, building
+the step's inputs, and the engine's per-request work. Target: well under 1 ms per step at 256
+sequences, so that a CUDA-graph decode step (a few ms for a small model) is not host-bound.
+
+The state is steady: 256 sequences with prompts of 100-1000 tokens (a shared 64-token system
+prompt, prefix caching on) have been prefilled and have decoded WARM_STEPS tokens; each round is
+one real decode step on them. After LAP_STEPS measured steps the state is rebuilt (untimed), so
+sequences never drift far from those lengths. Tokens are fake (no model runs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastgen import LLM, SamplingParams
+from fastgen.block_manager import BlockManager
+from fastgen.scheduler import Scheduler
+from fastgen.sequence import Sequence
+from fastgen.step_inputs import StepInputBuilder
+from tests.tiny_models import build_tokenizer, model_config
+
+NUM_SEQS = 256
+PROMPT_LENS = (100, 1000)
+SYSTEM_PROMPT_LEN = 64
+WARM_STEPS = 32  # decode steps before measuring: outputs are under way, the builder's rows primed
+LAP_STEPS = 64  # measured steps between rebuilds
+MAX_MODEL_LEN = 4096
+MAX_BATCHED_TOKENS = 8192
+VOCAB = 151_936  # Qwen's: token ids drawn from it for the scheduler-level benchmarks
+ROUNDS = 256
+WARMUP_ROUNDS = 8
+
+BLOCK_SIZES = [pytest.param(16, id="block16"), pytest.param(256, id="block256")]
+
+
+def random_prompts(rng: np.random.Generator, vocab: int) -> list[list[int]]:
+    system = rng.integers(1, vocab, SYSTEM_PROMPT_LEN).tolist()
+    lengths = rng.integers(PROMPT_LENS[0], PROMPT_LENS[1] + 1, NUM_SEQS)
+    return [system + rng.integers(1, vocab, n - SYSTEM_PROMPT_LEN).tolist() for n in lengths]
+
+
+def kv_blocks_for(block_size: int) -> int:
+    """Room for every sequence to reach its longest length during a lap, plus slack."""
+    longest = PROMPT_LENS[1] + WARM_STEPS + LAP_STEPS + 2
+    return NUM_SEQS * (-(-longest // block_size)) + 64
+
+
+def fake_tokens(rng: np.random.Generator, vocab: int) -> list[list[int]]:
+    """One list of NUM_SEQS sampled tokens per step of a lap."""
+    return rng.integers(1, vocab, (WARM_STEPS + LAP_STEPS + 1, NUM_SEQS)).tolist()
+
+
+class DecodeBatch:
+    """A Scheduler + BlockManager + StepInputBuilder holding NUM_SEQS sequences in decode."""
+
+    def __init__(self, block_size: int, seed: int = 0):
+        self.block_size = block_size
+        self.rng = np.random.default_rng(seed)
+        self.tokens = fake_tokens(self.rng, VOCAB)
+        self.builder = StepInputBuilder(
+            NUM_SEQS, MAX_BATCHED_TOKENS, -(-MAX_MODEL_LEN // block_size), block_size, MAX_MODEL_LEN,
+            torch.device("cpu"),
+        )
+        self.params = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN, ignore_eos=True)
+        self.next_seq_id = 0
+        self.reset()
+
+    def reset(self) -> None:
+        bm = BlockManager(kv_blocks_for(self.block_size), self.block_size, enable_prefix_caching=True)
+        self.scheduler = Scheduler(bm, NUM_SEQS, MAX_BATCHED_TOKENS, MAX_MODEL_LEN, eos_token_ids=())
+        for prompt in random_prompts(self.rng, VOCAB):
+            self.scheduler.add(Sequence(self.next_seq_id, prompt, self.params))
+            self.next_seq_id += 1
+        while True:
+            out = self.scheduler.schedule()
+            if not out.is_prefill:
+                break
+            self.scheduler.postprocess(out, [7 if out.samples(i) else None for i in range(len(out.seqs))])
+        self.scheduler.postprocess(out, self.tokens[0])  # close the decode step just scheduled
+        self.steps = 1
+        for _ in range(WARM_STEPS):
+            self.full_step()
+        self.measured = 0
+
+    def before_round(self) -> None:
+        """pedantic() setup: rebuild once a lap is over; the round itself is always a real step."""
+        if self.measured >= LAP_STEPS:
+            self.reset()
+        self.measured += 1
+
+    def _sampled(self) -> list[int]:
+        tokens = self.tokens[self.steps % len(self.tokens)]
+        self.steps += 1
+        return tokens
+
+    # ---- what the benchmarks time ---------------------------------------------------------
+    def schedule_and_postprocess(self) -> None:
+        out = self.scheduler.schedule()
+        assert not out.is_prefill and len(out.seqs) == NUM_SEQS
+        self.scheduler.postprocess(out, self._sampled())
+
+    def schedule_only(self):
+        """setup of the build_decode benchmark: returns the (args, kwargs) it times."""
+        self.before_round()
+        out = self.scheduler.schedule()
+        assert not out.is_prefill and len(out.seqs) == NUM_SEQS
+        return (out,), {}
+
+    def postprocess_only(self, out) -> None:
+        self.scheduler.postprocess(out, self._sampled())
+
+    def full_step(self) -> None:
+        out = self.scheduler.schedule()
+        assert not out.is_prefill and len(out.seqs) == NUM_SEQS
+        self.builder.build_decode(out)
+        self.scheduler.postprocess(out, self._sampled())
+
+    def describe(self) -> dict:
+        lens = [len(s) for s in self.scheduler.running]
+        return {
+            "num_seqs": NUM_SEQS,
+            "block_size": self.block_size,
+            "mean_seq_len": round(sum(lens) / len(lens)),
+            "kv_blocks": self.scheduler.block_manager.num_blocks,
+            "prefix_caching": True,
+        }
+
+
+@pytest.mark.benchmark(group="host-step")
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_schedule_and_postprocess(benchmark, block_size):
+    """Scheduler.schedule() + Scheduler.postprocess(): the scheduling and block bookkeeping."""
+    batch = DecodeBatch(block_size)
+    benchmark.extra_info.update(batch.describe())
+    benchmark.pedantic(
+        batch.schedule_and_postprocess, setup=batch.before_round, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS
+    )
+
+
+@pytest.mark.benchmark(group="host-step")
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_build_decode_inputs(benchmark, block_size):
+    """StepInputBuilder.build_decode() for 256 sequences (CPU: no transfer)."""
+    batch = DecodeBatch(block_size)
+    benchmark.extra_info.update(batch.describe())
+    benchmark.pedantic(
+        batch.builder.build_decode, setup=batch.schedule_only, teardown=batch.postprocess_only,
+        rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS,
+    )
+
+
+@pytest.mark.benchmark(group="host-step")
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_scheduler_and_inputs(benchmark, block_size):
+    """schedule() + build_decode() + postprocess(): the two above in one step."""
+    batch = DecodeBatch(block_size)
+    benchmark.extra_info.update(batch.describe())
+    benchmark.pedantic(batch.full_step, setup=batch.before_round, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS)
+
+
+# ---- the whole engine step, model stubbed out ------------------------------------------------
+def write_stub_model(folder) -> str:
+    """A 1-layer, 1-KV-head Qwen3 config with the test tokenizer: weights are never loaded
+    (load_format="dummy") and the KV cache stays small, while prompts may be 1000+ tokens."""
+    config = model_config("qwen3").to_dict()
+    config.pop("layer_types", None)
+    config.update(
+        architectures=["Qwen3ForCausalLM"], num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=MAX_MODEL_LEN,
+    )
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / "config.json").write_text(json.dumps(config))
+    build_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def stub_model(tmp_path_factory) -> str:
+    return write_stub_model(tmp_path_factory.mktemp("stub-model"))
+
+
+class EngineDecodeBatch:
+    """An LLMEngine with NUM_SEQS requests in decode whose runner skips the model.
+
+    The runner still builds the step's inputs (build_decode) and returns fake tokens, so a step
+    does all the engine's host work: scheduling, inputs, postprocess, per-request bookkeeping,
+    incremental detokenization and the RequestOutputs.
+    """
+
+    def __init__(self, model_dir: str, block_size: int, seed: int = 0):
+        self.llm = LLM(
+            model_dir, load_format="dummy", dtype="float32", device="cpu", block_size=block_size,
+            num_kv_blocks=kv_blocks_for(block_size), max_num_seqs=NUM_SEQS,
+            max_num_batched_tokens=MAX_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
+        )
+        self.engine = self.llm.engine
+        self.block_size = block_size
+        self.vocab = self.engine.config.model_config.vocab_size
+        self.rng = np.random.default_rng(seed)
+        self.tokens = fake_tokens(self.rng, self.vocab)
+        self.engine.runner.run = self._run_without_model  # this instance only
+        self.reset()
+
+    def _run_without_model(self, out):
+        if out.is_prefill:
+            return [7 if out.samples(i) else None for i in range(len(out.seqs))]
+        self.engine.runner.inputs.build_decode(out)
+        tokens = self.tokens[self.steps % len(self.tokens)]
+        self.steps += 1
+        return tokens[: len(out.seqs)]
+
+    def reset(self) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id)
+        for prompt in random_prompts(self.rng, self.vocab):
+            params = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN - len(prompt), ignore_eos=True)
+            self.engine.add_request(prompt, params)
+        scheduler = self.engine.scheduler
+        self.steps = 0
+        while scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in scheduler.running):
+            self.engine.step()
+        for _ in range(WARM_STEPS):
+            self.step()
+        self.measured = 0
+
+    def before_round(self) -> None:
+        if self.measured >= LAP_STEPS:
+            self.reset()
+        self.measured += 1
+
+    def step(self) -> None:
+        outputs = self.engine.step()
+        assert len(outputs) == NUM_SEQS
+
+    def describe(self) -> dict:
+        lens = [len(s) for s in self.engine.scheduler.running]
+        return {
+            "num_seqs": NUM_SEQS,
+            "block_size": self.block_size,
+            "mean_seq_len": round(sum(lens) / len(lens)),
+            "kv_blocks": self.engine.block_manager.num_blocks,
+            "prefix_caching": True,
+            "detokenize": True,
+        }
+
+
+@pytest.mark.benchmark(group="host-step")
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_engine_step_without_model(benchmark, stub_model, block_size):
+    """LLMEngine.step() with the model forward and sampler stubbed out: the whole host side."""
+    batch = EngineDecodeBatch(stub_model, block_size)
+    benchmark.extra_info.update(batch.describe())
+    benchmark.pedantic(batch.step, setup=batch.before_round, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS)

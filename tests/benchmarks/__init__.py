@@ -1,0 +1,1 @@
+"""Tests of the performance-regression tooling in benchmarks/."""
