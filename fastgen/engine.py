@@ -87,8 +87,12 @@ class LLMEngine:
         self.last_scheduler_output: SchedulerOutput | None = None  # the latest step's decision
 
     # ---- requests in -----------------------------------------------------------------------
-    def prepare(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> RequestState:
-        """Validate and tokenize a request without queueing it (raises ValueError)."""
+    def prepare(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
+                final_only: bool = False) -> RequestState:
+        """Validate and tokenize a request without queueing it (raises ValueError).
+
+        final_only: step() reports this request once, when it finishes, instead of every step.
+        """
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
@@ -117,7 +121,7 @@ class LLMEngine:
         elif request_id in self.requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
         seq = Sequence(next(self._seq_ids), token_ids, params)
-        return RequestState(request_id, seq, text, self.tokenizer, now())
+        return RequestState(request_id, seq, text, self.tokenizer, now(), final_only=final_only)
 
     def enqueue(self, state: RequestState) -> str:
         if state.request_id in self.requests:

@@ -65,7 +65,7 @@ class LLM:
                 raise ValueError(
                     f"sampling_params has {len(params)} entries but there are {len(prompts)} prompts"
                 )
-        states = [self.engine.prepare(p, sp) for p, sp in zip(prompts, params)]
+        states = [self.engine.prepare(p, sp, final_only=True) for p, sp in zip(prompts, params)]
         ids = [self.engine.enqueue(s) for s in states]
         pending = set(ids)
         results: dict[str, RequestOutput] = {}

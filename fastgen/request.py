@@ -16,14 +16,21 @@ class RequestState:
     stop string and the request finishes with reason "stop". So that a stream never yields text
     that a later token turns into part of a stop string, the last len(longest stop) - 1
     characters are held back until the request finishes.
+
+    final_only: emit one output, when the request finishes (what a batch `generate` needs). Such a
+    request without stop strings also skips per-step detokenization: its text is decoded once
+    at the end, by the same detokenizer, so it is the same text.
     """
 
-    def __init__(self, request_id: str, seq: Sequence, prompt: str | None, tokenizer, arrival_time: float):
+    def __init__(self, request_id: str, seq: Sequence, prompt: str | None, tokenizer, arrival_time: float,
+                 final_only: bool = False):
         self.request_id = request_id
         self.seq = seq
         self.prompt = prompt
+        self.prompt_token_ids = seq.token_ids[: seq.num_prompt_tokens]  # shared by every output
+        self.final_only = final_only
         self.detokenizer = (
-            IncrementalDetokenizer(tokenizer, seq.token_ids[: seq.num_prompt_tokens]) if tokenizer is not None else None
+            IncrementalDetokenizer(tokenizer, self.prompt_token_ids) if tokenizer is not None else None
         )
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.stop = seq.params.stop
@@ -41,18 +48,19 @@ class RequestState:
 
     def on_new_tokens(self, now: float) -> bool:
         """Take the sequence's new tokens into the text; True when a stop string matched."""
-        output_ids = self.seq.output_token_ids
-        new_ids = output_ids[self.num_tokens_seen :]
-        if not new_ids:
+        seq = self.seq
+        num_output = len(seq.token_ids) - seq.num_prompt_tokens
+        if num_output == self.num_tokens_seen:
             return False
-        self.num_tokens_seen = len(output_ids)
+        self.num_tokens_seen = num_output
         m = self.metrics
         if m.first_token_time is None:
             m.first_token_time = now
         m.last_token_time = now
-        m.num_output_tokens = len(output_ids)
-        if self.detokenizer is None:
+        m.num_output_tokens = num_output
+        if self.detokenizer is None or (self.final_only and not self.stop and not seq.is_finished):
             return False
+        new_ids = seq.token_ids[seq.num_prompt_tokens + self.detokenizer.num_output_tokens :]
         before = len(self.text)
         self.text += self.detokenizer.add(new_ids)
         if self.seq.is_finished:
@@ -76,6 +84,8 @@ class RequestState:
         finished = seq.is_finished
         if finished and self.metrics.finished_time is None:
             self.metrics.finished_time = now
+        if self.final_only and not finished:
+            return None
         visible = len(self.text) if finished else max(self.sent_text_len, len(self.text) - self.hold_back)
         token_ids = seq.output_token_ids
         if not finished and visible == self.sent_text_len and len(token_ids) == self.sent_tokens:
@@ -87,7 +97,7 @@ class RequestState:
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            prompt_token_ids=self.prompt_token_ids,
             text=self.text[:visible],
             token_ids=list(token_ids),
             new_text=new_text,

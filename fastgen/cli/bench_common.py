@@ -64,7 +64,7 @@ def run_requests(engine, workload: Workload, temperature: float, progress: bool 
     before any is queued (ValueError, nothing queued, on a bad one).
     """
     params = workload.sampling_params(temperature)
-    states = [engine.prepare(p, sp) for p, sp in zip(workload.prompts, params)]
+    states = [engine.prepare(p, sp, final_only=True) for p, sp in zip(workload.prompts, params)]
     ids = [engine.enqueue(s) for s in states]
     pending = set(ids)
     finished: dict[str, RequestOutput] = {}

@@ -75,7 +75,7 @@ def run_iteration(engine, prompts, params, device) -> IterationTimes:
     times = IterationTimes()
     synchronize(device)
     start = time.perf_counter()
-    states = [engine.prepare(p, sp) for p, sp in zip(prompts, params)]
+    states = [engine.prepare(p, sp, final_only=True) for p, sp in zip(prompts, params)]
     pending = {engine.enqueue(s) for s in states}
     while pending:
         step_start = time.perf_counter()
