@@ -194,7 +194,8 @@ class EngineDecodeBatch:
     incremental detokenization and the RequestOutputs.
     """
 
-    def __init__(self, model_dir: str, block_size: int, seed: int = 0):
+    def __init__(self, model_dir: str, block_size: int, seed: int = 0, final_only: bool = False):
+        self.final_only = final_only  # generate()/bench path: no per-step outputs or detokenization
         self.llm = LLM(
             model_dir, load_format="dummy", dtype="float32", device="cpu", block_size=block_size,
             num_kv_blocks=kv_blocks_for(block_size), max_num_seqs=NUM_SEQS,
@@ -221,7 +222,7 @@ class EngineDecodeBatch:
             self.engine.abort(request_id)
         for prompt in random_prompts(self.rng, self.vocab):
             params = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN - len(prompt), ignore_eos=True)
-            self.engine.add_request(prompt, params)
+            self.engine.enqueue(self.engine.prepare(prompt, params, final_only=self.final_only))
         scheduler = self.engine.scheduler
         self.steps = 0
         while scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in scheduler.running):
@@ -237,7 +238,7 @@ class EngineDecodeBatch:
 
     def step(self) -> None:
         outputs = self.engine.step()
-        assert len(outputs) == NUM_SEQS
+        assert len(outputs) == (0 if self.final_only else NUM_SEQS)
 
     def describe(self) -> dict:
         lens = [len(s) for s in self.engine.scheduler.running]
@@ -247,14 +248,19 @@ class EngineDecodeBatch:
             "mean_seq_len": round(sum(lens) / len(lens)),
             "kv_blocks": self.engine.block_manager.num_blocks,
             "prefix_caching": True,
-            "detokenize": True,
+            "outputs": "final-only" if self.final_only else "streaming (every step, detokenized)",
         }
 
 
 @pytest.mark.benchmark(group="host-step")
+@pytest.mark.parametrize("final_only", [pytest.param(False, id="streaming"), pytest.param(True, id="final-only")])
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
-def test_engine_step_without_model(benchmark, stub_model, block_size):
-    """LLMEngine.step() with the model forward and sampler stubbed out: the whole host side."""
-    batch = EngineDecodeBatch(stub_model, block_size)
+def test_engine_step_without_model(benchmark, stub_model, block_size, final_only):
+    """LLMEngine.step() with the model forward and sampler stubbed out: the whole host side.
+
+    streaming: every request reports (and detokenizes) every step, as an app's streams do;
+    final-only: requests report when they finish, as LLM.generate and fastgen bench run them.
+    """
+    batch = EngineDecodeBatch(stub_model, block_size, final_only=final_only)
     benchmark.extra_info.update(batch.describe())
     benchmark.pedantic(batch.step, setup=batch.before_round, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS)
