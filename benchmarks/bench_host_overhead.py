@@ -65,8 +65,7 @@ class DecodeBatch:
         self.rng = np.random.default_rng(seed)
         self.tokens = fake_tokens(self.rng, VOCAB)
         self.builder = StepInputBuilder(
-            NUM_SEQS, MAX_BATCHED_TOKENS, -(-MAX_MODEL_LEN // block_size), block_size, MAX_MODEL_LEN,
-            torch.device("cpu"),
+            NUM_SEQS, MAX_BATCHED_TOKENS, -(-MAX_MODEL_LEN // block_size), block_size, torch.device("cpu"),
         )
         self.params = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN, ignore_eos=True)
         self.next_seq_id = 0

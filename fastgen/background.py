@@ -55,8 +55,8 @@ class RequestStream:
     def result(self) -> RequestOutput:
         """Consume the stream; return the final output."""
         last = None
-        for last in self:
-            pass
+        for output in self:
+            last = output
         return last
 
 

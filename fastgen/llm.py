@@ -5,12 +5,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence as Seq
 
+from typing import TYPE_CHECKING
+
 from tqdm.auto import tqdm
 
 from fastgen.config import EngineConfig
 from fastgen.engine import LLMEngine, Prompt
 from fastgen.outputs import RequestOutput
 from fastgen.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from fastgen.background import BackgroundEngine
 
 
 class LLM:

@@ -54,7 +54,7 @@ class ModelRunner:
 
         self.inputs = StepInputBuilder(
             config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq,
-            config.block_size, config.max_model_len, self.device,
+            config.block_size, self.device,
         )
         self.num_kv_blocks = num_blocks_for_budget(config, self._gpu_kv_budget())
         check_fits_one_sequence(config, self.num_kv_blocks)

@@ -44,10 +44,12 @@ class _Buffer:
 
 
 class StepInputBuilder:
+    """Sized for the largest step: max_num_seqs rows, max(max_num_tokens, max_num_seqs) tokens and
+    block tables max_blocks_per_seq wide."""
+
     def __init__(self, max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int, block_size: int,
-                 max_model_len: int, device: torch.device):
+                 device: torch.device):
         self.block_size = block_size
-        self.max_model_len = max_model_len
         tokens = max(max_num_tokens, max_num_seqs)
         self.input_ids = _Buffer((tokens,), torch.int64, device)
         self.positions = _Buffer((tokens,), torch.int64, device)
