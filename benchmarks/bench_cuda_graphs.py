@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
-from fastgen import LLM, SamplingParams
+from benchmarks.decoding import DecodingRequests
+from fastgen import LLM
 from fastgen.presets import preset_config
 
 pytestmark = pytest.mark.cuda
@@ -30,43 +30,6 @@ def qwen3_0_6b_dummy(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("qwen3-0.6b-dummy")
     (folder / "config.json").write_text(json.dumps(preset_config("qwen3-0.6b")))
     return str(folder)
-
-
-class DecodingBatch:
-    """`batch` requests in decode on a CUDA engine, replaced every LAP_STEPS steps (untimed)."""
-
-    def __init__(self, llm: LLM, batch: int, seed: int = 0):
-        self.engine = llm.engine
-        self.batch = batch
-        self.rng = np.random.default_rng(seed)
-        self.vocab = self.engine.config.model_config.vocab_size
-        self.reset()
-
-    def reset(self) -> None:
-        engine = self.engine
-        for request_id in list(engine.requests):
-            engine.abort(request_id)
-        for n in self.rng.integers(64, 512, self.batch):
-            prompt = self.rng.integers(1, self.vocab, n).tolist()
-            params = SamplingParams(temperature=0.0, max_tokens=LAP_STEPS + WARM_STEPS + 16, ignore_eos=True)
-            engine.add_request(prompt, params)
-        scheduler = engine.scheduler
-        while scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in scheduler.running):
-            engine.step()
-        for _ in range(WARM_STEPS):
-            engine.step()
-        torch.cuda.synchronize()
-        self.measured = 0
-
-    def before_round(self) -> None:
-        if self.measured >= LAP_STEPS:
-            self.reset()
-        self.measured += 1
-
-    def step(self) -> int:
-        outputs = self.engine.step()
-        torch.cuda.synchronize()
-        return len(outputs)
 
 
 def make_llm(model_dir: str, dummy: bool, graphs: bool) -> LLM:
@@ -89,7 +52,7 @@ def test_decode_step(benchmark, request, model, batch, mode):
     llm = make_llm(model_dir, dummy, graphs=mode == "graphs")
     graphs = llm.engine.runner.graphs
     assert (graphs is not None and graphs.can_run(batch)) == (mode == "graphs")
-    decoding = DecodingBatch(llm, batch)
+    decoding = DecodingRequests(llm, batch, (64, 512), WARM_STEPS, LAP_STEPS, sync=torch.cuda.synchronize)
     benchmark.extra_info.update(batch=batch, mode=mode, model=model, block_size=BLOCK_SIZE, dtype="bfloat16")
     outputs = benchmark.pedantic(decoding.step, setup=decoding.before_round, rounds=ROUNDS, warmup_rounds=8)
     assert outputs == batch

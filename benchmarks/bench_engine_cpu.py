@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.decoding import DecodingRequests
 from fastgen import LLM, SamplingParams
 
 BLOCK_SIZE = 16
@@ -26,43 +27,10 @@ def tiny_llm(model_dir: str) -> LLM:
     return LLM(model_dir, dtype="float32", device="cpu", block_size=BLOCK_SIZE, num_kv_blocks=1024, max_num_seqs=64)
 
 
-class DecodingRequests:
-    """DECODE_BATCH requests past their prefill; replaced every LAP_STEPS steps (untimed)."""
-
-    def __init__(self, llm: LLM, seed: int = 0):
-        self.engine = llm.engine
-        self.rng = np.random.default_rng(seed)
-        self.vocab = self.engine.config.model_config.vocab_size
-        self.reset()
-
-    def reset(self) -> None:
-        engine = self.engine
-        for request_id in list(engine.requests):
-            engine.abort(request_id)
-        for n in self.rng.integers(16, 64, DECODE_BATCH):
-            prompt = self.rng.integers(1, self.vocab, n).tolist()
-            params = SamplingParams(temperature=0.0, max_tokens=LAP_STEPS + WARM_STEPS + 16, ignore_eos=True)
-            engine.add_request(prompt, params)
-        scheduler = engine.scheduler
-        while scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in scheduler.running):
-            engine.step()
-        for _ in range(WARM_STEPS):
-            engine.step()
-        self.measured = 0
-
-    def before_round(self) -> None:
-        if self.measured >= LAP_STEPS:
-            self.reset()
-        self.measured += 1
-
-    def step(self) -> int:
-        return len(self.engine.step())
-
-
 @pytest.mark.benchmark(group="engine-cpu")
 def test_decode_step_batch16(benchmark, tiny_qwen3):
     llm = tiny_llm(tiny_qwen3)
-    requests = DecodingRequests(llm)
+    requests = DecodingRequests(llm, DECODE_BATCH, (16, 64), WARM_STEPS, LAP_STEPS)
     benchmark.extra_info.update(batch=DECODE_BATCH, block_size=BLOCK_SIZE, model="tiny-qwen3")
     outputs = benchmark.pedantic(requests.step, setup=requests.before_round, rounds=DECODE_ROUNDS, warmup_rounds=4)
     assert outputs == DECODE_BATCH
