@@ -25,6 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # for `tests.tiny_models` however pytest was started
     sys.path.insert(0, str(REPO_ROOT))
 
+from tests.markers import skip_cuda_tests_without_gpu  # noqa: E402
 from tests.tiny_models import build_tiny_model  # noqa: E402
 
 SLOWDOWN_ENV = "FASTGEN_BENCH_INJECT_SLOWDOWN"
@@ -35,12 +36,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+    skip_cuda_tests_without_gpu(items)
 
 
 @pytest.fixture(scope="session")

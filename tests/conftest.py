@@ -16,18 +16,14 @@ from functools import lru_cache  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.markers import skip_cuda_tests_without_gpu  # noqa: E402
 from tests.tiny_models import VOCAB_SIZE, build_tiny_model, hf_greedy  # noqa: E402
 
 FAMILIES = ("qwen3", "qwen2", "llama")
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+    skip_cuda_tests_without_gpu(items)
 
 
 @pytest.fixture(scope="session")
