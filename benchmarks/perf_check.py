@@ -1,20 +1,21 @@
 """Save a performance baseline, or check the code against it (`make bench-save` / `make bench-check`).
 
-    python benchmarks/perf_check.py save  [--results-dir DIR] [--baseline PATH] [--passes N] [-- PYTEST_ARGS]
+    python benchmarks/perf_check.py save  [--results-dir DIR] [--baseline PATH] [--passes N]
+                                          [--spacing SECONDS] [-- PYTEST_ARGS]
     python benchmarks/perf_check.py check [--results-dir DIR] [--baseline PATH] [--fail-on STAT:PCT%]
-                                          [--confirm N] [-- PYTEST_ARGS]
+                                          [--confirm N] [--spacing SECONDS] [-- PYTEST_ARGS]
 
 Both run the pytest-benchmark suites in benchmarks/ (the CUDA-marked ones only where a GPU is)
 with the options in PYTEST_BENCH_OPTIONS, writing under .benchmarks/ (git-ignored) by default.
-`save` runs them --passes times and writes, per benchmark, the pass with the lowest min to
-baseline.json. `check` reruns them with `--benchmark-compare=<baseline>` and
-`--benchmark-compare-fail=<STAT:PCT%>`, so pytest-benchmark itself decides what regressed, and
-writes latest.json.
+`save` runs them --passes times, starting passes at least --spacing seconds apart, and writes,
+per benchmark, the pass with the lowest min to baseline.json. `check` reruns them with
+`--benchmark-compare=<baseline>` and `--benchmark-compare-fail=<STAT:PCT%>`, so pytest-benchmark
+itself decides what regressed, and writes latest.json.
 
 The machines are shared and noisy: another job on the other core can slow a whole benchmark by
 1.5-2x for as long as it runs. So a benchmark that fails the check is rerun on its own, up to
---confirm times, and counts as a regression only if it fails every time: a real slowdown does, a
-burst of load does not. Exit status: 0 when nothing regressed, 1 when something did, pytest's own
+--confirm times (--spacing seconds apart), and counts as a regression only if it fails every
+time: a real slowdown does, a burst of load does not. Exit status: 0 when nothing regressed, 1 when something did, pytest's own
 when a benchmark broke (failed or errored as a test), 2 without a baseline. docs/perf-ci.md
 explains the statistic and threshold, with the experiment behind them.
 """
@@ -26,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -40,6 +42,11 @@ DEFAULT_RESULTS_DIR = REPO_ROOT / ".benchmarks"  # git-ignored
 DEFAULT_FAIL_ON = "min:50%"
 DEFAULT_CONFIRM = 2
 DEFAULT_SAVE_PASSES = 2
+# A neighbour's load comes in phases of a few seconds to about twenty (docs/perf-ci.md), and a run
+# inside one reads up to 1.7x slow. Two baseline passes, or two confirmation reruns, started in
+# the same phase are one sample, not two. The whole suite takes over a minute a pass, so this
+# only ever waits when a few benchmarks are selected or rerun.
+DEFAULT_SPACING_S = 30.0
 
 PYTEST_BENCH_OPTIONS = [
     "--benchmark-only",
@@ -83,6 +90,22 @@ def run_pytest(cmd: list[str], results_dir: Path) -> tuple[int, int]:
     for suite in ET.parse(junit).getroot().iter("testsuite"):
         broken += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
     return rc, broken
+
+
+class Spacing:
+    """Starts successive runs at least `seconds` apart, sleeping when one finished sooner."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.last_start: float | None = None
+
+    def wait(self, what: str) -> None:
+        if self.last_start is not None:
+            left = self.seconds - (time.monotonic() - self.last_start)
+            if left > 0:
+                print(f"waiting {left:.0f} s: {what} start at least {self.seconds:g} s apart", flush=True)
+                time.sleep(left)
+        self.last_start = time.monotonic()
 
 
 def load_stats(path: Path) -> dict[str, dict]:
@@ -136,11 +159,13 @@ def save(args) -> int:
     """Run the suites `passes` times; keep, per benchmark, the pass with the lowest `min`.
 
     A baseline recorded while another job loads the machine is slow, and would let a real
-    slowdown hide under it; the best of two passes a minute apart rarely is.
+    slowdown hide under it; the best of two passes at least half a minute apart rarely is.
     """
     args.baseline.parent.mkdir(parents=True, exist_ok=True)
     passes = []
+    spacing = Spacing(args.spacing)
     for i in range(1, args.passes + 1):
+        spacing.wait("baseline passes")
         out = args.results_dir / f"baseline-pass{i}.json"
         out.unlink(missing_ok=True)
         rc, _ = run_pytest(pytest_command([str(BENCH_DIR)], [f"--benchmark-json={out}", *args.pytest_args]),
@@ -173,6 +198,8 @@ def check(args) -> int:
     for stale in [latest, *args.results_dir.glob("latest-confirm*.json")]:
         stale.unlink(missing_ok=True)
     cmd = pytest_command([str(BENCH_DIR)], [*compare, f"--benchmark-json={latest}", *args.pytest_args])
+    spacing = Spacing(args.spacing)
+    spacing.wait("check runs")
     rc, broken = run_pytest(cmd, args.results_dir)
     if broken or not latest.is_file():
         return rc or 1  # a benchmark failed or errored as a test: not a timing question
@@ -189,6 +216,7 @@ def check(args) -> int:
         rerun_json.unlink(missing_ok=True)
         targets = [f"{BENCH_DIR.name}/{name}" for name in suspects]
         cmd = pytest_command(targets, [*compare, f"--benchmark-json={rerun_json}", *args.pytest_args])
+        spacing.wait("confirmation runs")
         rc, broken = run_pytest(cmd, args.results_dir)
         if broken or not rerun_json.is_file():
             return rc or 1
@@ -216,11 +244,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="STAT:PCT%% that fails the check (default: %(default)s)")
     parser.add_argument("--passes", type=int, default=DEFAULT_SAVE_PASSES,
                         help="save: runs of the suites the baseline keeps the best of (default: %(default)s)")
+    parser.add_argument("--spacing", type=float, default=DEFAULT_SPACING_S,
+                        help="least seconds between the starts of two baseline passes or two confirmation "
+                             "runs (default: %(default)s)")
     parser.add_argument("--confirm", type=int, default=DEFAULT_CONFIRM,
                         help="reruns a failing benchmark must also fail to count (default: %(default)s)")
     argv = sys.argv[1:] if argv is None else argv
     own, pytest_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = parser.parse_args(own)
+    if args.passes < 1:
+        parser.error(f"--passes={args.passes} must be at least 1")
+    if args.confirm < 0:
+        parser.error(f"--confirm={args.confirm} must be at least 0")
+    if args.spacing < 0:
+        parser.error(f"--spacing={args.spacing} must be at least 0 seconds")
     args.pytest_args = pytest_args  # after --: extra pytest arguments, e.g. -k sampler
     args.results_dir = args.results_dir.resolve()
     args.results_dir.mkdir(parents=True, exist_ok=True)
