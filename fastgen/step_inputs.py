@@ -3,9 +3,10 @@
 Host buffers (pinned on CUDA) and their device twins are allocated once at start-up, sized for
 the largest step. A step writes only its rows, copies them to the device in one transfer per
 buffer, and hands out views. A block-table row is rewritten only when the sequence in that row
-or its number of blocks changed since the previous step. Decode batches can be padded to a
-CUDA-graph size: padding rows get token 0, position 0, slot -1 (never written), context length 0
-and an all -1 block table, so nothing stale from an earlier, larger batch survives.
+or its number of blocks changed since the previous step, or the sequence was preempted (and so
+holds new blocks). Decode batches can be padded to a CUDA-graph size: padding rows get token 0,
+position 0, slot -1 (never written), context length 0 and an all -1 block table, so nothing
+stale from an earlier, larger batch survives.
 """
 
 from __future__ import annotations
@@ -58,18 +59,23 @@ class StepInputBuilder:
         self.context_lens = _Buffer((max_num_seqs,), torch.int32, device)
         self.query_start_loc = _Buffer((max_num_seqs + 1,), torch.int32, device)
         self.logits_indices = _Buffer((max_num_seqs,), torch.int64, device)
-        # What each block-table row holds now: (seq_id, number of blocks), -1 for padding.
+        # What each block-table row holds now: (seq_id, preemptions, number of blocks); seq_id -1
+        # for padding. A table only grows at its end while its sequence runs; a preemption frees it
+        # and the sequence comes back with new blocks, maybe as many as before, hence the count.
         self._row_seq = np.full(max_num_seqs, -1, dtype=np.int64)
+        self._row_preemptions = np.zeros(max_num_seqs, dtype=np.int64)
         self._row_blocks = np.zeros(max_num_seqs, dtype=np.int64)
 
     def _write_block_tables(self, seqs, rows: int) -> None:
         table = self.block_tables.host
         for i, seq in enumerate(seqs):
             n = len(seq.block_table)
-            if self._row_seq[i] != seq.seq_id or self._row_blocks[i] != n:
+            if (self._row_seq[i] != seq.seq_id or self._row_blocks[i] != n
+                    or self._row_preemptions[i] != seq.num_preemptions):
                 table[i, :n] = seq.block_table
                 table[i, n:] = -1
                 self._row_seq[i], self._row_blocks[i] = seq.seq_id, n
+                self._row_preemptions[i] = seq.num_preemptions
         for i in range(len(seqs), rows):  # padding rows
             if self._row_seq[i] != -1 or self._row_blocks[i] != 0:
                 table[i] = -1
