@@ -16,6 +16,8 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 
+import torch
+
 from fastgen.engine import LLMEngine, Prompt
 from fastgen.outputs import RequestOutput
 from fastgen.sampling_params import SamplingParams
@@ -100,6 +102,9 @@ class BackgroundEngine:
     # ---- the loop thread ---------------------------------------------------------------------
     def _loop(self) -> None:
         try:
+            device = self.engine.config.torch_device
+            if device.type == "cuda":  # the current device is per thread
+                torch.cuda.set_device(device)
             while True:
                 idle = not self.engine.has_unfinished_requests()
                 if not self._apply_commands(block=idle):

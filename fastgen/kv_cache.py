@@ -15,7 +15,11 @@ def num_blocks_for_budget(config: EngineConfig, budget_bytes: int | None) -> int
     """Blocks that fit the budget. `num_kv_blocks` wins; a None budget means the CPU default."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    budget = config.kv_cache_memory_bytes or budget_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+    # `is None`, not `or`: a measured budget of 0 (the GPU is full) must fail the fit check, not
+    # fall back to the CPU default.
+    budget = config.kv_cache_memory_bytes
+    if budget is None:
+        budget = budget_bytes if budget_bytes is not None else DEFAULT_CPU_KV_CACHE_BYTES
     return budget // bytes_per_block(config)
 
 

@@ -30,6 +30,17 @@ def _peak_bytes(fn) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
+def peak_prefill_lengths(config) -> list[int]:
+    """Prompt lengths of the largest prefill step the scheduler can form: as many
+    max_model_len-or-shorter prompts as fill the token budget, and no more than max_num_seqs."""
+    tokens = config.max_num_batched_tokens
+    lengths: list[int] = []
+    while tokens > 0 and len(lengths) < config.max_num_seqs:
+        lengths.append(min(tokens, config.max_model_len))
+        tokens -= lengths[-1]
+    return lengths
+
+
 @torch.inference_mode()
 def profile_kv_budget(runner) -> int:
     config = runner.config
@@ -40,12 +51,7 @@ def profile_kv_budget(runner) -> int:
     )
     runner.bind_kv_cache(stand_in)
 
-    # Peak prefill: as many max_model_len-or-shorter prompts as fill the token budget.
-    tokens = config.max_num_batched_tokens
-    lengths = []
-    while tokens > 0:
-        lengths.append(min(tokens, config.max_model_len))
-        tokens -= lengths[-1]
+    lengths = peak_prefill_lengths(config)
     # Negative ids never collide with real sequences (-1 marks padding rows in the builder).
     seqs = [Sequence(-2 - i, [0] * n, SamplingParams()) for i, n in enumerate(lengths)]
     for seq in seqs:

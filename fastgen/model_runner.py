@@ -39,6 +39,9 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, load_format: str = "safetensors"):
         self.config = config
         self.device = config.torch_device
+        if self.device.type == "cuda":
+            # Triton launches and graph capture use the thread's current device, not the tensors'.
+            torch.cuda.set_device(self.device)
         mc = config.model_config
         self.ops = build_ops(config.compile_enabled)
         self.backend = select_backend(self.device, config.block_size)

@@ -65,6 +65,19 @@ class StepInputBuilder:
         self._row_seq = np.full(max_num_seqs, -1, dtype=np.int64)
         self._row_preemptions = np.zeros(max_num_seqs, dtype=np.int64)
         self._row_blocks = np.zeros(max_num_seqs, dtype=np.int64)
+        # Host-to-device copies are asynchronous and read the pinned buffers when they run. Most
+        # steps sync anyway (sampling reads the tokens back), but a middle chunk of a long prompt
+        # samples nothing, so the next build waits for this event before overwriting the buffers.
+        self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
+
+    def _wait_for_previous_upload(self) -> None:
+        if self._uploaded is not None:
+            self._uploaded.synchronize()  # returns at once if never recorded
+
+    def _finish(self, inputs: StepInputs) -> StepInputs:
+        if self._uploaded is not None:
+            self._uploaded.record()
+        return inputs
 
     def _write_block_tables(self, seqs, rows: int) -> None:
         table = self.block_tables.host
@@ -83,6 +96,7 @@ class StepInputBuilder:
 
     def build_decode(self, out: SchedulerOutput, pad_to: int | None = None) -> StepInputs:
         """One token a sequence; rows [n, pad_to) are padding."""
+        self._wait_for_previous_upload()
         seqs, bs = out.seqs, self.block_size
         n = len(seqs)
         rows = pad_to or n
@@ -110,10 +124,13 @@ class StepInputBuilder:
             max_context_len=int(lens.max()) if n else 0,
             logits_indices=self.logits_indices.upload(rows),
         )
-        return StepInputs(self.input_ids.upload(rows), self.positions.upload(rows), meta, list(range(n)), n)
+        return self._finish(
+            StepInputs(self.input_ids.upload(rows), self.positions.upload(rows), meta, list(range(n)), n)
+        )
 
     def build_prefill(self, out: SchedulerOutput) -> StepInputs:
         """Each sequence computes tokens [num_computed, num_computed + num_new)."""
+        self._wait_for_previous_upload()
         bs = self.block_size
         q_lens, ctx_lens, sample_rows, logits_idx = [], [], [], []
         start = 0
@@ -152,4 +169,6 @@ class StepInputBuilder:
             query_lens_host=tuple(q_lens),
             context_lens_host=tuple(ctx_lens),
         )
-        return StepInputs(self.input_ids.upload(start), self.positions.upload(start), meta, sample_rows, rows)
+        return self._finish(
+            StepInputs(self.input_ids.upload(start), self.positions.upload(start), meta, sample_rows, rows)
+        )
