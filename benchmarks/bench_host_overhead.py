@@ -21,7 +21,7 @@ import torch
 
 from fastgen import LLM, SamplingParams
 from fastgen.block_manager import BlockManager
-from fastgen.scheduler import Scheduler
+from fastgen.scheduler import Scheduler, SchedulerOutput
 from fastgen.sequence import Sequence
 from fastgen.step_inputs import StepInputBuilder
 from tests.tiny_models import build_tokenizer, model_config
@@ -112,6 +112,19 @@ class DecodeBatch:
         assert not out.is_prefill and len(out.seqs) == NUM_SEQS
         return (out,), {}
 
+    def schedule_with_one_left_out(self):
+        """setup of the churn benchmark: the step's batch less one sequence from the middle, a
+        different one each round, as when a request finishes or is aborted mid-batch (every row
+        after it moves up one). The full step is still postprocessed, so the state stays steady."""
+        (out,), _ = self.schedule_only()
+        self.full_out = out
+        gap = NUM_SEQS // 4 + (self.steps * 37) % (NUM_SEQS // 2)
+        seqs = out.seqs[:gap] + out.seqs[gap + 1 :]
+        return (SchedulerOutput(seqs, [1] * len(seqs), is_prefill=False),), {}
+
+    def postprocess_full_step(self, _out) -> None:
+        self.scheduler.postprocess(self.full_out, self._sampled())
+
     def postprocess_only(self, out) -> None:
         self.scheduler.postprocess(out, self._sampled())
 
@@ -151,6 +164,19 @@ def test_build_decode_inputs(benchmark, block_size):
     benchmark.extra_info.update(batch.describe())
     benchmark.pedantic(
         batch.builder.build_decode, setup=batch.schedule_only, teardown=batch.postprocess_only,
+        rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS,
+    )
+
+
+@pytest.mark.benchmark(group="host-step")
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_build_decode_inputs_after_a_mid_batch_exit(benchmark, block_size):
+    """build_decode() when the batch differs from the previous step's by one sequence gone from
+    the middle: the rows after it now hold other sequences."""
+    batch = DecodeBatch(block_size)
+    benchmark.extra_info.update(batch.describe())
+    benchmark.pedantic(
+        batch.builder.build_decode, setup=batch.schedule_with_one_left_out, teardown=batch.postprocess_full_step,
         rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS,
     )
 

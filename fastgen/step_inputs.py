@@ -18,6 +18,7 @@ import torch
 
 from fastgen.attention import AttentionMetadata
 from fastgen.scheduler import SchedulerOutput
+from fastgen.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,13 @@ class StepInputBuilder:
         self.context_lens = _Buffer((max_num_seqs,), torch.int32, device)
         self.query_start_loc = _Buffer((max_num_seqs + 1,), torch.int32, device)
         self.logits_indices = _Buffer((max_num_seqs,), torch.int64, device)
-        # What each block-table row holds now: (seq_id, preemptions, number of blocks); seq_id -1
-        # for padding. A table only grows at its end while its sequence runs; a preemption frees it
-        # and the sequence comes back with new blocks, maybe as many as before, hence the count.
-        self._row_seq = np.full(max_num_seqs, -1, dtype=np.int64)
-        self._row_preemptions = np.zeros(max_num_seqs, dtype=np.int64)
-        self._row_blocks = np.zeros(max_num_seqs, dtype=np.int64)
+        # Who each block-table row holds now, so that a row is only rewritten when it must be:
+        # the sequence (None: padding), its preemption count then (a preempted sequence comes
+        # back with new blocks) and its number of blocks (tables only grow while running).
+        self._row_owner: list[Sequence | None] = [None] * max_num_seqs
+        self._row_preemptions = [0] * max_num_seqs
+        self._row_blocks = [0] * max_num_seqs
+        self._row_of: dict[int, int] = {}  # seq_id -> the row it was last written to
         # Host-to-device copies are asynchronous and read the pinned buffers when they run. Most
         # steps sync anyway (sampling reads the tokens back), but a middle chunk of a long prompt
         # samples nothing, so the next build waits for this event before overwriting the buffers.
@@ -79,20 +81,49 @@ class StepInputBuilder:
             self._uploaded.record()
         return inputs
 
-    def _write_block_tables(self, seqs, rows: int) -> None:
+    def _write_block_tables(self, seqs: list[Sequence], rows: int) -> None:
+        """Bring host rows [0, rows) up to date: `seqs` in order, then padding rows of -1.
+
+        A sequence still in the row it had is left alone, or gets only its new blocks written. A
+        sequence that moved (someone before it left the batch) is copied from its old row, all
+        movers in one gather. Only sequences new to the table are written from their lists.
+        Rows past `rows` are not part of this step and keep their contents for later ones.
+        """
         table = self.block_tables.host
-        for i, seq in enumerate(seqs):
+        owners, preemptions, lengths, row_of = self._row_owner, self._row_preemptions, self._row_blocks, self._row_of
+        move_to, move_from, grown, fresh = [], [], [], []
+        for i, seq in enumerate(seqs):  # read the old bookkeeping only...
+            src = row_of.get(seq.seq_id, -1)
+            if src >= 0 and owners[src] is seq and preemptions[src] == seq.num_preemptions:
+                if src != i:
+                    move_to.append(i)
+                    move_from.append(src)
+                if lengths[src] != len(seq.block_table):
+                    grown.append((i, lengths[src], seq))
+            else:
+                fresh.append((i, seq))
+        if move_to:
+            table[move_to] = table[move_from]  # numpy gathers the sources before writing
+        for i, have, seq in grown:
+            table[i, have : len(seq.block_table)] = seq.block_table[have:]
+        for i, seq in fresh:
             n = len(seq.block_table)
-            if (self._row_seq[i] != seq.seq_id or self._row_blocks[i] != n
-                    or self._row_preemptions[i] != seq.num_preemptions):
-                table[i, :n] = seq.block_table
-                table[i, n:] = -1
-                self._row_seq[i], self._row_blocks[i] = seq.seq_id, n
-                self._row_preemptions[i] = seq.num_preemptions
-        for i in range(len(seqs), rows):  # padding rows
-            if self._row_seq[i] != -1 or self._row_blocks[i] != 0:
+            table[i, :n] = seq.block_table
+            table[i, n:] = -1
+        for i in range(len(seqs), rows):  # padding
+            if owners[i] is not None:
                 table[i] = -1
-                self._row_seq[i], self._row_blocks[i] = -1, 0
+        for i in range(rows):  # ...then record the new
+            seq = seqs[i] if i < len(seqs) else None
+            old = owners[i]
+            if old is not seq:
+                if old is not None and row_of.get(old.seq_id) == i:
+                    del row_of[old.seq_id]
+                owners[i] = seq
+            if seq is not None:
+                row_of[seq.seq_id] = i
+                preemptions[i] = seq.num_preemptions
+                lengths[i] = len(seq.block_table)
 
     def build_decode(self, out: SchedulerOutput, pad_to: int | None = None) -> StepInputs:
         """One token a sequence; rows [n, pad_to) are padding."""
