@@ -35,9 +35,13 @@ class RequestStream:
         self.request_id = request_id
         self._owner = owner
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._done = False
+        self._done = False  # the request finished (its last output was seen)
+        self._closed = False  # nothing more will come: iterating again ends at once
+        self._last: RequestOutput | None = None
 
     def __iter__(self) -> Iterator[RequestOutput]:
+        if self._closed:
+            return
         try:
             while True:
                 item = self._queue.get()
@@ -45,21 +49,25 @@ class RequestStream:
                     return
                 if isinstance(item, BaseException):
                     raise item
+                self._last = item
                 if item.finished:
                     self._done = True
                 yield item
                 if item.finished:
                     return
         finally:
+            self._closed = True
             if not self._done:
                 self._owner.abort(self.request_id)
 
     def result(self) -> RequestOutput:
-        """Consume the stream; return the final output."""
-        last = None
-        for output in self:
-            last = output
-        return last
+        """Consume the stream; return the final output. Raises RuntimeError when the request
+        was cut off (aborted, or the engine shut down) before it finished."""
+        for _ in self:
+            pass
+        if not self._done:
+            raise RuntimeError(f"request {self.request_id!r} ended before it finished (aborted or shut down)")
+        return self._last
 
 
 class BackgroundEngine:
@@ -69,6 +77,9 @@ class BackgroundEngine:
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count()
         self._stopped = threading.Event()
+        # Held while checking _stopped and queueing a command, and while the loop stops and
+        # drains the queue: so a command is either seen by the loop or refused, never stranded.
+        self._accepting = threading.Lock()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="fastgen-engine-loop", daemon=True)
         self._thread.start()
@@ -76,17 +87,19 @@ class BackgroundEngine:
     # ---- any thread ------------------------------------------------------------------------
     def submit(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestStream:
         """Queue a request; raises ValueError (in this thread) if the engine rejects it."""
-        if self._stopped.is_set():
-            raise RuntimeError("the background engine has shut down") from self._error
         stream = RequestStream(f"bg-{next(self._ids)}", self)
         accepted: Future = Future()
-        self._commands.put(("add", stream, prompt, params or SamplingParams(), accepted))
+        with self._accepting:
+            if self._stopped.is_set():
+                raise RuntimeError("the background engine has shut down") from self._error
+            self._commands.put(("add", stream, prompt, params or SamplingParams(), accepted))
         accepted.result()
         return stream
 
     def abort(self, request_id: str) -> None:
-        if not self._stopped.is_set():
-            self._commands.put(("abort", request_id))
+        with self._accepting:
+            if not self._stopped.is_set():
+                self._commands.put(("abort", request_id))
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the loop; unfinished streams end (their iteration stops)."""
@@ -121,10 +134,26 @@ class BackgroundEngine:
             for stream in self._streams.values():
                 stream._queue.put(exc)
         finally:
-            self._stopped.set()
-            for stream in self._streams.values():
+            with self._accepting:
+                self._stopped.set()
+            self._refuse_queued_commands()
+            for request_id, stream in self._streams.items():
+                try:  # nobody will drive these requests again: free their blocks
+                    self.engine.abort(request_id)
+                except Exception:  # noqa: BLE001 - the engine may be what failed
+                    pass
                 stream._queue.put(_END)
             self._streams.clear()
+
+    def _refuse_queued_commands(self) -> None:
+        stopped = RuntimeError("the background engine has shut down")
+        while True:
+            try:
+                command = self._commands.get(block=False)
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                command[-1].set_exception(stopped)
 
     def _apply_commands(self, block: bool) -> bool:
         """Run queued commands (waiting for one when idle); False once asked to stop."""

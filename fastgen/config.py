@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
 
 from fastgen.model_config import ModelConfig
+from fastgen.sampling_params import SEED_LIMIT
 
 DTYPE_NAMES = {
     "float32": torch.float32,
@@ -75,6 +77,8 @@ class EngineConfig:
         _check_int("block_size", self.block_size, 1)
         _check_int("max_cuda_graph_batch_size", self.max_cuda_graph_batch_size, 1)
         _check_int("seed", self.seed, 0)
+        if self.seed >= SEED_LIMIT:
+            raise ValueError(f"seed={self.seed} must be < 2**64")
         limit = self.model_config.max_position_embeddings
         if self.max_model_len is None:
             self.max_model_len = limit
@@ -86,21 +90,28 @@ class EngineConfig:
             )
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype={self.dtype!r} is not one of {['auto', *DTYPE_NAMES]}")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+        if isinstance(self.device, torch.device):
+            self.device = str(self.device)
+        if not isinstance(self.device, str) or not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
             raise ValueError(f"device={self.device!r} must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
-        if self.torch_device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={self.device!r} but CUDA is not available on this machine")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+        if self.torch_device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device={self.device!r} but CUDA is not available on this machine")
+            count = torch.cuda.device_count()
+            if self.torch_device.index is not None and self.torch_device.index >= count:
+                raise ValueError(f"device={self.device!r} but this machine has {count} CUDA device(s)")
+        if (isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float))
+                or not 0.0 < self.gpu_memory_utilization <= 1.0):
             raise ValueError(
-                f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]"
+                f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]"
             )
         if self.kv_cache_memory_bytes is not None:
             _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
         if self.num_kv_blocks is not None:
             _check_int("num_kv_blocks", self.num_kv_blocks, 1)
         if self.cuda_graph_batch_sizes is not None:
-            if not self.cuda_graph_batch_sizes:
-                raise ValueError("cuda_graph_batch_sizes=[] must list at least one size")
+            if isinstance(self.cuda_graph_batch_sizes, (int, str)) or not self.cuda_graph_batch_sizes:
+                raise ValueError(f"cuda_graph_batch_sizes={self.cuda_graph_batch_sizes!r} must list at least one size")
             for size in self.cuda_graph_batch_sizes:
                 _check_int("cuda_graph_batch_sizes", size, 1)
             self.cuda_graph_batch_sizes = sorted(set(self.cuda_graph_batch_sizes))

@@ -14,7 +14,11 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import numbers
+from collections.abc import Sequence as SequenceABC
 from pathlib import Path
+
+import numpy as np
 
 from transformers import AutoTokenizer
 
@@ -30,6 +34,28 @@ from fastgen.sequence import FinishReason, Sequence
 logger = logging.getLogger(__name__)
 
 Prompt = str | list[int]
+
+
+def is_token_ids(prompt: object) -> bool:
+    """Whether a prompt is one request's token ids: a list, tuple or 1-D array of integers."""
+    if isinstance(prompt, np.ndarray):
+        return prompt.ndim == 1 and np.issubdtype(prompt.dtype, np.integer)
+    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], numbers.Integral)
+            and not isinstance(prompt[0], bool))
+
+
+def token_ids_of(prompt: object) -> list[int]:
+    """A non-string prompt as a list of ints; ValueError naming the type for anything else."""
+    if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
+        raise ValueError(f"prompt must be a string or a 1-D sequence of token ids, got an array of shape {prompt.shape}")
+    if not isinstance(prompt, (SequenceABC, np.ndarray)) or isinstance(prompt, (bytes, bytearray)):
+        raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+    token_ids = []
+    for i, t in enumerate(prompt):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise ValueError(f"prompt token_ids[{i}]={t!r} must be an integer, got {type(t).__name__}")
+        token_ids.append(int(t))
+    return token_ids
 
 
 # Files that carry a vocabulary; without one, transformers 5 silently builds an empty tokenizer.
@@ -103,12 +129,15 @@ class LLMEngine:
             token_ids = self.tokenizer.encode(prompt) if prompt else []
         else:
             text = None
-            token_ids = list(prompt)
+            token_ids = token_ids_of(prompt)
         if not token_ids:
             raise ValueError(f"prompt={prompt!r} is empty: a request needs at least 1 token")
         vocab = self.config.model_config.vocab_size
+        for t in params.stop_token_ids:
+            if t >= vocab:
+                raise ValueError(f"stop_token_ids holds {t}, outside the vocabulary [0, {vocab})")
         for i, t in enumerate(token_ids):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            if not 0 <= t < vocab:
                 raise ValueError(f"prompt token_ids[{i}]={t!r} is outside the vocabulary [0, {vocab})")
         total = len(token_ids) + params.max_tokens
         if total > self.config.max_model_len:
@@ -118,6 +147,8 @@ class LLMEngine:
             )
         if request_id is None:
             request_id = str(next(self._request_ids))
+            while request_id in self.requests:  # a caller chose this id for a request of its own
+                request_id = str(next(self._request_ids))
         elif request_id in self.requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
         seq = Sequence(next(self._seq_ids), token_ids, params)

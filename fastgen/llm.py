@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from tqdm.auto import tqdm
 
 from fastgen.config import EngineConfig
-from fastgen.engine import LLMEngine, Prompt
+from fastgen.engine import LLMEngine, Prompt, is_token_ids
 from fastgen.outputs import RequestOutput
 from fastgen.sampling_params import SamplingParams
 
@@ -57,8 +57,11 @@ class LLM:
         Every request is validated before any is queued: one bad request raises ValueError and
         nothing runs; the engine stays usable.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or is_token_ids(prompts):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a list of token ids or a list of those, "
+                             f"got {type(prompts).__name__}")
         prompts = list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -71,7 +74,14 @@ class LLM:
                     f"sampling_params has {len(params)} entries but there are {len(prompts)} prompts"
                 )
         states = [self.engine.prepare(p, sp, final_only=True) for p, sp in zip(prompts, params)]
-        ids = [self.engine.enqueue(s) for s in states]
+        ids: list[str] = []
+        try:
+            for state in states:
+                ids.append(self.engine.enqueue(state))
+        except BaseException:
+            for request_id in ids:  # all or nothing
+                self.engine.abort(request_id)
+            raise
         pending = set(ids)
         results: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
@@ -96,7 +106,11 @@ class LLM:
         Drives the engine from the calling thread; other queued requests progress too. Closing
         the iterator early aborts the request and frees its blocks.
         """
+        # Queued (and so validated) now, not at the first next(): bad input raises here.
         request_id = self.engine.add_request(prompt, sampling_params or SamplingParams())
+        return self._stream_outputs(request_id)
+
+    def _stream_outputs(self, request_id: str) -> Iterator[RequestOutput]:
         finished = False
         try:
             while not finished:

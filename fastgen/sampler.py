@@ -28,10 +28,10 @@ class Sampler:
         """logits: [B, V] (any float dtype) for the rows of `seqs`; returns int64 [B] on device."""
         logits = logits.float()
         params = [s.params for s in seqs]
-        if all(p.temperature == 0 for p in params):
+        if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         vocab = logits.shape[-1]
-        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+        temps = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
         top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], dtype=torch.int64)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
         needs_filter = any(p.top_k > 0 or p.top_p < 1.0 for p in params)
@@ -49,10 +49,11 @@ class Sampler:
         noise = torch.empty(len(seqs), vocab, device=self.device)
         noise.exponential_(generator=self.generator)
         for row, seq in enumerate(seqs):
-            if seq.params.seed is None or seq.params.temperature == 0:
+            if seq.params.seed is None or seq.params.greedy:
                 continue
             if seq.generator is None:
-                seq.generator = torch.Generator(device=self.device)
-                seq.generator.manual_seed(seq.params.seed)
+                generator = torch.Generator(device=self.device)
+                generator.manual_seed(seq.params.seed)  # in range: SamplingParams checked it
+                seq.generator = generator
             noise[row].exponential_(generator=seq.generator)
         return noise

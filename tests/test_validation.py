@@ -22,14 +22,20 @@ def llm(tiny_models):
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(temperature=-0.5), r"temperature must be >= 0, got -0.5"),
+        (dict(temperature=-0.5), r"temperature must be a finite number >= 0, got -0.5"),
         (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
         (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
         (dict(top_k=0), r"top_k must be -1 \(disabled\) or >= 1, got 0"),
         (dict(top_k=-2), r"top_k must be -1 \(disabled\) or >= 1, got -2"),
         (dict(max_tokens=0), r"max_tokens must be an integer >= 1, got 0"),
-        (dict(seed=-1), r"seed must be a non-negative integer"),
+        (dict(seed=-1), r"seed must be None or an integer in \[0, 2\*\*64\), got -1"),
+        (dict(seed=2**64), r"seed must be None or an integer in \[0, 2\*\*64\), got 18446744073709551616"),
         (dict(stop=[""]), r"stop must hold non-empty strings"),
+        (dict(stop=None), r"stop must be a list, got None"),
+        (dict(stop_token_ids=5), r"stop_token_ids must be a list, got 5"),
+        (dict(temperature=float("nan")), r"temperature must be a finite number >= 0, got nan"),
+        (dict(temperature=float("inf")), r"temperature must be a finite number >= 0, got inf"),
+        (dict(temperature=True), r"temperature must be a finite number >= 0, got True"),
     ],
 )
 def test_sampling_params_bounds(kwargs, message):
@@ -93,6 +99,10 @@ def test_kv_budget_too_small_for_one_sequence(tiny_models):
         (dict(gpu_memory_utilization=1.5), r"gpu_memory_utilization=1.5 must be in \(0, 1\]"),
         (dict(num_kv_blocks=0), r"num_kv_blocks=0 must be >= 1"),
         (dict(block_size=2.5), r"block_size=2.5 must be an integer"),
+        (dict(device="cuda:abc"), r"device='cuda:abc' must be"),
+        (dict(gpu_memory_utilization="0.5"), r"gpu_memory_utilization='0.5' must be in \(0, 1\]"),
+        (dict(cuda_graph_batch_sizes=8), r"cuda_graph_batch_sizes=8 must list at least one size"),
+        (dict(seed=2**64), r"seed=18446744073709551616 must be < 2\*\*64"),
     ],
 )
 def test_engine_config_bounds(tiny_models, kwargs, message):
@@ -134,3 +144,77 @@ def test_model_folder_with_missing_files(tiny_models, tmp_path):
         f.unlink()
     with pytest.raises(ValueError, match=r"could not load its tokenizer"):
         LLM(str(no_tokenizer), dtype="float32", num_kv_blocks=64)
+
+
+def test_config_takes_a_torch_device(tiny_models):
+    import torch
+
+    assert EngineConfig(model=tiny_models["qwen3"], device=torch.device("cpu")).device == "cpu"
+
+
+@pytest.mark.parametrize(
+    "prompt,message",
+    [
+        (b"ab", r"prompt must be a string or a list of token ids, got bytes"),
+        ({1: 2}, r"prompt must be a string or a list of token ids, got dict"),
+        ([1, "a"], r"prompt token_ids\[1\]='a' must be an integer, got str"),
+        ([1, 2.0], r"prompt token_ids\[1\]=2.0 must be an integer, got float"),
+    ],
+)
+def test_prompts_of_the_wrong_type(llm, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate([prompt], GREEDY)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_prompts_that_are_not_a_batch(llm):
+    with pytest.raises(ValueError, match=r"prompts must be a string, a list of token ids or a list of those, got NoneType"):
+        llm.generate(None, GREEDY)
+
+
+def test_token_ids_as_tuple_or_numpy_are_one_prompt(llm):
+    import numpy as np
+
+    want = llm.generate([[5, 6, 7]], GREEDY)[0].token_ids
+    assert llm.generate((5, 6, 7), GREEDY)[0].token_ids == want
+    assert llm.generate(np.array([5, 6, 7]), GREEDY)[0].token_ids == want
+    assert llm.generate([[np.int64(5), np.int32(6), 7]], GREEDY)[0].token_ids == want
+
+
+def test_stop_token_ids_outside_the_vocabulary(llm):
+    vocab = llm.config.model_config.vocab_size
+    with pytest.raises(ValueError, match=rf"stop_token_ids holds {vocab}, outside the vocabulary \[0, {vocab}\)"):
+        llm.generate([[1, 2]], SamplingParams(stop_token_ids=[vocab]))
+
+
+def test_fields_changed_after_construction_are_checked_when_added(llm):
+    params = SamplingParams(max_tokens=4)
+    params.temperature = -1.0
+    with pytest.raises(ValueError, match=r"temperature must be a finite number >= 0, got -1.0"):
+        llm.generate([[1, 2]], params)
+    params = SamplingParams(max_tokens=4)
+    params.stop = "ab"  # one stop string, not two one-letter ones
+    params.validate()
+    assert params.stop == ["ab"]
+
+
+def test_a_tiny_temperature_is_greedy(llm):
+    want = llm.generate([[5, 6, 7]], GREEDY)[0].token_ids
+    tiny = SamplingParams(temperature=1e-40, max_tokens=4, ignore_eos=True)
+    assert tiny.greedy
+    assert llm.generate([[5, 6, 7]], tiny)[0].token_ids == want
+
+
+def test_a_caller_chosen_request_id_never_collides_with_generated_ones(llm):
+    engine = llm.engine
+    taken = str(int(engine.add_request([1, 2], GREEDY)) + 1)  # the next id the engine would pick
+    engine.add_request([3, 4], GREEDY, request_id=taken)
+    other = engine.add_request([5, 6], GREEDY)
+    assert other != taken
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def test_stream_validates_when_called_not_when_iterated(llm):
+    with pytest.raises(ValueError, match=r"is empty"):
+        llm.stream([], GREEDY)

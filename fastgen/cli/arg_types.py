@@ -8,7 +8,10 @@ flag (argparse adds it), the value and the limit.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
+from pathlib import Path
 from dataclasses import dataclass
 
 _BYTE_UNITS = {
@@ -27,13 +30,15 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer") from None
 
 
-def int_at_least(minimum: int):
-    """Converter for integers >= minimum."""
+def int_at_least(minimum: int, below: int | None = None):
+    """Converter for integers >= minimum (and < below, when given)."""
 
     def convert(text: str) -> int:
         value = _int(text)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be >= {minimum}")
+        if below is not None and value >= below:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be < {below}")
         return value
 
     convert.__name__ = f"integer >= {minimum}"  # what argparse prints for a failed conversion
@@ -42,6 +47,7 @@ def int_at_least(minimum: int):
 
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
+seed = int_at_least(0, below=2**64)  # what torch.Generator.manual_seed takes
 
 
 def non_negative_float(text: str) -> float:
@@ -49,8 +55,8 @@ def non_negative_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number") from None
-    if not value >= 0.0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be >= 0")
+    if not value >= 0.0 or math.isinf(value):  # the first also rejects nan
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a finite number >= 0")
     return value
 
 
@@ -80,10 +86,29 @@ def byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"invalid value {text!r}: must be a size such as 1073741824, 4GiB, 512MiB or 2GB"
         )
-    value = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    number = float(match.group(1))
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: too large a size")
+    value = int(number * _BYTE_UNITS[unit])
     if value < 1:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be at least 1 byte")
     return value
+
+
+def output_path(text: str) -> str:
+    """A file to write at the end of a run: checked now, so a long benchmark never ends in an
+    unwritable path. '-' means stdout; a missing parent folder is created when writing."""
+    if text == "-":
+        return text
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: is a directory, not a file path")
+    existing = next(p for p in [path.parent, *path.parent.parents] if p.exists()) if path.parent.parts else Path(".")
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: {str(existing)!r} is not a directory")
+    if not os.access(existing, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: not writable")
+    return text
 
 
 def device(text: str) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
+from fastgen.cli import arg_types
 from fastgen.cli.arg_types import IntRange
 from fastgen.cli.workload import Workload, WorkloadSpec, build_workload
 from fastgen.outputs import RequestOutput
@@ -18,7 +19,7 @@ _WARMUP_SEED = 2**32 + 7
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output")
-    group.add_argument("--output-json", metavar="PATH", default=None,
+    group.add_argument("--output-json", metavar="PATH", default=None, type=arg_types.output_path,
                        help="also write the results as one JSON document (schema: docs/bench-json.md); "
                        "'-' prints it to stdout and the summary to stderr")
     group.add_argument("--quiet", action="store_true", help="no progress reports on stderr")

@@ -80,7 +80,7 @@ def add_engine_args(parser: argparse.ArgumentParser, max_model_len_default: str)
     engine.add_argument("--compile", dest="use_torch_compile", action=argparse.BooleanOptionalAction,
                         default=None,
                         help="torch.compile the fused ops and the sampler. Default: on CUDA only.")
-    engine.add_argument("--seed", metavar="N", type=arg_types.non_negative_int, default=_DEFAULTS["seed"],
+    engine.add_argument("--seed", metavar="N", type=arg_types.seed, default=_DEFAULTS["seed"],
                         help="seed of the sampler (and of the random workload in bench commands)")
 
 

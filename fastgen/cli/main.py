@@ -77,3 +77,6 @@ def main(argv: list[str] | None = None) -> int:
         # stdout at devnull so the interpreter's final flush does not fail a second time.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as exc:  # e.g. the report's folder became unwritable during the run
+        print(f"fastgen: error: {exc}", file=sys.stderr)
+        return 1

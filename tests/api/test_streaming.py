@@ -171,3 +171,44 @@ def test_background_engine_serves_many_threads(llm, reference, tiny_models):
     assert [results[i] for i in range(len(prompts))] == expected
     assert all(a == b for a, b in texts.values())
     assert_clean(llm)
+
+
+def test_background_shutdown_frees_unfinished_requests_and_refuses_new_ones(llm):
+    long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    bg = llm.background()
+    done = bg.submit([7, 8], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    cut = bg.submit([1, 2, 3], long)
+    final = done.result()
+    assert final.finished and done.result() is final  # a consumed stream ends at once
+    assert list(done) == []
+    bg.shutdown()
+    with pytest.raises(RuntimeError, match="ended before it finished"):
+        cut.result()
+    with pytest.raises(RuntimeError, match="shut down"):
+        bg.submit([1, 2], long)
+    assert_clean(llm)  # the cut request's blocks came back
+
+
+def test_background_submit_racing_shutdown_never_hangs(llm):
+    """Submitters on other threads while the loop stops: each call returns or raises."""
+    for _ in range(5):
+        bg = llm.background()
+        outcomes = []
+
+        def submitter():
+            for _ in range(20):
+                try:
+                    bg.submit([1, 2], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+                    outcomes.append("ok")
+                except RuntimeError:
+                    outcomes.append("refused")
+
+        threads = [threading.Thread(target=submitter, daemon=True) for _ in range(3)]
+        for t in threads:
+            t.start()
+        bg.shutdown()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "a submit hung"
+        assert len(outcomes) == 60
+    assert_clean(llm)
