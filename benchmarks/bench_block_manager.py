@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastgen.block_manager import BlockManager
+from fastgen.engine.block_manager import BlockManager
 from fastgen.sampling_params import SamplingParams
-from fastgen.sequence import Sequence
+from fastgen.engine.sequence import Sequence
 
 PROMPT_LEN = 2048
 SHARED_PREFIX_LEN = 1792

@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.decoding import DecodingRequests
 from fastgen import LLM
-from fastgen.presets import preset_config
+from fastgen.models.presets import preset_config
 
 pytestmark = pytest.mark.cuda
 
@@ -26,7 +26,7 @@ ROUNDS = 128
 
 @pytest.fixture(scope="module")
 def qwen3_0_6b_dummy(tmp_path_factory) -> str:
-    """Qwen3-0.6B's config.json alone (fastgen.presets), for random weights."""
+    """Qwen3-0.6B's config.json alone (fastgen.models.presets), for random weights."""
     folder = tmp_path_factory.mktemp("qwen3-0.6b-dummy")
     (folder / "config.json").write_text(json.dumps(preset_config("qwen3-0.6b")))
     return str(folder)

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from fastgen import LLM, SamplingParams
-from fastgen.block_manager import BlockManager
-from fastgen.scheduler import Scheduler, SchedulerOutput
-from fastgen.sequence import Sequence
-from fastgen.step_inputs import StepInputBuilder
+from fastgen.engine.block_manager import BlockManager
+from fastgen.engine.scheduler import Scheduler, SchedulerOutput
+from fastgen.engine.sequence import Sequence
+from fastgen.worker.step_inputs import StepInputBuilder
 from tests.tiny_models import build_tokenizer, model_config
 
 NUM_SEQS = 256
@@ -119,8 +119,11 @@ class DecodeBatch:
         (out,), _ = self.schedule_only()
         self.full_out = out
         gap = NUM_SEQS // 4 + (self.steps * 37) % (NUM_SEQS // 2)
-        seqs = out.seqs[:gap] + out.seqs[gap + 1 :]
-        return (SchedulerOutput(seqs, [1] * len(seqs), is_prefill=False),), {}
+        keep = [i for i in range(len(out.seqs)) if i != gap]
+        subset = SchedulerOutput([out.seqs[i] for i in keep], [1] * len(keep), False,
+                                 [out.new_tables[i] for i in keep], [out.new_block_ids[i] for i in keep],
+                                 out.preempted_seq_ids, out.finished_seq_ids)
+        return (subset,), {}
 
     def postprocess_full_step(self, _out) -> None:
         self.scheduler.postprocess(self.full_out, self._sampled())

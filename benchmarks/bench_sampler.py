@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastgen.compile import build_ops
-from fastgen.sampler import Sampler
+from fastgen.compile import build_op_set
+from fastgen.worker.sampler import Sampler
 from fastgen.sampling_params import SamplingParams
-from fastgen.sequence import Sequence
+from fastgen.engine.sequence import Sequence
 
 VOCAB = 151_936
 
@@ -46,7 +46,7 @@ CASES = [
 @pytest.mark.parametrize("params, batch", CASES)
 def test_sampler(benchmark, params, batch):
     device = torch.device("cpu")
-    sampler = Sampler(VOCAB, device, seed=0, sample_fn=build_ops(False).sample_tokens)
+    sampler = Sampler(VOCAB, device, seed=0, sample_fn=build_op_set(False).sample_tokens)
     seqs = [Sequence(i, [1], params[i % len(params)]) for i in range(batch)]
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(batch, VOCAB, generator=gen) * 4.0

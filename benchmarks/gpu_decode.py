@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from fastgen import LLM, SamplingParams  # noqa: E402
-from fastgen.presets import preset_model_dir  # noqa: E402
+from fastgen.models.presets import preset_model_dir  # noqa: E402
 
 
 

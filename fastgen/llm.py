@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 from tqdm.auto import tqdm
 
 from fastgen.config import EngineConfig
-from fastgen.engine import LLMEngine, Prompt, is_token_ids
+from fastgen.engine.llm_engine import LLMEngine
+from fastgen.engine.prompts import Prompt, is_token_ids
+from fastgen.engine.run_loop import run_to_completion
 from fastgen.outputs import RequestOutput
 from fastgen.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from fastgen.background import BackgroundEngine
+    from fastgen.engine.background import BackgroundEngine
 
 
 class LLM:
@@ -39,7 +41,7 @@ class LLM:
         if unknown:
             raise ValueError(f"unknown engine argument(s) {unknown}; known: {sorted(known)}")
         if model is None:
-            from fastgen.default_model import default_model_path
+            from fastgen.models.default_model import default_model_path
 
             model = str(default_model_path())
         self.config = EngineConfig(model=model, **engine_args)
@@ -82,22 +84,11 @@ class LLM:
             for request_id in ids:  # all or nothing
                 self.engine.abort(request_id)
             raise
-        pending = set(ids)
-        results: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
-        try:
-            while pending:
-                for output in self.engine.step():
-                    if output.finished and output.request_id in pending:
-                        results[output.request_id] = output
-                        pending.discard(output.request_id)
-                        bar.update(1)
-        except BaseException:
-            for request_id in pending:
-                self.engine.abort(request_id)
-            raise
-        finally:
-            bar.close()
+        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
+            def count_finished(step):
+                bar.update(sum(1 for o in step.outputs if o.finished))
+
+            results = run_to_completion(self.engine, ids, on_step=count_finished if use_tqdm else None)
         return [results[i] for i in ids]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
@@ -127,6 +118,6 @@ class LLM:
 
         While it runs, use only the returned object (generate/stream would race with the loop).
         """
-        from fastgen.background import BackgroundEngine
+        from fastgen.engine.background import BackgroundEngine
 
         return BackgroundEngine(self.engine)

@@ -46,3 +46,10 @@ def reference():
 def random_prompts(lengths, seed: int = 0, prefix: list[int] | None = None) -> list[list[int]]:
     rng = random.Random(seed)
     return [(prefix or []) + [rng.randrange(1, VOCAB_SIZE) for _ in range(n)] for n in lengths]
+
+
+@pytest.fixture
+def private_cache(monkeypatch, tmp_path):
+    """FASTGEN_CACHE pointed at a fresh folder for in-process runs."""
+    monkeypatch.setenv("FASTGEN_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
 from fastgen.attention.metadata import AttentionMetadata
-from kernels import store_kvcache
+from fastgen.kernels import store_kvcache
 
 
 class FlashAttnBackend:

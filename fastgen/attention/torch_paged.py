@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fastgen.attention.metadata import AttentionMetadata
-from kernels import store_kvcache_torch
+from fastgen.kernels import store_kvcache_torch
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:

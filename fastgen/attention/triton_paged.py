@@ -7,7 +7,7 @@ import torch
 
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_paged import TorchPagedBackend
-from kernels import paged_decode_attention, store_kvcache
+from fastgen.kernels import paged_decode_attention, store_kvcache
 
 
 class TritonPagedBackend(TorchPagedBackend):

@@ -12,7 +12,8 @@ import math
 import os
 import re
 from pathlib import Path
-from dataclasses import dataclass
+
+from fastgen.bench.workload import IntRange
 
 _BYTE_UNITS = {
     "": 1, "b": 1,
@@ -47,7 +48,26 @@ def int_at_least(minimum: int, below: int | None = None):
 
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
-seed = int_at_least(0, below=2**64)  # what torch.Generator.manual_seed takes
+
+
+def integer(text: str) -> int:
+    """Any integer (the field's own check sets the limits)."""
+    return _int(text)
+
+
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number") from None
+
+
+def int_list(text: str) -> list[int]:
+    """Comma-separated integers: `1,2,4,8`."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be comma-separated integers") from None
 
 
 def non_negative_float(text: str) -> float:
@@ -109,23 +129,6 @@ def output_path(text: str) -> str:
     if not os.access(existing, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: not writable")
     return text
-
-
-def device(text: str) -> str:
-    if text in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", text):
-        return text
-    raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be auto, cpu, cuda or cuda:N")
-
-
-@dataclass(frozen=True)
-class IntRange:
-    """An inclusive range of integers, [low, high]; a single value has low == high."""
-
-    low: int
-    high: int
-
-    def __str__(self) -> str:
-        return str(self.low) if self.low == self.high else f"{self.low}:{self.high}"
 
 
 def int_range(minimum: int):

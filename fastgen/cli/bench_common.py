@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from fastgen.cli import arg_types
-from fastgen.cli.arg_types import IntRange
-from fastgen.cli.workload import Workload, WorkloadSpec, build_workload
+from fastgen.bench.workload import IntRange, Workload, WorkloadSpec, build_workload
+from fastgen.engine.block_manager import hit_rate
+from fastgen.engine.run_loop import run_to_completion
 from fastgen.outputs import RequestOutput
 
 # Distinct from any seed a user passes with --seed, so warm-up prompts never share a prefix with
@@ -44,7 +45,7 @@ class EngineCounters:
 
     @property
     def hit_rate(self) -> float:
-        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+        return hit_rate(self.hit_tokens, self.queried_tokens)
 
 
 def warm_up(engine, max_model_len: int) -> None:
@@ -58,23 +59,20 @@ def warm_up(engine, max_model_len: int) -> None:
 
 
 def run_requests(engine, workload: Workload, temperature: float, progress: bool = False,
-                 desc: str = "requests") -> list[RequestOutput]:
+                 desc: str = "requests", on_step=None) -> list[RequestOutput]:
     """Submit every request of the workload at once and step the engine until all finish.
 
     Returns the final output of each request, in workload order. All requests are validated
-    before any is queued (ValueError, nothing queued, on a bad one).
+    before any is queued (ValueError, nothing queued, on a bad one). `on_step` sees each step.
     """
     params = workload.sampling_params(temperature)
     states = [engine.prepare(p, sp, final_only=True) for p, sp in zip(workload.prompts, params)]
     ids = [engine.enqueue(s) for s in states]
-    pending = set(ids)
-    finished: dict[str, RequestOutput] = {}
     with tqdm(total=len(ids), desc=desc, unit="req", disable=not progress) as bar:
-        while pending:
-            for output in engine.step():
-                if output.finished and output.request_id in pending:
-                    finished[output.request_id] = output
-                    pending.discard(output.request_id)
-                    bar.update(1)
-    return [finished[i] for i in ids]
+        def each_step(step):
+            bar.update(sum(1 for o in step.outputs if o.finished))
+            if on_step is not None:
+                on_step(step)
 
+        finished = run_to_completion(engine, ids, on_step=each_step)
+    return [finished[i] for i in ids]

@@ -15,13 +15,12 @@ import time
 from dataclasses import dataclass, field
 
 from fastgen.cli import arg_types, engine_args
-from fastgen.cli.arg_types import IntRange
-from fastgen.cli.bench_common import EngineCounters, add_output_args, warm_up
-from fastgen.cli.environment import engine_settings, environment_info, peak_memory_bytes, reset_peak_memory, synchronize
+from fastgen.cli.bench_common import EngineCounters, add_output_args, run_requests, warm_up
+from fastgen.bench.environment import engine_settings, environment_info, peak_memory_bytes, reset_peak_memory, synchronize
 from fastgen.cli.help_format import HelpFormatter
-from fastgen.cli.report import emit, make_report
-from fastgen.cli.stats import summarize_ms
-from fastgen.cli.workload import WorkloadSpec, build_workload
+from fastgen.bench.report import emit, make_report
+from fastgen.bench.stats import summarize_ms
+from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
 
 DESCRIPTION = """\
 Measure the latency of one batch: run the same-shaped batch of requests to completion several
@@ -71,27 +70,22 @@ class IterationTimes:
     output_tokens: int = 0
 
 
-def run_iteration(engine, prompts, params, device) -> IterationTimes:
+def run_iteration(engine, workload, temperature: float, device) -> IterationTimes:
     times = IterationTimes()
+
+    def time_step(step) -> None:
+        synchronize(device)
+        if step.is_prefill is not None:
+            kind = times.prefill_steps if step.is_prefill else times.decode_steps
+            kind.append(time.perf_counter() - step.started_at)
+
     synchronize(device)
     start = time.perf_counter()
-    states = [engine.prepare(p, sp, final_only=True) for p, sp in zip(prompts, params)]
-    pending = {engine.enqueue(s) for s in states}
-    while pending:
-        step_start = time.perf_counter()
-        outputs = engine.step()
-        synchronize(device)
-        step_time = time.perf_counter() - step_start
-        decision = engine.last_scheduler_output
-        if decision is not None:
-            (times.prefill_steps if decision.is_prefill else times.decode_steps).append(step_time)
-        for output in outputs:
-            if output.finished and output.request_id in pending:
-                pending.discard(output.request_id)
-                times.ttfts.append(output.metrics.time_to_first_token)
-                times.tpots.append(output.metrics.time_per_output_token)
-                times.output_tokens += len(output.token_ids)
+    outputs = run_requests(engine, workload, temperature, on_step=time_step)
     times.total = time.perf_counter() - start
+    times.ttfts = [o.metrics.time_to_first_token for o in outputs]
+    times.tpots = [o.metrics.time_per_output_token for o in outputs]
+    times.output_tokens = sum(len(o.token_ids) for o in outputs)
     return times
 
 
@@ -107,17 +101,16 @@ def run(args: argparse.Namespace) -> int:
     def batch(iteration: int):
         spec = WorkloadSpec(args.batch_size, IntRange(args.input_len, args.input_len),
                             IntRange(args.output_len, args.output_len), seed=args.seed + iteration)
-        workload = build_workload(spec, vocab)
-        return workload.prompts, workload.sampling_params(args.temperature)
+        return build_workload(spec, vocab)
 
     measured: list[IterationTimes] = []
     warm_up(engine, llm.config.max_model_len)
     for i in range(args.num_iters_warmup):
-        run_iteration(engine, *batch(i), device)
+        run_iteration(engine, batch(i), args.temperature, device)
     reset_peak_memory(device)
     before = EngineCounters.read(engine)
     for i in range(args.num_iters_warmup, args.num_iters_warmup + args.num_iters):
-        measured.append(run_iteration(engine, *batch(i), device))
+        measured.append(run_iteration(engine, batch(i), args.temperature, device))
         if not args.quiet:
             print(f"iteration {len(measured)}/{args.num_iters}: {measured[-1].total * 1000:.1f} ms",
                   file=sys.stderr, flush=True)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from fastgen.cli import engine_args
+from fastgen.cli import arg_types, engine_args
 from fastgen.cli.bench_common import EngineCounters, add_output_args, run_requests, warm_up
-from fastgen.cli.environment import engine_settings, environment_info, peak_memory_bytes, reset_peak_memory, synchronize
+from fastgen.bench.environment import engine_settings, environment_info, peak_memory_bytes, reset_peak_memory, synchronize
 from fastgen.cli.help_format import HelpFormatter
-from fastgen.cli.report import emit, make_report
-from fastgen.cli.stats import summarize_ms
-from fastgen.cli.workload import add_workload_args, build_workload, spec_from_args
+from fastgen.bench.report import emit, make_report
+from fastgen.bench.stats import summarize_ms
+from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
 
 DESCRIPTION = """\
 Measure offline throughput: build a random token-id workload, submit every request at once and
@@ -35,7 +35,7 @@ examples:
       --input-len 100:1024 --output-len 100:1024 --output-json qwen3.json
 
   # a shared 512-token prefix, prefix caching off for comparison
-  fastgen bench throughput --model ./my-model --prefix-len 512 --no-prefix-caching"""
+  fastgen bench throughput --model ./my-model --prefix-len 512 --no-enable-prefix-caching"""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -54,6 +54,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     engine_args.add_engine_args(parser, max_model_len_default="--prefix-len + max --input-len + max --output-len")
     parser.set_defaults(run=run, parser=parser)
     return parser
+
+
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("workload")
+    group.add_argument("--num-prompts", metavar="N", type=arg_types.positive_int, default=1000, help="number of requests")
+    group.add_argument("--input-len", type=arg_types.int_range(1), default=IntRange(1024, 1024), metavar="MIN[:MAX]",
+                       help="prompt tokens after the shared prefix, drawn uniformly from [MIN, MAX]")
+    group.add_argument("--output-len", type=arg_types.int_range(1), default=IntRange(128, 128),
+                       metavar="MIN[:MAX]", help="tokens generated per request, drawn uniformly from [MIN, MAX]")
+    group.add_argument("--prefix-len", metavar="N", type=arg_types.non_negative_int, default=0,
+                       help="random tokens shared at the start of every prompt (prefix-cache hits)")
+    group.add_argument("--temperature", metavar="T", type=arg_types.non_negative_float, default=0.0,
+                       help="sampling temperature of every request; 0 is greedy")
+
+
+def spec_from_args(args: argparse.Namespace) -> WorkloadSpec:
+    return WorkloadSpec(args.num_prompts, args.input_len, args.output_len, args.prefix_len, args.seed)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,25 +1,27 @@
-"""Engine flags shared by every subcommand, and building the `LLM` they describe.
+"""Engine flags, generated from `EngineConfig`'s fields, and building the `LLM` they describe.
 
-The flags mirror `fastgen.config.EngineConfig` field by field (same names, dashes for
-underscores, the same defaults), so `--help` and the Python API never disagree. Value checks
-that need only the flag happen in argparse (`fastgen.cli.arg_types`); checks that combine
-flags happen in `resolve_model`; checks that need the model (max_model_len against the model's
-context) are the engine's own and surface as `fastgen: error: ...`.
+Every init field but `model` becomes `--field-name` (dashes for underscores) with the field's
+default, its docstring as help, and a converter that parses the text by the field's type and
+then runs the field's own check, so a bad value exits 2 naming the flag, the value and the
+limit before anything loads. Booleans get `--name/--no-name`. A new field is a new flag with
+no edit here. The model flags (`--model`, `--model-preset`, `--load-format`) are this module's
+own: they choose a folder, which is not an engine setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 from fastgen.cli import arg_types
-from fastgen.config import DTYPE_NAMES, EngineConfig
-from fastgen.presets import preset_names
+from fastgen.config import DTYPE_CHOICES, LOAD_FORMATS, EngineConfig, field_docs
+from fastgen.models.presets import preset_names
 
-LOAD_FORMATS = ("safetensors", "dummy")
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig) if f.init}
+_NOT_FLAGS = {"model"}
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,46 @@ class ModelChoice:
     path: str | None  # None: the default model (resolved lazily: it may need converting first)
     load_format: str
     preset: str | None
+
+
+def engine_fields() -> list[dataclasses.Field]:
+    """The EngineConfig fields that are flags."""
+    return [f for f in dataclasses.fields(EngineConfig) if f.init and f.name not in _NOT_FLAGS]
+
+
+def _base_type(annotation) -> type:
+    """int for `int | None`, list for `list[int] | None`, and so on."""
+    hint = eval(annotation, vars(typing)) if isinstance(annotation, str) else annotation  # noqa: S307
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = args[0]
+    return typing.get_origin(hint) or hint
+
+
+def _parser_of(f: dataclasses.Field):
+    """Text -> value by the field's type; sizes in bytes also take units (4GiB)."""
+    kind = _base_type(f.type)
+    if f.name.endswith("_bytes"):
+        return arg_types.byte_size
+    if kind is list:
+        return arg_types.int_list
+    return {int: arg_types.integer, float: arg_types.number, str: str}[kind]
+
+
+def _converter(f: dataclasses.Field):
+    parse, check = _parser_of(f), f.metadata.get("check")
+
+    def convert(text: str):
+        value = parse(text)
+        if check is not None:
+            try:
+                check(f.name, value)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(f"invalid value {text!r}: {exc}") from None
+        return value
+
+    convert.__name__ = f.name  # what argparse names in "invalid <name> value"
+    return convert
 
 
 def add_engine_args(parser: argparse.ArgumentParser, max_model_len_default: str) -> None:
@@ -50,38 +92,30 @@ def add_engine_args(parser: argparse.ArgumentParser, max_model_len_default: str)
         help="safetensors: real weights from the folder; dummy: random weights, only config.json "
         "needed. Default: dummy with --model-preset, else safetensors.",
     )
-
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", metavar="N", type=arg_types.positive_int, default=_DEFAULTS["max_num_seqs"],
-                        help="most sequences in one step (the decode batch)")
-    engine.add_argument("--max-num-batched-tokens", metavar="N", type=arg_types.positive_int,
-                        default=_DEFAULTS["max_num_batched_tokens"],
-                        help="most prompt tokens computed in one prefill step (longer prompts are chunked)")
-    engine.add_argument("--max-model-len", metavar="N", type=arg_types.int_at_least(2), default=None,
-                        help=f"longest sequence, prompt + output. Default: {max_model_len_default}.")
-    engine.add_argument("--block-size", metavar="N", type=arg_types.positive_int, default=_DEFAULTS["block_size"],
-                        help="tokens per KV-cache block")
-    engine.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default=_DEFAULTS["dtype"], metavar="DTYPE",
-                        help=f"weight and activation dtype, one of: {', '.join(['auto', *DTYPE_NAMES])}; "
-                        "auto: the model's own")
-    engine.add_argument("--device", type=arg_types.device, default=_DEFAULTS["device"],
-                        help="auto (CUDA when present), cpu, cuda or cuda:N")
-    engine.add_argument("--gpu-memory-utilization", metavar="FRACTION", type=arg_types.fraction,
-                        default=_DEFAULTS["gpu_memory_utilization"],
-                        help="share of the GPU's memory the engine may use in total (CUDA only)")
-    engine.add_argument("--kv-cache-memory-bytes", type=arg_types.byte_size, default=None, metavar="SIZE",
-                        help="explicit KV-cache budget, e.g. 4GiB or 512MiB. "
-                        "Default: what --gpu-memory-utilization leaves on CUDA, 1 GiB on CPU.")
-    engine.add_argument("--num-kv-blocks", metavar="N", type=arg_types.positive_int, default=None,
-                        help="explicit number of KV-cache blocks; wins over both budgets")
-    engine.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                        help="do not share KV blocks between requests with a common prefix")
-    engine.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs for decode")
-    engine.add_argument("--compile", dest="use_torch_compile", action=argparse.BooleanOptionalAction,
-                        default=None,
-                        help="torch.compile the fused ops and the sampler. Default: on CUDA only.")
-    engine.add_argument("--seed", metavar="N", type=arg_types.seed, default=_DEFAULTS["seed"],
-                        help="seed of the sampler (and of the random workload in bench commands)")
+    docs = field_docs()
+    for f in engine_fields():
+        flag = "--" + f.name.replace("_", "-")
+        doc = docs[f.name]
+        if f.name == "max_model_len":
+            doc = doc.split(" Default:")[0] + f" Default: {max_model_len_default}."
+        if _base_type(f.type) is bool:
+            engine.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=doc)
+        elif f.name == "dtype":
+            engine.add_argument(flag, dest=f.name, choices=DTYPE_CHOICES, default=f.default, metavar="DTYPE",
+                                help=f"{doc} One of: {', '.join(DTYPE_CHOICES)}.")
+        else:
+            engine.add_argument(flag, dest=f.name, type=_converter(f), default=f.default,
+                                metavar=f.name.rsplit("_", 1)[-1].upper(), help=doc)
+
+
+def engine_kwargs(args: argparse.Namespace, max_model_len: int | None) -> dict:
+    """The EngineConfig fields the flags set (max_model_len: the flag's value, else this)."""
+    kwargs = {f.name: getattr(args, f.name) for f in engine_fields()}
+    if kwargs["max_model_len"] is None:
+        kwargs["max_model_len"] = max_model_len
+    return kwargs
 
 
 def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser, need_tokenizer: bool) -> ModelChoice:
@@ -96,7 +130,7 @@ def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser, nee
         if need_tokenizer:
             parser.error(f"argument --model-preset: {preset!r} has no tokenizer, which this command needs; "
                          "pass --model with a folder that has tokenizer files")
-        from fastgen.presets import preset_model_dir
+        from fastgen.models.presets import preset_model_dir
 
         return ModelChoice(str(preset_model_dir(preset)), "dummy", preset)
     load_format = args.load_format or "safetensors"
@@ -106,25 +140,6 @@ def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser, nee
     if args.model is not None and not Path(args.model).is_dir():
         parser.error(f"argument --model: {args.model!r} is not a directory")
     return ModelChoice(args.model, load_format, None)
-
-
-def engine_kwargs(args: argparse.Namespace, max_model_len: int | None) -> dict:
-    """The EngineConfig fields the flags set (max_model_len: the flag's value, else this)."""
-    return dict(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len if args.max_model_len is not None else max_model_len,
-        block_size=args.block_size,
-        dtype=args.dtype,
-        device=args.device,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        num_kv_blocks=args.num_kv_blocks,
-        enable_prefix_caching=args.enable_prefix_caching,
-        enforce_eager=args.enforce_eager,
-        use_torch_compile=args.use_torch_compile,
-        seed=args.seed,
-    )
 
 
 def build_llm(choice: ModelChoice, args: argparse.Namespace, *, need_tokenizer: bool,
@@ -137,11 +152,11 @@ def build_llm(choice: ModelChoice, args: argparse.Namespace, *, need_tokenizer: 
     from, for the error when the model's context is shorter. Raises ValueError (engine checks).
     """
     from fastgen.llm import LLM
-    from fastgen.model_config import ModelConfig
+    from fastgen.models.config import ModelConfig
 
     path = choice.path
     if path is None:
-        from fastgen.default_model import default_model_path
+        from fastgen.models.default_model import default_model_path
 
         path = str(default_model_path())
     if needed_model_len is not None and args.max_model_len is None:
@@ -149,9 +164,5 @@ def build_llm(choice: ModelChoice, args: argparse.Namespace, *, need_tokenizer: 
         if needed_model_len > limit:
             raise ValueError(f"{needed_by} = {needed_model_len} tokens exceeds the model's "
                              f"max_position_embeddings={limit}")
-    return LLM(
-        path,
-        load_format=choice.load_format,
-        skip_tokenizer_init=not need_tokenizer,
-        **engine_kwargs(args, needed_model_len),
-    )
+    return LLM(path, load_format=choice.load_format, skip_tokenizer_init=not need_tokenizer,
+               **engine_kwargs(args, needed_model_len))

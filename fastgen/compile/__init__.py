@@ -1,9 +1,9 @@
-"""torch.compile for the small fused pieces of the model and the sampler.
+"""torch.compile for the small element-wise pieces of the model and the sampler.
 
-`build_ops(enabled)` returns the set of functions the model and sampler call; the model never
+`build_op_set(compiled)` returns the set of functions the model and sampler call; the model never
 asks whether they were compiled. One switch (`EngineConfig.use_torch_compile`) turns it off.
 """
 
-from fastgen.compile.registry import FusedOps, build_ops
+from fastgen.compile.op_set import OpSet, build_op_set
 
-__all__ = ["FusedOps", "build_ops"]
+__all__ = ["OpSet", "build_op_set"]

@@ -1,5 +1,5 @@
 """The small element-wise pieces of a decoder step, written as plain functions so that
-torch.compile can fuse each into one kernel (see `fastgen.compile.build_ops`).
+torch.compile can fuse each into one kernel (see `fastgen.compile.build_op_set`).
 
 Each follows transformers' arithmetic order and dtype casts, so greedy outputs match it.
 """

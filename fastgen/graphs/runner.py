@@ -21,20 +21,28 @@ import time
 import torch
 
 from fastgen.graphs.batch_sizes import padded_size
-from fastgen.scheduler import SchedulerOutput
-from fastgen.step_inputs import StepInputs
+from fastgen.engine.scheduler import SchedulerOutput
+from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
 
 
 class CudaGraphRunner:
-    def __init__(self, model_runner, sizes: list[int], capture: bool = True):
-        self.model_runner = model_runner
+    """model: the decoder; inputs: the step-input builder whose buffers the graphs read;
+    kv_layers: the per-layer cache views every forward gets; sizes: batch sizes to capture;
+    max_model_len: the widest context a graph must serve."""
+
+    def __init__(self, model, inputs: StepInputBuilder, kv_layers: list, sizes: list[int], max_model_len: int,
+                 device: torch.device, capture: bool = True):
+        self.model = model
+        self.inputs = inputs
+        self.kv_layers = kv_layers
         self.sizes = sorted(sizes)
+        self.max_model_len = max_model_len
+        self.device = device
         self.capture_enabled = capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.hidden: dict[int, torch.Tensor] = {}
-        self.captured_inputs: dict[int, StepInputs] = {}
         self.capture_seconds = 0.0
         self.graph_memory_bytes = 0
         if capture:
@@ -47,18 +55,20 @@ class CudaGraphRunner:
     def can_run(self, n: int) -> bool:
         return n <= self.max_size
 
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        return self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_layers)
+
     def _padding_inputs(self, size: int) -> StepInputs:
         """Inputs for `size` rows that are all padding (what capture records)."""
-        empty = SchedulerOutput(seqs=[], num_new_tokens=[], is_prefill=False)
-        inputs = self.model_runner.inputs.build_decode(empty, pad_to=size)
+        empty = SchedulerOutput.empty_decode()
+        inputs = self.inputs.build_decode(empty, pad_to=size)
         # A graph serves every later context length: record the widest one.
-        meta = dataclasses.replace(inputs.meta, max_context_len=self.model_runner.config.max_model_len)
+        meta = dataclasses.replace(inputs.meta, max_context_len=self.max_model_len)
         return dataclasses.replace(inputs, meta=meta)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
-        model = self.model_runner.model
-        device = self.model_runner.device
+        device = self.device
         torch.cuda.synchronize(device)
         free_before, _ = torch.cuda.mem_get_info(device)
         start = time.perf_counter()
@@ -70,13 +80,13 @@ class CudaGraphRunner:
         try:
             for size in reversed(self.sizes):  # largest first: smaller graphs reuse its pool
                 inputs = self._padding_inputs(size)
-                model(inputs.input_ids, inputs.positions, inputs.meta)  # warm-up (compile, autotune)
+                self._forward(inputs)  # warm-up (compile, autotune)
                 torch.cuda.synchronize(device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    hidden = model(inputs.input_ids, inputs.positions, inputs.meta)
+                    hidden = self._forward(inputs)
                 pool = graph.pool()
-                self.graphs[size], self.hidden[size], self.captured_inputs[size] = graph, hidden, inputs
+                self.graphs[size], self.hidden[size] = graph, hidden
         finally:
             gc.unfreeze()
         torch.cuda.synchronize(device)
@@ -93,10 +103,10 @@ class CudaGraphRunner:
         """Decode `out` (n <= max_size sequences); return its inputs and logits [n, vocab]."""
         n = len(out.seqs)
         size = padded_size(n, self.sizes)
-        inputs = self.model_runner.inputs.build_decode(out, pad_to=size)
+        inputs = self.inputs.build_decode(out, pad_to=size)
         if self.capture_enabled:
             self.graphs[size].replay()
             hidden = self.hidden[size]
         else:
-            hidden = self.model_runner.model(inputs.input_ids, inputs.positions, inputs.meta)
-        return inputs, self.model_runner.model.compute_logits(hidden[:n])
+            hidden = self._forward(inputs)
+        return inputs, self.model.compute_logits(hidden[:n])

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastgen.compile import FusedOps
+from fastgen.compile import OpSet
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, ops: FusedOps):
+    def __init__(self, size: int, eps: float, ops: OpSet):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps

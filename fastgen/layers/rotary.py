@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from fastgen.compile import FusedOps
+from fastgen.compile import OpSet
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -40,7 +40,7 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Holds a float32 [max_positions, head_dim] table of cos | sin; applies it to q and k."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None, ops: FusedOps):
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None, ops: OpSet):
         super().__init__()
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
         freqs = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1) * inv_freq.unsqueeze(0)

@@ -1,6 +1,2 @@
-"""Decoder-only model families (Llama, Qwen2, Qwen3) and their weight loading."""
-
-from fastgen.models.llama import DecoderForCausalLM
-from fastgen.models.loader import load_weights
-
-__all__ = ["DecoderForCausalLM", "load_weights"]
+"""Decoder-only model families: their configs (`config`), which class serves which architecture
+(`registry`), the models themselves, and loading their weights (`loader`)."""

@@ -37,10 +37,3 @@ def fastgen_cli(cli_env):
         )
 
     return run
-
-
-@pytest.fixture
-def private_cache(monkeypatch, tmp_path):
-    """FASTGEN_CACHE pointed at a fresh folder for in-process runs."""
-    monkeypatch.setenv("FASTGEN_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"

@@ -3,19 +3,15 @@ checked against the schema and against the workload they were given."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
 
 import pytest
 
-from fastgen.cli.arg_types import IntRange, byte_size
+from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
 from fastgen.cli.main import main
-from fastgen.cli.report import validate_report
-from fastgen.cli.workload import WorkloadSpec, build_workload, token_id_range
-from fastgen.model_config import ModelConfig
-from fastgen.presets import PRESETS, preset_model_dir
+from tests.bench.report_schema import validate_report
 from tests.cli.conftest import CPU_FLAGS
 from tests.tiny_models import VOCAB_SIZE
 
@@ -45,7 +41,7 @@ def prefix_run(fastgen_cli, tiny_models, tmp_path_factory) -> dict:
 def uncached_run(fastgen_cli, tiny_models, tmp_path_factory) -> dict:
     # 8 blocks of 16 tokens cannot hold four sequences of up to 80 tokens: forces preemptions.
     return _bench(fastgen_cli, tmp_path_factory.mktemp("uncached"), "throughput", "--model", tiny_models["llama"],
-                  *WORKLOAD, "--prefix-len", "32", *ENGINE, "--no-prefix-caching", "--num-kv-blocks", "8")
+                  *WORKLOAD, "--prefix-len", "32", *ENGINE, "--no-enable-prefix-caching", "--num-kv-blocks", "8")
 
 
 # ---- bench throughput ----------------------------------------------------------------------------
@@ -138,7 +134,7 @@ def test_latency_report_counts_steps_and_tokens(fastgen_cli, tiny_models, tmp_pa
     ([], ["bench", "generate"]),
     (["bench"], ["throughput", "latency"]),
     (["bench", "throughput"], ["--num-prompts", "--input-len", "--prefix-len", "--output-json", "--model-preset",
-                               "--no-prefix-caching", "--kv-cache-memory-bytes", "(default: 256)", "examples:"]),
+                               "--no-enable-prefix-caching", "--kv-cache-memory-bytes", "(default: 256)", "examples:"]),
     (["bench", "latency"], ["--batch-size", "--num-iters", "--num-iters-warmup", "--output-json", "examples:"]),
 ])
 def test_help_exits_0_and_names_the_key_flags(capsys, argv, words):
@@ -196,31 +192,6 @@ def test_workload_longer_than_the_model_context_names_the_flags(capsys, tiny_mod
     assert status == 2 and "--input-len" in err and "max_position_embeddings=1024" in err
 
 
-# ---- pieces --------------------------------------------------------------------------------------
-def test_workload_is_reproducible_and_respects_the_ranges():
-    spec = WorkloadSpec(50, IntRange(3, 9), IntRange(1, 5), prefix_len=7, seed=11)
-    a, b = build_workload(spec, 49152), build_workload(spec, 49152)
-    assert a.prompts == b.prompts and a.output_lens == b.output_lens
-    low, high = token_id_range(49152)
-    assert all(low <= t < high for p in a.prompts for t in p)
-    assert all(p[:7] == a.prompts[0][:7] for p in a.prompts)
-    assert {len(p) - 7 for p in a.prompts} <= set(range(3, 10)) and {1, 5} <= set(a.output_lens)
-    assert all(sp.ignore_eos and sp.max_tokens == n for sp, n in zip(a.sampling_params(0.0), a.output_lens))
-    assert build_workload(WorkloadSpec(50, IntRange(3, 9), IntRange(1, 5), 7, seed=12), 49152).prompts != a.prompts
-
-
-@pytest.mark.parametrize("text, expected", [("1024", 1024), ("4GiB", 4 << 30), ("512MiB", 512 << 20),
-                                            ("2GB", 2 * 10**9), ("1.5k", 1500), ("16 mib", 16 << 20)])
-def test_byte_sizes_parse(text, expected):
-    assert byte_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "GiB", "-4GiB", "4 XB", "0"])
-def test_bad_byte_sizes_are_rejected(text):
-    with pytest.raises(argparse.ArgumentTypeError):
-        byte_size(text)
-
-
 def test_validate_report_names_the_bad_field(prefix_run):
     for path, value, message in [
         (("results", "output_tokens"), "12", "results.output_tokens"),
@@ -240,17 +211,3 @@ def test_validate_report_names_the_bad_field(prefix_run):
     del doc["engine"]["block_size"]
     with pytest.raises(ValueError, match=r"engine\.block_size is missing"):
         validate_report(doc)
-
-
-def test_presets_are_readable_model_configs(private_cache):
-    qwen3 = ModelConfig.from_folder(preset_model_dir("qwen3-0.6b"))
-    assert (qwen3.architecture, qwen3.hidden_size, qwen3.num_layers, qwen3.num_heads, qwen3.num_kv_heads,
-            qwen3.head_dim, qwen3.intermediate_size, qwen3.vocab_size) == \
-        ("Qwen3ForCausalLM", 1024, 28, 16, 8, 128, 3072, 151936)
-    assert (qwen3.rope_theta, qwen3.tie_word_embeddings, qwen3.max_position_embeddings, qwen3.rms_norm_eps) == \
-        (1e6, True, 40960, 1e-6)
-    for name in PRESETS:
-        assert ModelConfig.from_folder(preset_model_dir(name)).architecture == PRESETS[name]["architectures"][0]
-    assert (private_cache / "presets" / "qwen3-0.6b" / "config.json").is_file()
-    with pytest.raises(ValueError, match="qwen3-0.6b"):
-        preset_model_dir("gpt-9")

@@ -50,7 +50,7 @@ def test_generate_reads_the_prompt_from_stdin(capsys, monkeypatch, tiny_models, 
 
 def test_generate_without_model_uses_the_default_model(capsys, monkeypatch, tiny_models, expected_text):
     # The real default model needs a ~270 MB conversion; tests/test_default_model.py covers it.
-    monkeypatch.setattr("fastgen.default_model.default_model_path", lambda: tiny_models["qwen3"])
+    monkeypatch.setattr("fastgen.models.default_model.default_model_path", lambda: tiny_models["qwen3"])
     assert main(["generate", *CPU_FLAGS, "--max-tokens", "12", PROMPT]) == 0
     assert capsys.readouterr().out == expected_text + "\n"
 

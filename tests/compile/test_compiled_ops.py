@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from fastgen.compile import build_ops
+from fastgen.compile import build_op_set
 
 pytestmark = pytest.mark.slow  # each compile costs seconds of C++ build on 2 cores
 
@@ -17,12 +17,12 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 4, 2, 32, 1000
 @pytest.fixture(scope="module")
 def compiled():
     torch._dynamo.reset()
-    return build_ops(True)
+    return build_op_set(True)
 
 
 @pytest.fixture(scope="module")
 def eager():
-    return build_ops(False)
+    return build_op_set(False)
 
 
 def _cos_sin(max_pos=256, dim=HEAD_DIM):

@@ -8,7 +8,7 @@ import torch
 
 from fastgen import LLM, SamplingParams
 from fastgen.graphs import CudaGraphRunner, default_capture_sizes, padded_size
-from fastgen.sequence import FinishReason
+from fastgen.engine.sequence import FinishReason
 from tests.conftest import random_prompts
 
 
@@ -28,7 +28,8 @@ def test_padded_size():
 def llm_with_emulated_graphs(model, sizes, **kwargs) -> LLM:
     llm = LLM(model, dtype="float32", **kwargs)
     runner = llm.engine.runner
-    runner.graphs = CudaGraphRunner(runner, sizes, capture=False)
+    runner.graphs = CudaGraphRunner(runner.model, runner.inputs, runner.kv_cache.layers, sizes,
+                                    llm.config.max_model_len, runner.device, capture=False)
     return llm
 
 
@@ -87,9 +88,9 @@ def test_padding_rows_never_write_the_cache(tiny_models):
     out = _decode_batch(llm, random_prompts([5, 9], seed=3))
     owned = {b for seq in out.seqs for b in seq.block_table}
     others = [b for b in range(runner.num_kv_blocks) if b not in owned]
-    before = runner.kv_cache[:, :, others].clone()
+    before = runner.kv_cache.tensor[:, :, others].clone()
     runner.graphs.run(out)
-    assert torch.equal(runner.kv_cache[:, :, others], before)
+    assert torch.equal(runner.kv_cache.tensor[:, :, others], before)
 
 
 # ---- on a GPU ----------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def test_graph_padding_rows_never_write_the_cache_on_gpu(tiny_models):
     out = _decode_batch(llm, random_prompts([5, 9, 30], seed=3))
     owned = {b for seq in out.seqs for b in seq.block_table}
     others = [b for b in range(runner.num_kv_blocks) if b not in owned]
-    checksum = runner.kv_cache[:, :, others].double().sum().item()
+    checksum = runner.kv_cache.tensor[:, :, others].double().sum().item()
     runner.graphs.run(out)
     torch.cuda.synchronize()
-    assert runner.kv_cache[:, :, others].double().sum().item() == checksum
+    assert runner.kv_cache.tensor[:, :, others].double().sum().item() == checksum

@@ -14,8 +14,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels import paged_decode_attention, paged_decode_attention_torch  # noqa: E402
-from kernels.paged_decode_attention import default_num_splits  # noqa: E402
+from fastgen.kernels import paged_decode_attention, paged_decode_attention_torch  # noqa: E402
+from fastgen.kernels.paged_decode_attention import default_num_splits  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

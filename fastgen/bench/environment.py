@@ -1,0 +1,106 @@
+"""What a benchmark ran on: the machine, the software versions and the engine's settings.
+
+These land in the report next to the numbers, so a result can be reproduced and two results
+can be told apart (another GPU, another torch, CUDA graphs off).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+from importlib import metadata
+
+import torch
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's marketing name on CUDA, else the CPU model."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment_info(device: torch.device) -> dict:
+    import fastgen
+
+    return {
+        "device_type": device.type,
+        "device_name": device_name(device),
+        "num_cpus": os.cpu_count(),
+        "cuda_version": torch.version.cuda,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "torch_version": torch.__version__,
+        "triton_version": _version("triton"),
+        "transformers_version": _version("transformers"),
+        "fastgen_version": fastgen.__version__,
+    }
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a fresh CUDA peak (weights and KV cache stay allocated, so they still count).
+    The CPU peak RSS cannot be reset: it covers the whole process."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """CUDA: torch.cuda.max_memory_allocated since the last reset. CPU: the process's peak
+    resident set size (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a host timer measures the work and not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def engine_settings(llm, choice) -> dict:
+    """The settings the engine actually runs with (after defaults and sizing were applied).
+
+    llm: a `fastgen.LLM`; choice: the `fastgen.cli.engine_args.ModelChoice` it was built from.
+    """
+    config = llm.config
+    runner = llm.engine.runner
+    mc = config.model_config
+    return {
+        "model": config.model,
+        "model_preset": choice.preset,
+        "load_format": choice.load_format,
+        "architecture": mc.architecture,
+        "num_parameters": sum(p.numel() for p in runner.model.parameters()),
+        "dtype": config.dtype_name,
+        "device": str(runner.device),
+        "block_size": config.block_size,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_model_len": config.max_model_len,
+        "num_kv_blocks": runner.num_kv_blocks,
+        "kv_cache_bytes": runner.kv_cache.num_bytes,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "enforce_eager": config.enforce_eager,
+        "cuda_graphs": runner.graphs is not None,
+        "torch_compile": config.compile_enabled,
+        "attention_backend": runner.backend.name,
+        "seed": config.seed,
+    }

@@ -1,0 +1,117 @@
+"""Bench reports: the JSON document (built and written) and its text summary.
+
+The document's schema is described for people in docs/bench-json.md and for machines in
+tests/cli/report_schema.py, which every bench test applies to the real command's output; the
+two must change together. Versioning: adding a field keeps the version; renaming, removing or
+changing the meaning or unit of a field bumps it (and the `schema` string's `/N` suffix).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+SCHEMAS = {
+    "throughput": f"fastgen.bench.throughput/{SCHEMA_VERSION}",
+    "latency": f"fastgen.bench.latency/{SCHEMA_VERSION}",
+}
+
+def make_report(kind: str, argv: list[str], environment: dict, engine: dict, workload: dict, results: dict) -> dict:
+    """Assemble the report of a `bench <kind>` run; kind: throughput or latency."""
+    doc = {
+        "schema": SCHEMAS[kind],
+        "schema_version": SCHEMA_VERSION,
+        "command": list(argv),
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "environment": environment,
+        "engine": engine,
+        "workload": workload,
+        "results": results,
+    }
+    return doc
+
+
+def write_report(doc: dict, path: str | Path) -> None:
+    """Write the document as JSON (the parent folder is created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+# ---- text summary ------------------------------------------------------------------------------
+def _fmt_stats(stats: dict) -> str:
+    if stats["p50"] is None:
+        return "n/a"
+    return f"p50 {stats['p50']:9.2f}   p90 {stats['p90']:9.2f}   p99 {stats['p99']:9.2f}   mean {stats['mean']:9.2f}"
+
+
+def _header(doc: dict) -> list[str]:
+    env, eng = doc["environment"], doc["engine"]
+    model = eng["model_preset"] and f"preset {eng['model_preset']} (dummy weights)" or eng["model"]
+    graphs = "CUDA graphs" if eng["cuda_graphs"] else "eager"
+    compiled = "compiled" if eng["torch_compile"] else "not compiled"
+    return [
+        f"model      {model}  [{eng['architecture']}, {eng['num_parameters'] / 1e6:.1f}M params, {eng['dtype']}]",
+        f"device     {eng['device']} ({env['device_name']}); attention {eng['attention_backend']}, {graphs}, "
+        f"{compiled}",
+        f"engine     block_size {eng['block_size']}, max_num_seqs {eng['max_num_seqs']}, max_num_batched_tokens "
+        f"{eng['max_num_batched_tokens']}, max_model_len {eng['max_model_len']}, {eng['num_kv_blocks']} KV blocks "
+        f"({eng['kv_cache_bytes'] / 2**20:.0f} MiB), prefix caching {'on' if eng['enable_prefix_caching'] else 'off'}",
+        f"versions   fastgen {env['fastgen_version']}, torch {env['torch_version']}, triton {env['triton_version']}",
+    ]
+
+
+def format_summary(doc: dict) -> str:
+    """The report as a few aligned lines for a terminal."""
+    r = doc["results"]
+    lines = _header(doc)
+    if doc["schema"] == SCHEMAS["throughput"]:
+        w = doc["workload"]
+        lines += [
+            f"workload   {r['num_requests']} requests, input {w['input_len'][0]}:{w['input_len'][1]} "
+            f"+ prefix {w['prefix_len']}, output {w['output_len'][0]}:{w['output_len'][1]} tokens",
+            "",
+            f"elapsed             {r['elapsed_s']:10.2f} s",
+            f"requests/s          {r['requests_per_s']:10.2f}",
+            f"output tokens/s     {r['output_tokens_per_s']:10.1f}   ({r['output_tokens']} tokens)",
+            f"total tokens/s      {r['total_tokens_per_s']:10.1f}   ({r['prompt_tokens']} prompt tokens)",
+            f"TTFT ms             {_fmt_stats(r['ttft_ms'])}",
+            f"TPOT ms             {_fmt_stats(r['tpot_ms'])}",
+            f"e2e latency ms      {_fmt_stats(r['e2e_latency_ms'])}",
+            f"prefix cache hits   {r['prefix_cache_hit_rate'] * 100:10.1f} %  ({r['cached_prompt_tokens']} tokens)",
+            f"preemptions         {r['num_preemptions']:10d}",
+            f"peak memory         {r['peak_memory_bytes'] / 2**30:10.2f} GiB",
+        ]
+    else:
+        w = doc["workload"]
+        lines += [
+            f"workload   batch {w['batch_size']}, input {w['input_len']}, output {w['output_len']} tokens, "
+            f"{w['num_iters']} iterations after {w['num_iters_warmup']} warm-up",
+            "",
+            f"iteration ms        {_fmt_stats(r['iteration_latency_ms'])}",
+            f"TTFT ms             {_fmt_stats(r['ttft_ms'])}",
+            f"TPOT ms             {_fmt_stats(r['tpot_ms'])}",
+            f"prefill step ms     {_fmt_stats(r['prefill_step_ms'])}",
+            f"decode step ms      {_fmt_stats(r['decode_step_ms'])}",
+            f"output tokens/s     {r['output_tokens_per_s']:10.1f}",
+            f"preemptions         {r['num_preemptions']:10d}",
+            f"peak memory         {r['peak_memory_bytes'] / 2**30:10.2f} GiB",
+        ]
+    return "\n".join(lines)
+
+
+def emit(doc: dict, output_json: str | None) -> None:
+    """Print the summary; write the JSON when a path was given. With `-` the JSON goes to
+    stdout and the summary to stderr, so the output can be piped into a JSON tool."""
+    if output_json == "-":
+        print(format_summary(doc), file=sys.stderr)
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+        return
+    print(format_summary(doc))
+    if output_json:
+        write_report(doc, output_json)
+        print(f"\nwrote {output_json}")

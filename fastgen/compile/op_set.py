@@ -1,0 +1,43 @@
+"""The set of small functions the model and the sampler call, compiled or eager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fastgen.compile import ops
+from fastgen.worker.sampler import sample_tokens
+
+
+@dataclass(frozen=True)
+class OpSet:
+    """The element-wise pieces of a decoder step and the sampler's arithmetic. With `compiled`,
+    each is a torch.compile'd function (Inductor fuses its element-wise work into few kernels);
+    otherwise the plain eager functions."""
+
+    rms_norm: Callable
+    add_rms_norm: Callable
+    apply_rope: Callable
+    silu_and_mul: Callable
+    sample_tokens: Callable
+    compiled: bool
+
+
+def _compile(fn: Callable) -> Callable:
+    # dynamic=True: one graph serves every batch size and sequence length, so a new shape after
+    # warm-up does not trigger a recompile.
+    return torch.compile(fn, dynamic=True, fullgraph=True)
+
+
+def build_op_set(compiled: bool) -> OpSet:
+    wrap = _compile if compiled else (lambda fn: fn)
+    return OpSet(
+        rms_norm=wrap(ops.rms_norm),
+        add_rms_norm=wrap(ops.add_rms_norm),
+        apply_rope=wrap(ops.apply_rope),
+        silu_and_mul=wrap(ops.silu_and_mul),
+        sample_tokens=wrap(sample_tokens),
+        compiled=compiled,
+    )

@@ -1,0 +1,32 @@
+"""What a prompt may be: text, or one request's token ids (list, tuple or 1-D integer array)."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence as SequenceABC
+
+import numpy as np
+
+Prompt = str | list[int]
+
+
+def is_token_ids(prompt: object) -> bool:
+    """Whether a prompt is one request's token ids: a list, tuple or 1-D array of integers."""
+    if isinstance(prompt, np.ndarray):
+        return prompt.ndim == 1 and np.issubdtype(prompt.dtype, np.integer)
+    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], numbers.Integral)
+            and not isinstance(prompt[0], bool))
+
+
+def token_ids_of(prompt: object) -> list[int]:
+    """A non-string prompt as a list of ints; ValueError naming the type for anything else."""
+    if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
+        raise ValueError(f"prompt must be a string or a 1-D sequence of token ids, got an array of shape {prompt.shape}")
+    if not isinstance(prompt, (SequenceABC, np.ndarray)) or isinstance(prompt, (bytes, bytearray)):
+        raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+    token_ids = []
+    for i, t in enumerate(prompt):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise ValueError(f"prompt token_ids[{i}]={t!r} must be an integer, got {type(t).__name__}")
+        token_ids.append(int(t))
+    return token_ids

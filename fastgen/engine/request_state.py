@@ -1,0 +1,110 @@
+"""A request's life outside the scheduler: its text, stop strings, timings and stream cursor."""
+
+from __future__ import annotations
+
+import time
+
+from fastgen.engine.detokenizer import IncrementalDetokenizer
+from fastgen.outputs import RequestMetrics, RequestOutput
+from fastgen.engine.sequence import FinishReason, Sequence
+
+
+class RequestState:
+    """Follows one sequence and turns its progress into `RequestOutput`s.
+
+    Stop strings: the text is searched after every token; on a match the text is cut before the
+    stop string and the request finishes with reason "stop". So that a stream never yields text
+    that a later token turns into part of a stop string, the last len(longest stop) - 1
+    characters are held back until the request finishes.
+
+    final_only: emit one output, when the request finishes (what a batch `generate` needs). Such a
+    request without stop strings also skips per-step detokenization: its text is decoded once
+    at the end, by the same detokenizer, so it is the same text.
+    """
+
+    def __init__(self, request_id: str, seq: Sequence, prompt: str | None, tokenizer, arrival_time: float,
+                 final_only: bool = False):
+        self.request_id = request_id
+        self.seq = seq
+        self.prompt = prompt
+        self.prompt_token_ids = seq.token_ids[: seq.num_prompt_tokens]  # shared by every output
+        self.final_only = final_only
+        self.detokenizer = (
+            IncrementalDetokenizer(tokenizer, self.prompt_token_ids) if tokenizer is not None else None
+        )
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.stop = seq.params.stop
+        self.hold_back = max((len(s) for s in self.stop), default=1) - 1
+        self.text = ""
+        self.num_tokens_seen = 0
+        self.sent_text_len = 0
+        self.sent_tokens = 0
+
+    def on_scheduled(self, now: float) -> None:
+        if self.metrics.first_scheduled_time is None:
+            self.metrics.first_scheduled_time = now
+            self.metrics.num_cached_tokens = self.seq.num_cached_tokens
+
+    def on_new_tokens(self, now: float) -> bool:
+        """Take the sequence's new tokens into the text; True when a stop string matched."""
+        seq = self.seq
+        num_output = len(seq.token_ids) - seq.num_prompt_tokens
+        if num_output == self.num_tokens_seen:
+            return False
+        self.num_tokens_seen = num_output
+        m = self.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.last_token_time = now
+        m.num_output_tokens = num_output
+        if self.detokenizer is None or (self.final_only and not self.stop and not seq.is_finished):
+            return False
+        new_ids = seq.token_ids[seq.num_prompt_tokens + self.detokenizer.num_output_tokens :]
+        before = len(self.text)
+        self.text += self.detokenizer.add(new_ids)
+        if self.seq.is_finished:
+            self.text += self.detokenizer.flush()
+        return self._cut_stop_string(before)
+
+    def _cut_stop_string(self, searched_up_to: int) -> bool:
+        if not self.stop:
+            return False
+        start = max(0, searched_up_to - self.hold_back)
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        return True
+
+    def make_output(self, now: float) -> RequestOutput | None:
+        """The delta since the previous output, or None when there is nothing new to say."""
+        seq = self.seq
+        finished = seq.is_finished
+        if finished and self.metrics.finished_time is None:
+            self.metrics.finished_time = now
+        if self.final_only and not finished:
+            return None
+        visible = len(self.text) if finished else max(self.sent_text_len, len(self.text) - self.hold_back)
+        token_ids = seq.output_token_ids
+        if not finished and visible == self.sent_text_len and len(token_ids) == self.sent_tokens:
+            return None
+        new_text = self.text[self.sent_text_len : visible]
+        new_ids = token_ids[self.sent_tokens :]
+        self.sent_text_len, self.sent_tokens = visible, len(token_ids)
+        reason = seq.finish_reason
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            text=self.text[:visible],
+            token_ids=list(token_ids),
+            new_text=new_text,
+            new_token_ids=list(new_ids),
+            finished=finished,
+            finish_reason=reason.value if isinstance(reason, FinishReason) else None,
+            metrics=self.metrics,
+        )
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,201 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each computes.
+
+Policy: prefill first, then decode. A prefill step continues prompts already split into chunks,
+then admits waiting sequences in arrival order while `max_num_seqs`, `max_num_batched_tokens`
+and free blocks allow; a prompt longer than the token budget is computed in budget-sized chunks
+over several steps. With nothing to prefill, every running sequence decodes one token; when a
+sequence needs a new block and none is free, the newest running sequence is preempted: its blocks
+are freed and it goes back to the front of the queue, to be recomputed later (its full blocks often
+come straight back from the prefix cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fastgen.engine.block_manager import BlockManager
+from fastgen.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """The scheduler's decision for one step, handed to the runner as plain data.
+
+    seqs: sequences in batch order. num_new_tokens: tokens each computes, starting at its
+    `num_computed_tokens`. is_prefill: prompt step (many tokens a sequence) or decode (one).
+
+    The facts the worker's per-sequence state follows (block-table rows, sampler generators),
+    so that it never has to infer a change:
+    new_tables[i]: sequence i got its block table in this step (admitted, or re-admitted after
+        preemption): its whole `block_table` is new.
+    new_block_ids[i]: blocks appended to sequence i's table in this step (a decode step that
+        crossed into a new block); empty when the table is new or unchanged.
+    preempted_seq_ids: sequences whose blocks were taken back since the previous output; they
+        will be re-admitted later with new tables.
+    finished_seq_ids: sequences that ended (finished or aborted) since the previous output.
+    """
+
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+    is_prefill: bool
+    new_tables: list[bool]
+    new_block_ids: list[tuple[int, ...]]
+    preempted_seq_ids: tuple[int, ...] = ()
+    finished_seq_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def empty_decode(cls) -> "SchedulerOutput":
+        """A decode step with no sequences: what graph capture and the memory profile pad out."""
+        return cls([], [], False, [], [])
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def samples(self, index: int) -> bool:
+        """Whether sequence `index` reaches its last token this step, so a token is sampled."""
+        seq = self.seqs[index]
+        return seq.num_computed_tokens + self.num_new_tokens[index] == len(seq)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: Iterable[int] = (),
+    ):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        # Facts for the next output (see SchedulerOutput); kept until a step is formed.
+        self._preempted: list[int] = []
+        self._finished: list[int] = []
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput | None:
+        """Pick the next step's batch; None when there is nothing to run."""
+        out = self._schedule_prefill() or self._schedule_decode()
+        if out is None:
+            return None
+        # Preemptions made just now, while forming a decode batch, are part of these facts.
+        out = dataclasses.replace(out, preempted_seq_ids=tuple(self._preempted),
+                                  finished_seq_ids=tuple(self._finished))
+        self._preempted.clear()
+        self._finished.clear()
+        return out
+
+    def _schedule_prefill(self) -> SchedulerOutput | None:
+        budget = self.max_num_batched_tokens
+        seqs, counts, new_tables = [], [], []
+        # Prompts already started in chunks go first: they hold blocks and should finish.
+        for seq in self.running:
+            if budget == 0:
+                break
+            remaining = seq.num_uncomputed_tokens
+            if remaining > 1:  # one left is a plain decode step
+                n = min(remaining, budget)
+                seqs.append(seq)
+                counts.append(n)
+                new_tables.append(False)
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_uncomputed_tokens, budget)
+            seqs.append(seq)
+            counts.append(n)
+            new_tables.append(True)
+            budget -= n
+        if not seqs:
+            return None
+        return SchedulerOutput(seqs, counts, True, new_tables, [()] * len(seqs))
+
+    def _schedule_decode(self) -> SchedulerOutput | None:
+        scheduled: list[Sequence] = []
+        new_blocks: list[tuple[int, ...]] = []
+        queue = deque(self.running)
+        while queue:
+            seq = queue.popleft()
+            while not self.block_manager.can_append(seq):
+                victim = queue.pop() if queue else seq
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                new_blocks.append(self.block_manager.append_slot(seq))
+                scheduled.append(seq)
+        if not scheduled:
+            return None
+        n = len(scheduled)
+        return SchedulerOutput(scheduled, [1] * n, False, [False] * n, new_blocks)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        self.running.remove(seq)
+        seq.status = SequenceStatus.WAITING
+        self.num_preemptions += 1
+        self._preempted.append(seq.seq_id)
+        self.waiting.appendleft(seq)
+
+    # ---- after the step ------------------------------------------------------------------
+    def postprocess(self, output: SchedulerOutput, sampled: list[int | None]) -> None:
+        """Advance the scheduled sequences by the step's result, finishing those that hit EOS, a
+        stop token or their length limit.
+
+        sampled[i] is the token sampled for sequence i, or None when its chunk did not reach the
+        end of its prompt.
+        """
+        for seq, n, token in zip(output.seqs, output.num_new_tokens, sampled):
+            seq.num_computed_tokens += n
+            self.block_manager.cache_computed_blocks(seq)
+            if token is None:
+                continue
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return FinishReason.STOP
+        if token in params.stop_token_ids:
+            return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """End a sequence wherever it is (running or waiting) and free its blocks at once."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        if seq.status is not SequenceStatus.FINISHED:
+            self._finished.append(seq.seq_id)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,70 @@
+"""One request's tokens and its place in the paged KV cache: a plain record the scheduler and
+the block manager update (no tensors; sampling state lives in the worker's sampler)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from fastgen.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """A request as the scheduler and block manager see it.
+
+    `token_ids` holds the prompt followed by every generated token. `num_computed_tokens` counts
+    the leading tokens whose K/V are in the cache; the next step computes from there.
+    `num_cached_tokens` counts the leading tokens whose blocks came from the prefix cache (their
+    slots are never written again, see the runner). `block_table` lists the cache blocks that hold
+    the sequence, in order; `block_hashes` the chained keys of its full blocks, computed once.
+    """
+
+    seq_id: int
+    token_ids: list[int]
+    params: SamplingParams
+    num_prompt_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_keyed_blocks: int = 0
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.token_ids)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def block_tokens(self, index: int, block_size: int) -> list[int]:
+        return self.token_ids[index * block_size : (index + 1) * block_size]

@@ -1,0 +1,114 @@
+"""The decoder of the Llama family and its Qwen relatives.
+
+Llama (SmolLM2, Llama 3), Qwen2 and Qwen3 share the architecture; they differ in two switches
+read from `ModelConfig` (set per architecture in `fastgen.models.registry`): Qwen2 adds a bias to
+the q/k/v projections, Qwen3 RMS-normalises q and k per head before RoPE. Tokens of all sequences are laid end to end ([T, hidden]); where each sits
+in the paged cache arrives in `AttentionMetadata`, and each layer's cache slice with it. Projections are merged (q|k|v, gate|up) so a
+layer runs two matmuls where transformers runs five.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from fastgen.attention import AttentionBackend, AttentionMetadata
+from fastgen.compile import OpSet
+from fastgen.layers.attention import PagedAttention
+from fastgen.layers.linear import MergedLinear
+from fastgen.layers.norm import RMSNorm
+from fastgen.layers.rotary import RotaryEmbedding
+from fastgen.models.config import ModelConfig
+
+LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one layer
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend, ops: OpSet):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = MergedLinear(
+            cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=cfg.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, ops)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, ops)
+        self.qk_norm = cfg.qk_norm
+        self.rotary = rotary
+        self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, backend)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata, kv: LayerCache) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q, k, v, meta, *kv)
+        return self.o_proj(out.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: OpSet):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend, ops: OpSet):
+        super().__init__()
+        self.self_attn = SelfAttention(cfg, rotary, backend, ops)
+        self.mlp = MLP(cfg, ops)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+
+    def forward(self, positions, x, residual, meta: AttentionMetadata, kv: LayerCache):
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, meta, kv)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaFamilyForCausalLM(nn.Module):
+    """forward(input_ids [T], positions [T], meta, kv_caches) -> hidden [T, hidden];
+    compute_logits(hidden [S, hidden]) -> logits [S, vocab] in the model's dtype.
+
+    kv_caches: one (k_cache, v_cache) pair per layer, in layer order (see `fastgen.worker.kv_cache`).
+    """
+
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: OpSet, max_positions: int):
+        super().__init__()
+        self.config = cfg
+        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, ops)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, backend, ops) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: Sequence[LayerCache]) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(positions, x, residual, meta, kv)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

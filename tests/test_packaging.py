@@ -1,0 +1,43 @@
+"""The wheel: every package listed, and the kernels inside fastgen's namespace (never a
+top-level `kernels`, the name Hugging Face's kernel loader owns in site-packages)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def listed_packages() -> list[str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+
+
+def test_every_package_folder_is_listed():
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "fastgen").rglob("__init__.py")}
+    found.add("fastgen.kernels")  # the top-level kernels/ folder, mapped by package-dir
+    assert set(listed_packages()) == found
+
+
+def test_kernels_import_as_fastgen_kernels_from_the_source_tree():
+    import fastgen.kernels
+
+    assert Path(fastgen.kernels.__file__).parent == ROOT / "kernels"
+    assert hasattr(fastgen.kernels, "paged_decode_attention")
+
+
+@pytest.mark.slow
+def test_wheel_has_no_top_level_kernels(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(ROOT)], check=True, timeout=600)
+    (wheel,) = tmp_path.glob("fastgen-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = {name.split("/")[0] for name in names}
+    assert "kernels" not in top_level
+    assert "fastgen/kernels/__init__.py" in names and "fastgen/kernels/paged_decode_attention.py" in names
+    assert "fastgen/engine/scheduler.py" in names and "fastgen/worker/model_runner.py" in names
