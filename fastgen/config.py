@@ -16,6 +16,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from fastgen.models.config import DTYPE_NAMES, ModelConfig, torch_dtype
+from fastgen.models.hub import resolve_model_path
 from fastgen.sampling_params import SEED_LIMIT
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class EngineConfig:
     """Everything that shapes one engine instance (see each field's docstring)."""
 
     model: str
-    """Path of a Hugging Face model folder."""
+    """A Hugging Face model folder, or a model id found in the local Hugging Face cache."""
     max_num_seqs: int = _knob(256, at_least(1))
     """Most sequences in one step (the decode batch)."""
     max_num_batched_tokens: int = _knob(8192, at_least(1))
@@ -129,7 +130,7 @@ class EngineConfig:
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.model = str(self.model)
+        self.model = resolve_model_path(str(self.model))
         self.model_config = ModelConfig.from_folder(self.model)
         if type(self.device).__module__ == "torch":  # a torch.device
             self.device = str(self.device)

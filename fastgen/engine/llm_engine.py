@@ -32,12 +32,13 @@ logger = logging.getLogger(__name__)
 class StepResult:
     """What one `run_step` did. outputs: one per request that progressed. is_prefill: the kind of
     step (None when there was nothing to run). num_seqs / num_tokens: the batch it computed.
-    started_at: perf_counter time the step began."""
+    num_sampled: output tokens it produced. started_at: perf_counter time the step began."""
 
     outputs: list[RequestOutput]
     is_prefill: bool | None
     num_seqs: int
     num_tokens: int
+    num_sampled: int
     started_at: float
 
 
@@ -150,7 +151,7 @@ class LLMEngine:
         started = now()
         out = self.scheduler.schedule()
         if out is None:
-            return StepResult([], None, 0, 0, started)
+            return StepResult([], None, 0, 0, 0, started)
         states = [self._by_seq[seq.seq_id] for seq in out.seqs]
         for state in states:
             state.on_scheduled(started)
@@ -169,4 +170,5 @@ class LLMEngine:
                 outputs.append(output)
             if state.seq.is_finished:
                 self._forget(state)
-        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, started)
+        num_sampled = sum(token is not None for token in sampled)
+        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started)

@@ -107,11 +107,26 @@ def measure_kv_budget(config: EngineConfig, forward_logits: ForwardLogits, graph
     forward_logits: runs the model on a step's inputs and cache layers. graph_batch_size: the
     largest decode graph to reserve for, or None when graphs are off.
     """
-    device = config.torch_device
+    prefill_peak, graph_reserve = _activation_peaks(config, forward_logits, graph_batch_size)
+    torch.cuda.empty_cache()  # the stand-in cache and the profiling builder are gone by now
+    free, total = torch.cuda.mem_get_info(config.torch_device)
+    in_use = total - free
+    budget = int(total * config.gpu_memory_utilization) - in_use - prefill_peak - graph_reserve
+    logger.info(
+        "GPU memory: total %.2f GiB, in use %.2f GiB, prefill peak %.2f GiB, graph reserve %.2f GiB "
+        "-> KV budget %.2f GiB",
+        *(x / 2**30 for x in (total, in_use, prefill_peak, graph_reserve, max(budget, 0))),
+    )
+    return max(budget, 0)
+
+
+def _activation_peaks(config: EngineConfig, forward_logits: ForwardLogits,
+                      graph_batch_size: int | None) -> tuple[int, int]:
+    """(peak bytes of the largest prefill step, of the largest decode graph's forward or 0)."""
     stand_in = KVCache(config, num_blocks=1)
     # A builder of its own: the engine's keeps per-sequence rows that fake sequences must not touch.
     inputs = StepInputBuilder(config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq,
-                              config.block_size, device)
+                              config.block_size, config.torch_device)
     lengths = peak_prefill_lengths(config)
     # Negative ids never collide with real sequences.
     seqs = [Sequence(-2 - i, [0] * n, SamplingParams()) for i, n in enumerate(lengths)]
@@ -124,21 +139,10 @@ def measure_kv_budget(config: EngineConfig, forward_logits: ForwardLogits, graph
         step.meta.slot_mapping.fill_(-1)  # the stand-in cache has one block: write nothing
         forward_logits(step, stand_in.layers)
 
+    def run_decode():
+        step = inputs.build_decode(SchedulerOutput.empty_decode(), pad_to=graph_batch_size)
+        forward_logits(step, stand_in.layers)
+
     prefill_peak = _peak_bytes(run_prefill)
-    graph_reserve = 0
-    if graph_batch_size is not None:
-        empty = SchedulerOutput.empty_decode()
-        graph_reserve = _peak_bytes(
-            lambda: forward_logits(inputs.build_decode(empty, pad_to=graph_batch_size), stand_in.layers)
-        )
-    del stand_in
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(device)
-    in_use = total - free
-    budget = int(total * config.gpu_memory_utilization) - in_use - prefill_peak - graph_reserve
-    logger.info(
-        "GPU memory: total %.2f GiB, in use %.2f GiB, prefill peak %.2f GiB, graph reserve %.2f GiB "
-        "-> KV budget %.2f GiB",
-        *(x / 2**30 for x in (total, in_use, prefill_peak, graph_reserve, max(budget, 0))),
-    )
-    return max(budget, 0)
+    graph_reserve = _peak_bytes(run_decode) if graph_batch_size is not None else 0
+    return prefill_peak, graph_reserve

@@ -35,6 +35,29 @@ def default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
+# The initializers nn.Linear / nn.Embedding / nn.LayerNorm call when built.
+_INITIALIZERS = ("kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "uniform_", "normal_",
+                 "trunc_normal_", "ones_", "zeros_")
+
+
+@contextmanager
+def skip_weight_init(skip: bool):
+    """Build modules without drawing random weights that the checkpoint overwrites anyway (most
+    of a small model's build time). The loader refuses a checkpoint that misses a weight, so
+    nothing left uninitialized is ever used."""
+    if not skip:
+        yield
+        return
+    saved = {name: getattr(torch.nn.init, name) for name in _INITIALIZERS}
+    try:
+        for name in _INITIALIZERS:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
 @torch.inference_mode()
 def forward_logits(model, inputs: StepInputs, kv_layers: list) -> torch.Tensor:
     """The model over one step's inputs and cache layers; logits of the rows that sample."""
@@ -69,9 +92,10 @@ class ModelRunner:
         self.backend = select_backend(self.device, config.block_size)
 
         start = time.perf_counter()
-        with default_dtype(config.torch_dtype), torch.device(self.device):
+        real_weights = load_format == "safetensors"
+        with default_dtype(config.torch_dtype), torch.device(self.device), skip_weight_init(real_weights):
             self.model = model_class(mc.architecture)(mc, self.backend, self.ops, max_positions=config.max_model_len)
-        if load_format == "safetensors":
+        if real_weights:
             load_weights(self.model, config.model)
         self.model.eval()
         logger.info("model built in %.1fs (%s, %s)", time.perf_counter() - start, config.torch_dtype, self.device)

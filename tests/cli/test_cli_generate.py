@@ -102,7 +102,9 @@ def test_generate_prompt_too_long_is_a_one_line_error(capsys, tiny_models):
     (["--stream", PROMPT, PROMPT], "--stream"),
     (["--system", "hi", PROMPT], "--system"),
     (["--model-preset", "qwen3-0.6b", PROMPT], "--model-preset"),
+    (["--load-format", "dummy", PROMPT], "--load-format"),
     (["--model", "/no/such/folder", PROMPT], "--model"),
+    (["--model", "no-such-org/no-such-model", PROMPT], "--model"),
 ])
 def test_bad_generate_flags_exit_2_naming_the_flag(capsys, private_cache, argv, flag):
     with pytest.raises(SystemExit) as exit_info:
@@ -119,3 +121,5 @@ def test_generate_help_names_the_key_flags(capsys):
     for flag in ("--chat", "--stream", "--max-tokens", "--temperature", "--top-p", "--top-k", "--model",
                  "--max-model-len", "(default: 128)", "examples:"):
         assert flag in out
+    # Random weights have no tokenizer and so cannot generate text: not offered here.
+    assert "--model-preset" not in out and "--load-format" not in out
