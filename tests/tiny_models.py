@@ -1,4 +1,4 @@
-"""Tiny random-weight Qwen3, Qwen2 and Llama models built with transformers, plus a small
+"""Tiny random-weight Qwen3, Qwen2, Llama and GPT-2 models built with transformers, plus a small
 byte-level BPE tokenizer trained on the spot, so tests need no model hub."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
 
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 384
@@ -69,6 +69,13 @@ def model_config(family: str):
                 "original_max_position_embeddings": 64,
             },
             eos_token_id=eos_id,
+        )
+    if family == "gpt2":
+        return GPT2Config(
+            vocab_size=VOCAB_SIZE, n_embd=_SHAPES["hidden_size"], n_inner=_SHAPES["intermediate_size"],
+            n_layer=_SHAPES["num_hidden_layers"], n_head=_SHAPES["num_attention_heads"],
+            n_positions=_SHAPES["max_position_embeddings"], initializer_range=_SHAPES["initializer_range"],
+            bos_token_id=eos_id, eos_token_id=eos_id,
         )
     raise ValueError(family)
 
