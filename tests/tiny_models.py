@@ -80,9 +80,12 @@ def model_config(family: str):
     raise ValueError(family)
 
 
-def build_tiny_model(family: str, out_dir: Path, seed: int = 0) -> Path:
+def build_tiny_model(family: str, out_dir: Path, seed: int = 0, **overrides) -> Path:
+    """overrides: config attributes set on top of the family's tiny config."""
     torch.manual_seed(seed)
     config = model_config(family)
+    for key, value in overrides.items():
+        setattr(config, key, value)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out_dir)
     build_tokenizer().save_pretrained(out_dir)
