@@ -1,10 +1,11 @@
 """The decoder of the Llama family and its Qwen relatives.
 
 Llama (SmolLM2, Llama 3), Qwen2 and Qwen3 share the architecture; they differ in two switches
-read from `LlamaFamilyConfig` (set per architecture in `fastgen.models.registry`): Qwen2 adds a bias to
-the q/k/v projections, Qwen3 RMS-normalises q and k per head before RoPE. Tokens of all sequences are laid end to end ([T, hidden]); where each sits
-in the paged cache arrives in `AttentionMetadata`, and each layer's cache slice with it. Projections are merged (q|k|v, gate|up) so a
-layer runs two matmuls where transformers runs five.
+read from `LlamaFamilyConfig` (set per architecture in `fastgen.models.registry`): Qwen2 adds a
+bias to the q/k/v projections, Qwen3 RMS-normalises q and k per head before RoPE. Tokens of all
+sequences are laid end to end ([T, hidden]); where each sits in the paged cache arrives in
+`AttentionMetadata`, and each layer's cache slice with it. Projections are merged (q|k|v,
+gate|up) so a layer runs two matmuls where transformers runs five.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "MistralForCausalLM": _LLAMA_FAMILY,
     "Qwen2ForCausalLM": replace(_LLAMA_FAMILY, switches={"attention_bias": True}),
     "Qwen3ForCausalLM": replace(_LLAMA_FAMILY, switches={"qk_norm": True}),
-    "GPT2LMHeadModel": Architecture("fastgen.models.gpt2:GPT2LMHeadModel", "fastgen.models.gpt2_config:GPT2ModelConfig"),
+    "GPT2LMHeadModel": Architecture("fastgen.models.gpt2:GPT2LMHeadModel",
+                                    "fastgen.models.gpt2_config:GPT2ModelConfig"),
 }
 
 

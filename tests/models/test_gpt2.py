@@ -104,3 +104,13 @@ def test_unsupported_or_broken_config_is_refused(tiny_models, tmp_path, change, 
     (folder / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError, match=message):
         EngineConfig(model=str(folder))
+
+
+def test_gpt2_preset_builds_gpt2_small(private_cache):
+    from fastgen.models.presets import preset_model_dir
+
+    llm = LLM(str(preset_model_dir("gpt2")), load_format="dummy", skip_tokenizer_init=True, dtype="float32",
+              device="cpu", num_kv_blocks=4)
+    model = llm.engine.runner.model
+    assert sum(p.numel() for p in model.parameters()) == 124_439_808  # GPT-2 small's, lm_head tied to wte
+    assert model.lm_head.weight is model.wte.weight
