@@ -99,7 +99,8 @@ class EngineConfig:
     """Most prompt tokens computed in one prefill step; longer prompts are split into chunks of at
     most this many tokens."""
     max_model_len: int | None = _knob(None, optional(at_least(2)))
-    """Longest sequence, prompt + output. Default: the model's max_position_embeddings."""
+    """Longest sequence, prompt + output. Default: the model's length limit (config.json's
+    max_position_embeddings; n_positions for GPT-2)."""
     block_size: int = _knob(256, at_least(1))
     """Tokens per KV-cache block (any positive value)."""
     dtype: str = _knob("auto", one_of(DTYPE_CHOICES))
@@ -142,8 +143,7 @@ class EngineConfig:
             self.max_model_len = limit
         if self.max_model_len > limit:
             raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's "
-                f"max_position_embeddings={limit}"
+                f"max_model_len={self.max_model_len} exceeds the model's {self.model_config.max_len_limit}"
             )
         if self.device.startswith("cuda"):
             import torch

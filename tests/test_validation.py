@@ -116,12 +116,12 @@ def test_unknown_engine_argument(tiny_models):
 
 
 def test_unknown_architecture(tiny_models, tmp_path):
-    folder = tmp_path / "gpt2ish"
+    folder = tmp_path / "mambaish"
     shutil.copytree(tiny_models["qwen3"], folder)
     config = json.loads((folder / "config.json").read_text())
-    config["architectures"] = ["GPT2LMHeadModel"]
+    config["architectures"] = ["MambaForCausalLM"]
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"architectures=\['GPT2LMHeadModel'\].*not supported; supported: \["):
+    with pytest.raises(ValueError, match=r"architectures=\['MambaForCausalLM'\].*not supported; supported: \["):
         LLM(str(folder))
 
 

@@ -173,10 +173,10 @@ def build_llm(choice: ModelChoice, args: argparse.Namespace, *, need_tokenizer: 
 
         path = str(default_model_path())
     if needed_model_len is not None and args.max_model_len is None:
-        limit = ModelConfig.from_folder(path).max_position_embeddings
-        if needed_model_len > limit:
+        model_config = ModelConfig.from_folder(path)
+        if needed_model_len > model_config.max_position_embeddings:
             raise ValueError(f"{needed_by} = {needed_model_len} tokens exceeds the model's "
-                             f"max_position_embeddings={limit}")
+                             f"{model_config.max_len_limit}")
     status(f"loading {choice.preset or path} ({choice.load_format} weights)")
     start = time.perf_counter()
     llm = LLM(path, load_format=choice.load_format, skip_tokenizer_init=not need_tokenizer,

@@ -43,7 +43,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     group.add_argument("--stream", action="store_true", help="print tokens as they are generated (one prompt)")
     group.add_argument("--stats", action="store_true",
                        help="print token counts, TTFT and decode speed to stderr")
-    engine_args.add_engine_args(parser, max_model_len_default="the model's max_position_embeddings", dummy_weights=False)
+    engine_args.add_engine_args(parser, dummy_weights=False,
+                                max_model_len_default="the model's max_position_embeddings (n_positions for GPT-2)")
     parser.set_defaults(run=run, parser=parser)
     return parser
 

@@ -221,11 +221,12 @@ def test_engine_rejection_prints_one_line_and_exits_2(capsys, tiny_models):
     assert err.startswith("fastgen: error: ") and "max_model_len=8" in err and "Traceback" not in err
 
 
-def test_workload_longer_than_the_model_context_names_the_flags(capsys, tiny_models):
-    status = main(["bench", "throughput", "--model", tiny_models["qwen3"], *CPU_FLAGS, "--input-len", "2000",
+@pytest.mark.parametrize("family,limit", [("qwen3", "max_position_embeddings=1024"), ("gpt2", "n_positions=1024")])
+def test_workload_longer_than_the_model_context_names_the_flags(capsys, tiny_models, family, limit):
+    status = main(["bench", "throughput", "--model", tiny_models[family], *CPU_FLAGS, "--input-len", "2000",
                    "--output-len", "4", "--quiet"])
     err = capsys.readouterr().err
-    assert status == 2 and "--input-len" in err and "max_position_embeddings=1024" in err
+    assert status == 2 and "--input-len" in err and limit in err
 
 
 def test_validate_report_names_the_bad_field(prefix_run):

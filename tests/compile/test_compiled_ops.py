@@ -41,6 +41,7 @@ def _inputs(tokens: int, dtype: torch.dtype, seed: int = 0):
         k=torch.randn(tokens, KV_HEADS, HEAD_DIM, generator=g).to(dtype),
         positions=torch.randint(0, 256, (tokens,), generator=g),
         gate_up=torch.randn(tokens, 2 * HIDDEN, generator=g).to(dtype),
+        bias=torch.randn(HIDDEN, generator=g).to(dtype),
     )
 
 
@@ -50,6 +51,9 @@ def _run_all(ops, t):
         *ops.add_rms_norm(t["x"], t["residual"], t["weight"], 1e-6),
         *ops.apply_rope(t["positions"], t["q"], t["k"], _cos_sin()),
         ops.silu_and_mul(t["gate_up"]),
+        ops.layer_norm(t["x"], t["weight"], t["bias"], 1e-5),
+        *ops.add_layer_norm(t["x"], t["residual"], t["weight"], t["bias"], 1e-5),
+        ops.gelu_tanh(t["gate_up"]),
     ]
 
 
@@ -87,11 +91,12 @@ def test_new_shapes_after_warmup_do_not_recompile(compiled):
     assert recompiles_after == recompiles_before
 
 
-def test_engine_with_compiled_ops_matches_transformers(tiny_models, reference):
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])  # RMSNorm/RoPE/SwiGLU; LayerNorm/GELU
+def test_engine_with_compiled_ops_matches_transformers(tiny_models, reference, family):
     from fastgen import LLM, SamplingParams
     from tests.conftest import random_prompts
 
-    model = tiny_models["qwen3"]
+    model = tiny_models[family]
     prompts = random_prompts([4, 19, 40], seed=6)
     llm = LLM(model, dtype="float32", block_size=16, num_kv_blocks=128, use_torch_compile=True)
     assert llm.engine.runner.ops.compiled
