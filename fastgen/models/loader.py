@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from tqdm.auto import tqdm
 from torch import nn
 
 from fastgen.layers.linear import MergedLinear
@@ -53,7 +54,10 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
     loaded: set[str] = set()
-    for path in checkpoint_files(folder):
+    files = checkpoint_files(folder)
+    # A bar on an interactive terminal for checkpoints of several files (tqdm's disable=None: off
+    # when stderr is not a TTY); one small file loads too fast to need it.
+    for path in tqdm(files, desc="loading weights", unit="file", disable=None if len(files) > 1 else True):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 loaded.update(_load_one(fmt, params, modules, name, f.get_tensor(name)))
