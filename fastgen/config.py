@@ -86,6 +86,29 @@ def _knob(default, check: Check):
     return field(default=default, metadata={"check": check})
 
 
+def resolve_device(device: str) -> str:
+    """'auto' / 'cuda' / 'cuda:N' / 'cpu' -> 'cpu' or 'cuda:N' (ValueError when CUDA is absent or N
+    is out of range).
+
+    CUDA calls that take a device (`torch.cuda.set_device`, graph capture, memory queries) need
+    its index: torch 2.11 refuses `set_device(torch.device("cuda"))`, so the index is fixed here,
+    once, from the thread's current device.
+    """
+    if device == "cpu":
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
+        if device == "auto":
+            return "cpu"
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine")
+    index = torch.cuda.current_device() if device in ("auto", "cuda") else int(device.split(":")[1])
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"device={device!r} but this machine has {count} CUDA device(s)")
+    return f"cuda:{index}"
+
+
 @dataclass
 class EngineConfig:
     """Everything that shapes one engine instance (see each field's docstring)."""
@@ -105,7 +128,8 @@ class EngineConfig:
     """Weight and activation dtype. auto: the model's own on CUDA, float32 on CPU (where most
     processors have no fast half-precision matmul)."""
     device: str = _knob("auto", device_name)
-    """auto (CUDA when present), cpu, cuda or cuda:N."""
+    """auto (CUDA when present), cpu, cuda or cuda:N. Resolved once, at construction, to cpu or
+    cuda:N ("cuda" and "auto" take the current CUDA device), so every later use names its index."""
     gpu_memory_utilization: float = _knob(0.9, fraction)
     """Share of the GPU's memory the engine may use in total (CUDA)."""
     kv_cache_memory_bytes: int | None = _knob(None, optional(at_least(1)))
@@ -144,23 +168,15 @@ class EngineConfig:
                 f"max_model_len={self.max_model_len} exceeds the model's "
                 f"max_position_embeddings={limit}"
             )
-        if self.device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(f"device={self.device!r} but CUDA is not available on this machine")
-            count = torch.cuda.device_count()
-            if self.torch_device.index is not None and self.torch_device.index >= count:
-                raise ValueError(f"device={self.device!r} but this machine has {count} CUDA device(s)")
+        self.device = resolve_device(self.device)
         if self.cuda_graph_batch_sizes is not None:
             self.cuda_graph_batch_sizes = sorted(set(self.cuda_graph_batch_sizes))
 
     @property
     def torch_device(self) -> torch.device:
+        """The resolved device: `cpu` or `cuda:N`, always with its index on CUDA."""
         import torch
 
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
     @property
