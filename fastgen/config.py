@@ -28,6 +28,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 LOAD_FORMATS = ("safetensors", "dummy")  # real weights from the folder, or random ones
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 
 Check = Callable[[str, object], None]  # (field name, value) -> None, or ValueError naming both
 
@@ -137,6 +138,9 @@ class EngineConfig:
     1 GiB on CPU."""
     num_kv_blocks: int | None = _knob(None, optional(at_least(1)))
     """Explicit number of KV-cache blocks; wins over both budgets."""
+    attention_backend: str = _knob("auto", one_of(ATTENTION_BACKENDS))
+    """auto: torch on CPU; on CUDA flash-attn when installed, else triton (fastgen's kernels).
+    triton on a CPU runs only under TRITON_INTERPRET=1 (tests)."""
     enable_prefix_caching: bool = _knob(True, boolean)
     """Share full KV blocks between requests with a common prefix."""
     enforce_eager: bool = _knob(False, boolean)
@@ -169,8 +173,18 @@ class EngineConfig:
                 f"max_position_embeddings={limit}"
             )
         self.device = resolve_device(self.device)
+        self._check_attention_backend()
         if self.cuda_graph_batch_sizes is not None:
             self.cuda_graph_batch_sizes = sorted(set(self.cuda_graph_batch_sizes))
+
+    def _check_attention_backend(self) -> None:
+        import os
+
+        name, on_cuda = self.attention_backend, self.device.startswith("cuda")
+        if name == "flash-attn" and not on_cuda:
+            raise ValueError(f"attention_backend='flash-attn' needs a CUDA device, got device={self.device!r}")
+        if name == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"attention_backend='triton' on device={self.device!r} runs only under TRITON_INTERPRET=1")
 
     @property
     def torch_device(self) -> torch.device:

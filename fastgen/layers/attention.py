@@ -1,4 +1,6 @@
-"""The attention layer: stores this step's K/V into its slice of the paged cache, then attends."""
+"""The attention layer: prepares q/k, stores this step's K/V into its slice of the paged cache,
+then attends. How many launches that takes is the backend's business (one fused kernel on
+CUDA, separate torch ops on CPU); this layer never asks which device it runs on."""
 
 from __future__ import annotations
 
@@ -18,9 +20,16 @@ class PagedAttention(nn.Module):
         self.scale = head_dim**-0.5
         self.backend = backend
 
-    def forward(self, q, k, v, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """q [T, H, D], k/v [T, KV, D] -> [T, H, D]."""
-        self.backend.store(k, v, k_cache, v_cache, meta.slot_mapping)
+    def forward(self, positions, q, k, v, cos_sin: torch.Tensor, qk_norm: tuple | None, meta: AttentionMetadata,
+                k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k/v [T, KV, D] as projected -> [T, H, D].
+
+        cos_sin: the rotary table; qk_norm: (q weight, k weight, eps) of a per-head RMSNorm
+        applied before RoPE (Qwen3), or None.
+        """
+        q_weight, k_weight, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
+        q, k = self.backend.rope_and_store(positions, q, k, v, cos_sin, q_weight, k_weight, eps,
+                                           k_cache, v_cache, meta.slot_mapping)
         if meta.is_prefill:
             return self.backend.prefill(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.backend.decode(q, k_cache, v_cache, meta, self.scale)

@@ -7,7 +7,7 @@ import pytest
 
 from fastgen.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from fastgen.worker.kv_cache import bytes_per_block, check_fits_one_sequence, num_blocks_for_budget
-from fastgen.worker.kv_cache import peak_prefill_lengths
+from fastgen.worker.memory_profile import worst_prefill_step
 
 
 @pytest.fixture
@@ -35,16 +35,26 @@ def test_budget_precedence(config_for):
 
 
 @pytest.mark.parametrize(
-    ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "expected"),
+    ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "chunks"),
     [
-        (256, 1000, 400, [400, 400, 200]),  # fills the token budget
+        (256, 1000, 400, [400, 346] + [1] * 254),  # the token budget over as many sequences as a step holds
         (2, 1000, 300, [300, 300]),  # never more sequences than a step holds
-        (8, 256, 1024, [256]),  # a chunk of one long prompt
+        (8, 256, 1024, [249] + [1] * 7),  # a chunk of one long prompt beside one-token prompts
+        (1, 256, 1024, [256]),  # a later chunk of a long prompt, ending a max_model_len context
     ],
 )
-def test_profiling_prefill_is_the_largest_step_the_scheduler_can_form(
-    config_for, max_num_seqs, max_num_batched_tokens, max_model_len, expected
+def test_profiled_prefill_is_the_worst_step_the_scheduler_can_form(
+    config_for, max_num_seqs, max_num_batched_tokens, max_model_len, chunks
 ):
     config = config_for(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len)
-    assert peak_prefill_lengths(config) == expected
+    step = worst_prefill_step(config)
+    assert step.is_prefill and step.num_new_tokens == chunks
+    # Every sequence reaches its last token, so every one samples (the most logits rows) ...
+    assert all(step.samples(i) for i in range(len(step.seqs)))
+    assert all(not p.greedy and p.top_k and p.top_p < 1 for p in (s.params for s in step.seqs))
+    # ... and the first one attends over a full max_model_len context: its chunk follows a
+    # cached history (what chunked prefill and prefix-cache hits run), with a full-width table.
+    first = step.seqs[0]
+    assert len(first) == max_model_len and first.num_computed_tokens == max_model_len - chunks[0]
+    assert len(first.block_table) == config.max_blocks_per_seq
