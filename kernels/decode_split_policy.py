@@ -27,7 +27,7 @@ DEFAULT_NUM_SMS = 132
 PROGRAMS_PER_SM = 2
 # Fewer tokens than this per split costs more in the combine than it gains in parallelism.
 MIN_TOKENS_PER_SPLIT = 128
-# The combine walks a sequence's splits one by one, so this bounds its work, not its registers.
+# The combine holds all of a head's partials ([MAX_SPLITS, head_dim] fp32) in registers at once.
 MAX_SPLITS = 64
 
 

@@ -119,9 +119,9 @@ def paged_decode_attention(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1),
         block_tables.stride(0),
-        num_heads,
+        num_heads, max_splits,
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim,
-        GRID_SPLITS=max_splits, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
+        ONE_SPLIT=max_splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
         BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DOT_DTYPE=dot,
         num_warps=4,
     )
@@ -129,9 +129,9 @@ def paged_decode_attention(
         decode_combine_kernel[(batch, num_heads)](
             part_acc, part_max, part_sum, context_lens, out,
             out.stride(0), out.stride(1),
-            num_heads,
-            HEAD_DIM=head_dim, GRID_SPLITS=max_splits, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
-            BLOCK_S=triton.next_power_of_2(max_splits), BLOCK_D=block_d,
+            num_heads, max_splits,
+            HEAD_DIM=head_dim, MIN_TOKENS=MIN_TOKENS_PER_SPLIT, BLOCK_S=triton.next_power_of_2(MAX_SPLITS),
+            BLOCK_D=block_d,
             num_warps=4,
         )
     return out

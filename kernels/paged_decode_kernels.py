@@ -13,7 +13,8 @@
 
 The number of splits a sequence uses comes from its context length, read on the device
 (`splits_for`, mirrored by `decode_split_policy.splits_for_lengths`), so a captured graph
-re-decides it on every replay.
+re-decides it on every replay. The grid's split count is a runtime argument (one compiled
+kernel serves every batch size); only "one split" is a compile-time switch.
 """
 
 import triton
@@ -21,10 +22,10 @@ import triton.language as tl
 
 
 @triton.jit
-def splits_for(context_len, GRID_SPLITS: tl.constexpr, MIN_TOKENS: tl.constexpr):
-    """ceil(context_len / MIN_TOKENS) clamped to [1, GRID_SPLITS]."""
+def splits_for(context_len, grid_splits, MIN_TOKENS: tl.constexpr):
+    """ceil(context_len / MIN_TOKENS) clamped to [1, grid_splits]."""
     wanted = (context_len + MIN_TOKENS - 1) // MIN_TOKENS
-    return tl.minimum(tl.maximum(wanted, 1), GRID_SPLITS)
+    return tl.minimum(tl.maximum(wanted, 1), grid_splits)
 
 
 @triton.jit
@@ -47,9 +48,9 @@ def decode_split_kernel(
     stride_vb, stride_vt, stride_vh,
     stride_ob, stride_oh,
     stride_bt,
-    num_heads,
+    num_heads, grid_splits,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    GRID_SPLITS: tl.constexpr, MIN_TOKENS: tl.constexpr,
+    ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
@@ -58,7 +59,7 @@ def decode_split_kernel(
     split = tl.program_id(2)
 
     context_len = tl.load(context_lens_ptr + seq)
-    num_splits = splits_for(context_len, GRID_SPLITS, MIN_TOKENS)
+    num_splits = splits_for(context_len, grid_splits, MIN_TOKENS)
     if split >= num_splits:  # this sequence is short: its work is in fewer programs
         return
     tokens_per_split = (context_len + num_splits - 1) // num_splits
@@ -102,14 +103,14 @@ def decode_split_kernel(
     out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
     # A context of 0 (a padding row) leaves acc = 0 and l = 0: its output is exact zeros.
     normalised = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    if GRID_SPLITS == 1:
+    if ONE_SPLIT:  # grid_splits == 1: the partials and the combine are compiled out
         tl.store(out_ptrs, normalised.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         if num_splits == 1:
             tl.store(out_ptrs, normalised.to(out_ptr.dtype.element_ty), mask=out_mask)
         else:
-            # Partials: [batch, num_heads, GRID_SPLITS] (+ HEAD_DIM for acc), contiguous.
-            part_row = (seq * num_heads + heads) * GRID_SPLITS + split
+            # Partials: [batch, num_heads, grid_splits] (+ HEAD_DIM for acc), contiguous.
+            part_row = (seq * num_heads + heads) * grid_splits + split
             tl.store(part_max_ptr + part_row, m_i, mask=mask_g)
             tl.store(part_sum_ptr + part_row, l_i, mask=mask_g)
             tl.store(part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
@@ -119,19 +120,18 @@ def decode_split_kernel(
 def decode_combine_kernel(
     part_acc_ptr, part_max_ptr, part_sum_ptr, context_lens_ptr, out_ptr,
     stride_ob, stride_oh,
-    num_heads,
-    HEAD_DIM: tl.constexpr, GRID_SPLITS: tl.constexpr, MIN_TOKENS: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    num_heads, grid_splits,
+    HEAD_DIM: tl.constexpr, MIN_TOKENS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    num_splits = splits_for(tl.load(context_lens_ptr + seq), GRID_SPLITS, MIN_TOKENS)
+    num_splits = splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS)
     if num_splits == 1:  # the split kernel wrote this sequence's output itself
         return
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     mask_s = offs_s < num_splits
-    row = (seq * num_heads + head) * GRID_SPLITS + offs_s
+    row = (seq * num_heads + head) * grid_splits + offs_s
     m = tl.load(part_max_ptr + row, mask=mask_s, other=float("-inf"))
     l = tl.load(part_sum_ptr + row, mask=mask_s, other=0.0)
     acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
