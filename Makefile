@@ -32,12 +32,14 @@ test-slow:
 test-all:
 	$(PY) -m pytest -q
 
-# On a GPU machine, with its own python3 (no setup needed): the cuda-marked tests, then the
-# GPU benchmark, whose JSON lands in benchmarks/results/.
+# On a GPU machine, with its own python3, from the source tree (no setup, no network, no gguf):
+# every cuda-marked test, then the GPU benchmark, whose JSON lands in GPU_RESULTS (one file per
+# device, rewritten after every section). tests/test_gpu_check_offline.py keeps this runnable.
 GPU_PYTHON ?= python3
+GPU_RESULTS ?= benchmarks/results
 gpu-check:
-	$(GPU_PYTHON) -m pytest -q -m cuda tests/kernels tests/graphs tests/compile
-	$(GPU_PYTHON) benchmarks/gpu_decode.py
+	HF_HUB_OFFLINE=1 $(GPU_PYTHON) -m pytest -q -m cuda -p no:cacheprovider tests
+	HF_HUB_OFFLINE=1 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS)
 
 # Every benchmark once, as a plain test, so the suites never rot (seconds).
 bench-smoke:
