@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from .attention_tile import paged_strides
 from .decode_split_policy import MIN_TOKENS_PER_SPLIT, MAX_SPLITS, grid_splits, num_sms
 from .paged_decode_kernels import decode_combine_kernel, decode_split_kernel
 from .triton_types import dot_dtype
@@ -114,11 +115,7 @@ def paged_decode_attention(
         q, k_cache, v_cache, block_tables, context_lens,
         out, part_acc, part_max, part_sum,
         scale,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1),
-        block_tables.stride(0),
+        *paged_strides(q, k_cache, v_cache, out, block_tables),
         num_heads, max_splits,
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim,
         ONE_SPLIT=max_splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,

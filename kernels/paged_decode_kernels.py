@@ -20,22 +20,14 @@ kernel serves every batch size); only "one split" is a compile-time switch.
 import triton
 import triton.language as tl
 
+from .attention_tile import attend_tile, row_mask
+
 
 @triton.jit
 def splits_for(context_len, grid_splits, MIN_TOKENS: tl.constexpr):
     """ceil(context_len / MIN_TOKENS) clamped to [1, grid_splits]."""
     wanted = (context_len + MIN_TOKENS - 1) // MIN_TOKENS
     return tl.minimum(tl.maximum(wanted, 1), grid_splits)
-
-
-@triton.jit
-def row_mask(mask_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Mask of a [rows, BLOCK_D] tile; the head-dim part only when BLOCK_D pads HEAD_DIM, so
-    that full-width rows stay unmasked along the contiguous axis (vector loads)."""
-    if BLOCK_D == HEAD_DIM:
-        return mask_rows[:, None]
-    else:
-        return mask_rows[:, None] & (offs_d < HEAD_DIM)[None, :]
 
 
 @triton.jit
@@ -68,7 +60,6 @@ def decode_split_kernel(
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_tile = tl.arange(0, BLOCK_N)
     mask_g = offs_g < GROUP
     heads = kv_head * GROUP + offs_g  # the query heads sharing this KV head; rows >= GROUP pad
     q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
@@ -78,26 +69,12 @@ def decode_split_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     table_row = block_tables_ptr + seq * stride_bt
+    last_visible = tl.zeros([BLOCK_G], tl.int32) + (end - 1)  # every row sees the whole slice
     for tile_start in range(start, end, BLOCK_N):
-        offs_n = tile_start + offs_tile
-        mask_n = offs_n < end
-        # Masked tokens never read the table, so its -1 padding is never dereferenced.
-        block_ids = tl.load(table_row + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
-        in_block = offs_n % BLOCK_SIZE
-        kv_mask = row_mask(mask_n, offs_d, HEAD_DIM, BLOCK_D)
-        k_rows = block_ids * stride_kb + in_block * stride_kt + kv_head * stride_kh
-        k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * scale
-        scores = tl.where(mask_n[None, :], scores, float("-inf"))
-        # Online softmax; every tile holds at least one real token, so m_new is finite.
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_rows = block_ids * stride_vb + in_block * stride_vt + kv_head * stride_vh
-        v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
-        m_i = m_new
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_row, kv_head, scale,
+                                    tile_start, end, last_visible,
+                                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                                    BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_DTYPE)
 
     out_mask = row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D)
     out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .paged_decode_kernels import row_mask
+from .attention_tile import attend_tile, paged_strides, row_mask
 from .triton_types import dot_dtype
 
 
@@ -46,7 +46,6 @@ def prefill_kernel(
 
     offs_m = first + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_tile = tl.arange(0, BLOCK_N)
     mask_m = offs_m < q_len
     tokens = (q_start + offs_m).to(tl.int64)  # rows of q and out
     q_mask = row_mask(mask_m, offs_d, HEAD_DIM, BLOCK_D)
@@ -60,27 +59,12 @@ def prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table_row = block_tables_ptr + seq * stride_bt
     end = history + tl.minimum(first + BLOCK_M, q_len)  # keys this tile's last query sees
+    # Key 0 is visible to every row, so each row's first tile gives it a finite max.
     for tile_start in range(0, end, BLOCK_N):
-        offs_n = tile_start + offs_tile
-        mask_n = offs_n < end
-        block_ids = tl.load(table_row + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
-        in_block = offs_n % BLOCK_SIZE
-        kv_mask = row_mask(mask_n, offs_d, HEAD_DIM, BLOCK_D)
-        k_rows = block_ids * stride_kb + in_block * stride_kt + kv_head * stride_kh
-        k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * scale
-        visible = (offs_n[None, :] <= positions[:, None]) & mask_n[None, :]
-        scores = tl.where(visible, scores, float("-inf"))
-        # Key 0 is visible to every row in the first tile, so m_i is finite from then on; a
-        # later tile that a row cannot see adds exp(-inf) = 0 to it.
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_rows = block_ids * stride_vb + in_block * stride_vt + kv_head * stride_vh
-        v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
-        m_i = m_new
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_row, kv_head, scale,
+                                    tile_start, end, positions,
+                                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                                    BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_DTYPE)
 
     out = acc / l_i[:, None]
     tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
@@ -157,11 +141,7 @@ def paged_prefill_attention(
     prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
         scale,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1),
-        block_tables.stride(0),
+        *paged_strides(q, k_cache, v_cache, out, block_tables),
         BLOCK_SIZE=block_size, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_DTYPE=dot_dtype(k_cache.dtype),
         num_warps=4,
