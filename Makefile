@@ -33,7 +33,8 @@ test-all:
 	$(PY) -m pytest -q
 
 # On a GPU machine, with its own python3, from the source tree (no setup, no network, no gguf):
-# every cuda-marked test (gpu-test, ~5 min on an H100), then the GPU benchmark (gpu-bench, ~6 min),
+# every cuda- and triton-marked test (gpu-test: the kernel tests compiled instead of interpreted;
+# ~5 min on an H100), then the GPU benchmark (gpu-bench, ~6 min),
 # whose JSON lands in GPU_RESULTS, rewritten after every section; the tests' JUnit report too.
 # tests/test_gpu_check_offline.py keeps this runnable. Where one command may run 10 minutes at
 # most, run the two halves as two commands.
@@ -43,7 +44,7 @@ gpu-check: gpu-test gpu-bench
 
 gpu-test:
 	mkdir -p $(GPU_RESULTS)
-	HF_HUB_OFFLINE=1 $(GPU_PYTHON) -m pytest -q -m cuda -p no:cacheprovider --junitxml=$(GPU_RESULTS)/gpu-tests.xml tests
+	HF_HUB_OFFLINE=1 $(GPU_PYTHON) -m pytest -q -m "cuda or triton" -p no:cacheprovider --junitxml=$(GPU_RESULTS)/gpu-tests.xml tests
 
 gpu-bench:
 	HF_HUB_OFFLINE=1 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS)

@@ -17,14 +17,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gpu_check_selection_collects_offline_without_gguf():
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, "tests/offline_python.py", "-m", "pytest", "--collect-only", "-q", "-m", "cuda",
+        [sys.executable, "tests/offline_python.py", "-m", "pytest", "--collect-only", "-q", "-m", "cuda or triton",
          "-p", "no:cacheprovider", "tests"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     collected = done.stdout
     for test in ("test_cuda_matches_transformers.py", "test_compiled_ops.py", "test_graph_runner.py",
-                 "test_paged_decode_attention.py", "test_paged_prefill_attention.py"):
+                 "test_paged_decode_attention.py", "test_paged_prefill_attention.py", "test_qk_norm_rope_store.py",
+                 "test_triton_backend_matches_transformers.py"):
         assert test in collected, f"{test} has no cuda test in the gpu-check selection"
     assert "error" not in collected.lower()
 

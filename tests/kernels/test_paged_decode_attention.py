@@ -17,6 +17,7 @@ from fastgen.kernels.decode_split_policy import (  # noqa: E402
 from tests.kernels.paged_cases import DEVICE, TOLERANCE, int32, paged_cache  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.triton
 
 
 @dataclass

@@ -14,6 +14,7 @@ from fastgen.kernels import paged_prefill_attention, paged_prefill_attention_tor
 from tests.kernels.paged_cases import DEVICE, TOLERANCE, int32, paged_cache  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.triton
 
 
 def make_case(histories, chunks, num_kv_heads, group, head_dim, block_size, dtype, seed=0):

@@ -16,6 +16,7 @@ from fastgen.layers.rotary import RotaryEmbedding  # noqa: E402
 from tests.kernels.paged_cases import DEVICE  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.triton
 # (rtol, atol). fp32: equal up to summation order. bf16: a few units in the last place of the
 # larger RoPE product, since each of the norm, weight, product and sum steps rounds (and the
 # interpreter rounds fp32 -> bf16 by truncation where torch and GPUs round to nearest). A wrong
