@@ -4,6 +4,7 @@ profiling itself needs a GPU)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fastgen.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from fastgen.worker.kv_cache import bytes_per_block, check_fits_one_sequence, num_blocks_for_budget
@@ -58,3 +59,34 @@ def test_profiled_prefill_is_the_worst_step_the_scheduler_can_form(
     first = step.seqs[0]
     assert len(first) == max_model_len and first.num_computed_tokens == max_model_len - chunks[0]
     assert len(first.block_table) == config.max_blocks_per_seq
+
+
+def test_memory_profile_runs_the_worst_steps_through_the_model_and_sampler(tiny_models, monkeypatch):
+    """measure_kv_budget drives the real model and sampler through the worst prefill (every
+    token of the budget, every sequence sampling, a max_model_len context) and a full padded
+    decode, then subtracts both peaks. The CUDA memory queries are faked; the steps are real."""
+    from fastgen import LLM
+    from fastgen.worker.memory_profile import measure_kv_budget
+
+    llm = LLM(tiny_models["qwen3"], dtype="float32", block_size=16, num_kv_blocks=128, max_num_seqs=8,
+              max_num_batched_tokens=256, max_model_len=1024)
+    runner = llm.engine.runner
+    steps = []
+
+    def recording_step(inputs, seqs, kv_layers):
+        steps.append((inputs.input_ids.shape[0], len(seqs), inputs.meta.max_context_len, inputs.meta.is_prefill))
+        logits = runner._profile_step(inputs, seqs, kv_layers)
+        peaks.append(peaks[-1] + 100)  # each step's peak, as max_memory_allocated will report it
+        return logits
+
+    peaks = [0]
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: peaks[-1])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (6 * gib, 8 * gib))  # 2 GiB in use
+    budget = measure_kv_budget(llm.config, recording_step, graph_batch_size=8)
+    assert steps == [(256, 8, 1024, True), (8, 8, 0, False)]
+    assert budget == int(8 * gib * llm.config.gpu_memory_utilization) - 2 * gib - 100 - 200
