@@ -234,7 +234,9 @@ class EngineDecodeBatch:
         self.vocab = self.engine.config.model_config.vocab_size
         self.rng = np.random.default_rng(seed)
         self.tokens = fake_tokens(self.rng, self.vocab)
-        self.engine.runner.run = self._run_without_model  # this instance only
+        # This instance only: launch hands its fake tokens straight to collect.
+        self.engine.runner.launch = self._run_without_model
+        self.engine.runner.collect = lambda tokens: tokens
         self.reset()
 
     def _run_without_model(self, out):

@@ -3,7 +3,8 @@
 - `fastgen --help`: from process start to exit;
 - `fastgen generate --stream` on the default model: from process start to the first byte of
   streamed text on stdout;
-- `LLM()` on the default model: the constructor alone, imports excluded.
+- `LLM()` on the default model: the constructor alone, with torch and fastgen already imported
+  (so that checkouts that import torch lazily and eagerly are timed alike).
 
 Usage: python benchmarks/startup_times.py [--root CHECKOUT] [--runs N] [--json PATH]
 Runs `python -m fastgen` with CHECKOUT (default: this one) as the working directory, so two
@@ -24,8 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 _LLM_TIMER = """
 import time
+import torch
 from fastgen import LLM
-import fastgen.llm  # the import itself is not what we time
+import fastgen.llm  # the imports themselves are not what we time
 start = time.perf_counter()
 LLM()
 print(time.perf_counter() - start)

@@ -29,6 +29,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 LOAD_FORMATS = ("safetensors", "dummy")  # real weights from the folder, or random ones
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 
 Check = Callable[[str, object], None]  # (field name, value) -> None, or ValueError naming both
 
@@ -87,6 +88,29 @@ def _knob(default, check: Check):
     return field(default=default, metadata={"check": check})
 
 
+def resolve_device(device: str) -> str:
+    """'auto' / 'cuda' / 'cuda:N' / 'cpu' -> 'cpu' or 'cuda:N' (ValueError when CUDA is absent or N
+    is out of range).
+
+    CUDA calls that take a device (`torch.cuda.set_device`, graph capture, memory queries) need
+    its index: torch 2.11 refuses `set_device(torch.device("cuda"))`, so the index is fixed here,
+    once, from the thread's current device.
+    """
+    if device == "cpu":
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
+        if device == "auto":
+            return "cpu"
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine")
+    index = torch.cuda.current_device() if device in ("auto", "cuda") else int(device.split(":")[1])
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"device={device!r} but this machine has {count} CUDA device(s)")
+    return f"cuda:{index}"
+
+
 @dataclass
 class EngineConfig:
     """Everything that shapes one engine instance (see each field's docstring)."""
@@ -107,7 +131,8 @@ class EngineConfig:
     """Weight and activation dtype. auto: the model's own on CUDA, float32 on CPU (where most
     processors have no fast half-precision matmul)."""
     device: str = _knob("auto", device_name)
-    """auto (CUDA when present), cpu, cuda or cuda:N."""
+    """auto (CUDA when present), cpu, cuda or cuda:N. Resolved once, at construction, to cpu or
+    cuda:N ("cuda" and "auto" take the current CUDA device), so every later use names its index."""
     gpu_memory_utilization: float = _knob(0.9, fraction)
     """Share of the GPU's memory the engine may use in total (CUDA)."""
     kv_cache_memory_bytes: int | None = _knob(None, optional(at_least(1)))
@@ -115,6 +140,9 @@ class EngineConfig:
     1 GiB on CPU."""
     num_kv_blocks: int | None = _knob(None, optional(at_least(1)))
     """Explicit number of KV-cache blocks; wins over both budgets."""
+    attention_backend: str = _knob("auto", one_of(ATTENTION_BACKENDS))
+    """auto: torch on CPU; on CUDA flash-attn when installed, else triton (fastgen's kernels).
+    triton on a CPU runs only under TRITON_INTERPRET=1 (tests)."""
     enable_prefix_caching: bool = _knob(True, boolean)
     """Share full KV blocks between requests with a common prefix."""
     enforce_eager: bool = _knob(False, boolean)
@@ -145,23 +173,25 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len={self.max_model_len} exceeds the model's {self.model_config.max_len_limit}"
             )
-        if self.device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(f"device={self.device!r} but CUDA is not available on this machine")
-            count = torch.cuda.device_count()
-            if self.torch_device.index is not None and self.torch_device.index >= count:
-                raise ValueError(f"device={self.device!r} but this machine has {count} CUDA device(s)")
+        self.device = resolve_device(self.device)
+        self._check_attention_backend()
         if self.cuda_graph_batch_sizes is not None:
             self.cuda_graph_batch_sizes = sorted(set(self.cuda_graph_batch_sizes))
 
+    def _check_attention_backend(self) -> None:
+        import os
+
+        name, on_cuda = self.attention_backend, self.device.startswith("cuda")
+        if name == "flash-attn" and not on_cuda:
+            raise ValueError(f"attention_backend='flash-attn' needs a CUDA device, got device={self.device!r}")
+        if name == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"attention_backend='triton' on device={self.device!r} runs only under TRITON_INTERPRET=1")
+
     @property
     def torch_device(self) -> torch.device:
+        """The resolved device: `cpu` or `cuda:N`, always with its index on CUDA."""
         import torch
 
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
     @property

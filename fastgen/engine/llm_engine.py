@@ -152,10 +152,12 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out is None:
             return StepResult([], None, 0, 0, 0, started)
+        launched = self.runner.launch(out)
+        # Host work that needs no token runs while the GPU computes the step.
         states = [self._by_seq[seq.seq_id] for seq in out.seqs]
         for state in states:
             state.on_scheduled(started)
-        sampled = self.runner.run(out)
+        sampled = self.runner.collect(launched)
         self.scheduler.postprocess(out, sampled)
         self.num_steps += 1
         t = now()

@@ -49,10 +49,8 @@ class SelfAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.attn(q, k, v, meta, *kv)
+        qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else None
+        out = self.attn(q, k, v, meta, *kv, positions=positions, cos_sin=self.rotary.cos_sin, qk_norm=qk_norm)
         return self.o_proj(out.flatten(1))
 
 
@@ -107,7 +105,7 @@ class LlamaFamilyForCausalLM(nn.Module):
     def __init__(self, cfg: LlamaFamilyConfig, backend: AttentionBackend, ops: OpSet, max_positions: int):
         super().__init__()
         self.config = cfg
-        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, ops)
+        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, backend, ops) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)

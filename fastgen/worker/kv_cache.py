@@ -1,28 +1,11 @@
-"""The paged KV cache: how many blocks fit, measuring what a GPU can spare, and allocating it.
-
-On CUDA the budget is measured, not guessed: a peak-sized prefill (max_num_batched_tokens
-tokens) and, when graphs are on, an eager decode at the largest capture size run against a
-one-block stand-in cache with every slot -1 (so nothing is written), and the activation peak of
-each is recorded. The KV budget is then
-    total * gpu_memory_utilization - memory in use (context, weights, other processes)
-    - prefill activation peak - decode-graph reserve.
-The decode run stands in for the graphs' private memory pool, which holds the same activations.
-"""
+"""The paged KV cache: how many blocks fit a budget, and allocating it. On CUDA the budget is
+measured (`fastgen.worker.memory_profile`)."""
 
 from __future__ import annotations
-
-import logging
-from collections.abc import Callable
 
 import torch
 
 from fastgen.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
-from fastgen.engine.scheduler import SchedulerOutput
-from fastgen.engine.sequence import Sequence
-from fastgen.sampling_params import SamplingParams
-from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
-
-logger = logging.getLogger(__name__)
 
 
 class KVCache:
@@ -74,75 +57,3 @@ def check_fits_one_sequence(config: EngineConfig, num_blocks: int) -> None:
 def needs_measured_budget(config: EngineConfig) -> bool:
     """On CUDA, unless the user fixed the budget, the cache gets what the GPU can spare."""
     return config.torch_device.type == "cuda" and not config.kv_cache_memory_bytes and not config.num_kv_blocks
-
-
-# ---- measuring the GPU budget ----------------------------------------------------------------
-ForwardLogits = Callable[[StepInputs, list], torch.Tensor]  # (inputs, kv layers) -> logits
-
-
-def _peak_bytes(fn) -> int:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
-
-
-def peak_prefill_lengths(config: EngineConfig) -> list[int]:
-    """Prompt lengths of the largest prefill step the scheduler can form: as many
-    max_model_len-or-shorter prompts as fill the token budget, and no more than max_num_seqs."""
-    tokens = config.max_num_batched_tokens
-    lengths: list[int] = []
-    while tokens > 0 and len(lengths) < config.max_num_seqs:
-        lengths.append(min(tokens, config.max_model_len))
-        tokens -= lengths[-1]
-    return lengths
-
-
-@torch.inference_mode()
-def measure_kv_budget(config: EngineConfig, forward_logits: ForwardLogits, graph_batch_size: int | None) -> int:
-    """Bytes the KV cache may take on this GPU (see the module docstring); 0 when none are left.
-
-    forward_logits: runs the model on a step's inputs and cache layers. graph_batch_size: the
-    largest decode graph to reserve for, or None when graphs are off.
-    """
-    prefill_peak, graph_reserve = _activation_peaks(config, forward_logits, graph_batch_size)
-    torch.cuda.empty_cache()  # the stand-in cache and the profiling builder are gone by now
-    free, total = torch.cuda.mem_get_info(config.torch_device)
-    in_use = total - free
-    budget = int(total * config.gpu_memory_utilization) - in_use - prefill_peak - graph_reserve
-    logger.info(
-        "GPU memory: total %.2f GiB, in use %.2f GiB, prefill peak %.2f GiB, graph reserve %.2f GiB "
-        "-> KV budget %.2f GiB",
-        *(x / 2**30 for x in (total, in_use, prefill_peak, graph_reserve, max(budget, 0))),
-    )
-    return max(budget, 0)
-
-
-def _activation_peaks(config: EngineConfig, forward_logits: ForwardLogits,
-                      graph_batch_size: int | None) -> tuple[int, int]:
-    """(peak bytes of the largest prefill step, of the largest decode graph's forward or 0)."""
-    stand_in = KVCache(config, num_blocks=1)
-    # A builder of its own: the engine's keeps per-sequence rows that fake sequences must not touch.
-    inputs = StepInputBuilder(config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq,
-                              config.block_size, config.torch_device)
-    lengths = peak_prefill_lengths(config)
-    # Negative ids never collide with real sequences.
-    seqs = [Sequence(-2 - i, [0] * n, SamplingParams()) for i, n in enumerate(lengths)]
-    for seq in seqs:
-        seq.block_table = [0] * config.max_blocks_per_seq
-    prefill = SchedulerOutput(seqs, lengths, True, [True] * len(seqs), [()] * len(seqs))
-
-    def run_prefill():
-        step = inputs.build_prefill(prefill)
-        step.meta.slot_mapping.fill_(-1)  # the stand-in cache has one block: write nothing
-        forward_logits(step, stand_in.layers)
-
-    def run_decode():
-        step = inputs.build_decode(SchedulerOutput.empty_decode(), pad_to=graph_batch_size)
-        forward_logits(step, stand_in.layers)
-
-    prefill_peak = _peak_bytes(run_prefill)
-    graph_reserve = _peak_bytes(run_decode) if graph_batch_size is not None else 0
-    return prefill_peak, graph_reserve

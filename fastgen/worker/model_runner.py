@@ -6,6 +6,7 @@ import functools
 import logging
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -16,9 +17,9 @@ from fastgen.engine.scheduler import SchedulerOutput
 from fastgen.graphs import CudaGraphRunner, default_capture_sizes
 from fastgen.models.loader import load_weights
 from fastgen.models.registry import model_class
-from fastgen.worker.kv_cache import (
-    KVCache, check_fits_one_sequence, measure_kv_budget, needs_measured_budget, num_blocks_for_budget,
-)
+from fastgen.worker.buffers import TokenReadback
+from fastgen.worker.kv_cache import KVCache, check_fits_one_sequence, needs_measured_budget, num_blocks_for_budget
+from fastgen.worker.memory_profile import measure_kv_budget
 from fastgen.worker.sampler import Sampler
 from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
 
@@ -60,9 +61,21 @@ def skip_weight_init(skip: bool):
 
 @torch.inference_mode()
 def forward_logits(model, inputs: StepInputs, kv_layers: list) -> torch.Tensor:
-    """The model over one step's inputs and cache layers; logits of the rows that sample."""
+    """The model over one step's inputs and cache layers; logits of the rows that sample
+    (prefill: `meta.logits_indices`; decode: every row, padding included)."""
     hidden = model(inputs.input_ids, inputs.positions, inputs.meta, kv_layers)
-    return model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))
+    if inputs.meta.logits_indices is not None:
+        hidden = hidden.index_select(0, inputs.meta.logits_indices)
+    return model.compute_logits(hidden)
+
+
+@torch.inference_mode()
+def profile_step(model, sampler: Sampler, inputs: StepInputs, seqs: list, kv_layers: list) -> None:
+    """What the memory profile runs: the forward, the greedy argmax a decode graph holds, and
+    sampling every row with the profile's (costliest) settings."""
+    logits = forward_logits(model, inputs, kv_layers)
+    logits.argmax(dim=-1)
+    sampler(logits[: len(seqs)], seqs)
 
 
 def capture_sizes(config: EngineConfig) -> list[int]:
@@ -70,6 +83,15 @@ def capture_sizes(config: EngineConfig) -> list[int]:
     sizes = config.cuda_graph_batch_sizes or default_capture_sizes(config.max_num_seqs,
                                                                    config.max_cuda_graph_batch_size)
     return [s for s in sizes if s <= config.max_num_seqs] or [1]
+
+
+@dataclass(frozen=True)
+class LaunchedStep:
+    """A step whose GPU work is queued: which scheduled rows sample, and whether their token
+    ids are on their way to the host (`ModelRunner.collect` reads them)."""
+
+    num_seqs: int
+    sample_rows: list[int]
 
 
 class ModelRunner:
@@ -83,13 +105,13 @@ class ModelRunner:
         if load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format={load_format!r} must be one of {list(LOAD_FORMATS)}")
         self.config = config
-        self.device = config.torch_device
+        self.device = config.torch_device  # cpu or cuda:N, resolved by the config
         if self.device.type == "cuda":
             # Triton launches and graph capture use the thread's current device, not the tensors'.
             torch.cuda.set_device(self.device)
         mc = config.model_config
         self.ops = build_op_set(config.compile_enabled)
-        self.backend = select_backend(self.device, config.block_size)
+        self.backend = select_backend(self.device, config.block_size, self.ops, config.attention_backend)
 
         start = time.perf_counter()
         real_weights = load_format == "safetensors"
@@ -105,13 +127,16 @@ class ModelRunner:
         sizes = capture_sizes(config) if config.graphs_enabled else None
         budget = None
         if needs_measured_budget(config):
-            budget = measure_kv_budget(config, functools.partial(forward_logits, self.model),
+            # A sampler of its own: profiling must not advance the engine's generator.
+            profiler = Sampler(mc.vocab_size, self.device, 0, self.ops.sample_tokens)
+            budget = measure_kv_budget(config, functools.partial(profile_step, self.model, profiler),
                                        max(sizes) if sizes else None)
         num_blocks = num_blocks_for_budget(config, budget)
         check_fits_one_sequence(config, num_blocks)
         self.kv_cache = KVCache(config, num_blocks)
 
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed, self.ops.sample_tokens)
+        self.readback = TokenReadback(config.max_num_seqs, self.device)
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
                                       self.device) if sizes else None
 
@@ -124,22 +149,34 @@ class ModelRunner:
         return forward_logits(self.model, inputs, self.kv_cache.layers)
 
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput) -> list[int | None]:
-        """Run one step; return the sampled token of each scheduled sequence (None where the
-        sequence's chunk stopped short of its last token)."""
+    def launch(self, out: SchedulerOutput) -> LaunchedStep:
+        """Queue one step's GPU work: inputs, forward (graph replay or eager), sampling, and the
+        copy of the sampled ids to the host. Returns without waiting for the GPU."""
         self.sampler.release(out.finished_seq_ids)
+        greedy = None
         if out.is_prefill:
             inputs = self.inputs.build_prefill(out)
             logits = self.forward_logits(inputs)
         elif self.graphs is not None and self.graphs.can_run(len(out.seqs)):
-            inputs, logits = self.graphs.run(out)
+            inputs, logits, greedy = self.graphs.run(out)
         else:
             inputs = self.inputs.build_decode(out)
             logits = self.forward_logits(inputs)
         sample_seqs = [out.seqs[i] for i in inputs.sample_rows]
-        sampled: list[int | None] = [None] * len(out.seqs)
         if sample_seqs:
-            tokens = self.sampler(logits[: len(sample_seqs)], sample_seqs).tolist()
-            for row, token in zip(inputs.sample_rows, tokens):
+            n = len(sample_seqs)
+            self.readback.start(self.sampler(logits[:n], sample_seqs, None if greedy is None else greedy[:n]))
+        return LaunchedStep(len(out.seqs), inputs.sample_rows)
+
+    def collect(self, step: LaunchedStep) -> list[int | None]:
+        """Wait for a launched step's tokens: one per scheduled sequence, None where its chunk
+        stopped short of its last token."""
+        sampled: list[int | None] = [None] * step.num_seqs
+        if step.sample_rows:
+            for row, token in zip(step.sample_rows, self.readback.wait()):
                 sampled[row] = token
         return sampled
+
+    def run(self, out: SchedulerOutput) -> list[int | None]:
+        """Run one step and wait for its tokens (`launch` then `collect`)."""
+        return self.collect(self.launch(out))

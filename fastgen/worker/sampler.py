@@ -36,12 +36,19 @@ class Sampler:
         for seq_id in seq_ids:
             self.request_generators.pop(seq_id, None)
 
-    def __call__(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
-        """logits: [B, V] (any float dtype) for the rows of `seqs`; returns int64 [B] on device."""
-        logits = logits.float()
+    def __call__(self, logits: torch.Tensor, seqs: Seq[Sequence], greedy_tokens: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        """logits: [B, V] (any float dtype) for the rows of `seqs`; returns int64 [B] on device.
+
+        greedy_tokens: logits.argmax(-1) when already computed (a decode graph does it in the
+        graph); an all-greedy batch then launches nothing here.
+        """
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
-            return logits.argmax(dim=-1)
+            # argmax of the model-dtype logits: widening to fp32 is exact, so it picks the same
+            # token (the first of any tie) without materialising a float copy.
+            return greedy_tokens if greedy_tokens is not None else logits.argmax(dim=-1)
+        logits = logits.float()
         vocab = logits.shape[-1]
         temps = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
         top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], dtype=torch.int64)

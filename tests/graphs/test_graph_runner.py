@@ -69,9 +69,10 @@ def test_padding_rows_carry_nothing_stale(tiny_models):
     for seq in big.seqs:
         llm.engine.scheduler.finish(seq, FinishReason.ABORT)
     small = _decode_batch(llm, random_prompts([6, 11, 7], seed=2))
-    inputs, logits = runner.graphs.run(small)
+    inputs, logits, greedy = runner.graphs.run(small)
     n = len(small.seqs)
-    assert logits.shape[0] == n and inputs.num_rows == n
+    assert logits.shape[0] == n and greedy.shape == (n,) and inputs.num_rows == n
+    assert torch.equal(greedy, logits.argmax(-1)), "the graph's greedy ids are its logits' argmax"
     size = inputs.input_ids.shape[0]
     assert size == 8
     assert inputs.meta.slot_mapping[n:].eq(-1).all()
