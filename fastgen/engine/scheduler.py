@@ -7,6 +7,13 @@ over several steps. With nothing to prefill, every running sequence decodes one 
 sequence needs a new block and none is free, the newest running sequence is preempted: its blocks
 are freed and it goes back to the front of the queue, to be recomputed later (its full blocks often
 come straight back from the prefix cache).
+
+Parallel sampling (n > 1): the request's first sequence computes the prompt; the others wait
+(`add_forks`) and fork from it in the step that completes its prompt: each shares the parent's
+full blocks by reference count, gets a copy of its partial last block, and samples its first
+token from the parent's logits, so the prompt is computed once. A child that finds no seat or
+no free block then waits in the queue instead and is admitted like any request (its prompt's
+full blocks come from the prefix cache).
 """
 
 from __future__ import annotations
@@ -18,6 +25,17 @@ from dataclasses import dataclass
 
 from fastgen.engine.block_manager import BlockManager
 from fastgen.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """Children that start from `seqs[parent_index]` in this step (its prompt completes): after
+    the forward, the worker copies each (source, destination) block of `block_copies`, and each
+    child samples its first token from the parent's logits row."""
+
+    parent_index: int
+    children: tuple[Sequence, ...]
+    block_copies: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +54,8 @@ class SchedulerOutput:
     preempted_seq_ids: sequences whose blocks were taken back since the previous output; they
         will be re-admitted later with new tables.
     finished_seq_ids: sequences that ended (finished or aborted) since the previous output.
+    forks: children forked in this step (see `Fork`); they are not in `seqs` (they compute
+        nothing), but they sample, after the sequences of `seqs`, in `forked_seqs` order.
     """
 
     seqs: list[Sequence]
@@ -45,6 +65,11 @@ class SchedulerOutput:
     new_block_ids: list[tuple[int, ...]]
     preempted_seq_ids: tuple[int, ...] = ()
     finished_seq_ids: tuple[int, ...] = ()
+    forks: tuple[Fork, ...] = ()
+
+    @property
+    def forked_seqs(self) -> tuple[Sequence, ...]:
+        return tuple(child for fork in self.forks for child in fork.children)
 
     @classmethod
     def empty_decode(cls) -> "SchedulerOutput":
@@ -81,10 +106,18 @@ class Scheduler:
         # Facts for the next output (see SchedulerOutput); kept until a step is formed.
         self._preempted: list[int] = []
         self._finished: list[int] = []
+        self.pending_forks: dict[int, list[Sequence]] = {}  # parent seq_id -> children (see `add_forks`)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+
+    def add_forks(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Queue `children` (same prompt as `parent`, which was added) to fork from `parent` once
+        its prompt is computed."""
+        for child in children:
+            child.status = SequenceStatus.PENDING_FORK
+        self.pending_forks[parent.seq_id] = list(children)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -95,6 +128,8 @@ class Scheduler:
         out = self._schedule_prefill() or self._schedule_decode()
         if out is None:
             return None
+        if self.pending_forks:
+            out = self._fork(out)
         # Preemptions made just now, while forming a decode batch, are part of these facts.
         out = dataclasses.replace(out, preempted_seq_ids=tuple(self._preempted),
                                   finished_seq_ids=tuple(self._finished))
@@ -152,6 +187,26 @@ class Scheduler:
         n = len(scheduled)
         return SchedulerOutput(scheduled, [1] * n, False, [False] * n, new_blocks)
 
+    def _fork(self, out: SchedulerOutput) -> SchedulerOutput:
+        forks = []
+        for i, parent in enumerate(out.seqs):
+            if parent.seq_id not in self.pending_forks or not out.samples(i):
+                continue
+            forked, copies = [], []
+            for child in self.pending_forks.pop(parent.seq_id):
+                if len(self.running) < self.max_num_seqs and self.block_manager.can_fork(parent):
+                    copy = self.block_manager.fork(parent, child)
+                    copies += [copy] if copy else []
+                    child.status = SequenceStatus.RUNNING
+                    self.running.append(child)
+                    forked.append(child)
+                else:  # no room now: admitted later like any request, through the prefix cache
+                    child.status = SequenceStatus.WAITING
+                    self.waiting.appendleft(child)
+            if forked:
+                forks.append(Fork(i, tuple(forked), tuple(copies)))
+        return dataclasses.replace(out, forks=tuple(forks))
+
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         self.running.remove(seq)
@@ -177,12 +232,18 @@ class Scheduler:
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)
+        for seq, token in zip(output.forked_seqs, sampled[len(output.seqs):]):
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.params
-        if not params.ignore_eos and token in self.eos_token_ids:
+        stops = seq.num_output_tokens > params.min_tokens  # until then the sampler bans stop tokens
+        if stops and not params.ignore_eos and token in self.eos_token_ids:
             return FinishReason.STOP
-        if token in params.stop_token_ids:
+        if stops and token in params.stop_token_ids:
             return FinishReason.STOP
         if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
             return FinishReason.LENGTH
@@ -195,7 +256,19 @@ class Scheduler:
             self.block_manager.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.PENDING_FORK:
+            for children in self.pending_forks.values():
+                if seq in children:
+                    children.remove(seq)
+        self._start_orphaned_forks(seq)
         if seq.status is not SequenceStatus.FINISHED:
             self._finished.append(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+    def _start_orphaned_forks(self, parent: Sequence) -> None:
+        """A parent that ends before forking (aborted, failed) leaves its children to start on
+        their own, at the front of the queue."""
+        for child in reversed(self.pending_forks.pop(parent.seq_id, [])):
+            child.status = SequenceStatus.WAITING
+            self.waiting.appendleft(child)

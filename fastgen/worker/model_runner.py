@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +21,7 @@ from fastgen.models.registry import model_class
 from fastgen.worker.kv_cache import (
     KVCache, check_fits_one_sequence, measure_kv_budget, needs_measured_budget, num_blocks_for_budget,
 )
+from fastgen.worker.logprobs import TopLogprobs, prompt_logprobs, sampled_logprobs
 from fastgen.worker.sampler import Sampler
 from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
 
@@ -59,10 +62,31 @@ def skip_weight_init(skip: bool):
 
 
 @torch.inference_mode()
+def forward_hidden(model, inputs: StepInputs, kv_layers: list) -> torch.Tensor:
+    """The model over one step's inputs and cache layers; hidden states [tokens, hidden]."""
+    return model(inputs.input_ids, inputs.positions, inputs.meta, kv_layers)
+
+
+@torch.inference_mode()
 def forward_logits(model, inputs: StepInputs, kv_layers: list) -> torch.Tensor:
     """The model over one step's inputs and cache layers; logits of the rows that sample."""
-    hidden = model(inputs.input_ids, inputs.positions, inputs.meta, kv_layers)
+    hidden = forward_hidden(model, inputs, kv_layers)
     return model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """What one step produced.
+
+    sampled: the token of each sequence of the step (None where its chunk stopped short of its
+    last token), then of each forked child (`SchedulerOutput.forked_seqs`). logprobs: aligned
+    with `sampled`, for the tokens of requests that asked for logprobs (None elsewhere); None
+    when none did. prompt_logprobs: seq_id -> (first prompt position covered, its logprobs).
+    """
+
+    sampled: list[int | None]
+    logprobs: list[TopLogprobs | None] | None = None
+    prompt_logprobs: dict[int, tuple[int, list[TopLogprobs]]] = field(default_factory=dict)
 
 
 def capture_sizes(config: EngineConfig) -> list[int]:
@@ -79,7 +103,8 @@ class ModelRunner:
     size and allocate the KV cache, capture the decode graphs.
     """
 
-    def __init__(self, config: EngineConfig, load_format: str = "safetensors"):
+    def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = ()):
+        """eos_token_ids: the tokens that end generation (min_tokens bans them until then)."""
         if load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format={load_format!r} must be one of {list(LOAD_FORMATS)}")
         self.config = config
@@ -111,7 +136,8 @@ class ModelRunner:
         check_fits_one_sequence(config, num_blocks)
         self.kv_cache = KVCache(config, num_blocks)
 
-        self.sampler = Sampler(mc.vocab_size, self.device, config.seed, self.ops.sample_tokens)
+        self.sampler = Sampler(mc.vocab_size, self.device, config.seed, self.ops.sample_tokens,
+                               penalty_fn=self.ops.apply_penalties, eos_token_ids=eos_token_ids)
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
                                       self.device) if sizes else None
 
@@ -124,11 +150,18 @@ class ModelRunner:
         return forward_logits(self.model, inputs, self.kv_cache.layers)
 
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput) -> list[int | None]:
-        """Run one step; return the sampled token of each scheduled sequence (None where the
-        sequence's chunk stopped short of its last token)."""
+    def run(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step: the forward, the block copies of its forks, then one sampler call for
+        every row that samples (forked children sample from their parent's logits)."""
         self.sampler.release(out.finished_seq_ids)
-        if out.is_prefill:
+        self.sampler.release_token_counts(out.preempted_seq_ids)
+        prompt = {}
+        if out.is_prefill and any(seq.params.prompt_logprobs is not None for seq in out.seqs):
+            inputs = self.inputs.build_prefill(out)
+            hidden = forward_hidden(self.model, inputs, self.kv_cache.layers)
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))
+            prompt = prompt_logprobs(out, hidden, self.model.compute_logits)
+        elif out.is_prefill:
             inputs = self.inputs.build_prefill(out)
             logits = self.forward_logits(inputs)
         elif self.graphs is not None and self.graphs.can_run(len(out.seqs)):
@@ -136,10 +169,31 @@ class ModelRunner:
         else:
             inputs = self.inputs.build_decode(out)
             logits = self.forward_logits(inputs)
-        sample_seqs = [out.seqs[i] for i in inputs.sample_rows]
-        sampled: list[int | None] = [None] * len(out.seqs)
-        if sample_seqs:
-            tokens = self.sampler(logits[: len(sample_seqs)], sample_seqs).tolist()
-            for row, token in zip(inputs.sample_rows, tokens):
-                sampled[row] = token
-        return sampled
+        rows = list(inputs.sample_rows)
+        logits = logits[: len(rows)]
+        if out.forks:
+            logits = self._fork(out, rows, logits)
+            rows += range(len(out.seqs), len(out.seqs) + len(out.forked_seqs))
+        sample_seqs = [*(out.seqs[i] for i in inputs.sample_rows), *out.forked_seqs]
+        sampled: list[int | None] = [None] * (len(out.seqs) + len(out.forked_seqs))
+        if not sample_seqs:
+            return ModelRunnerOutput(sampled, None, prompt)
+        tokens = self.sampler(logits, sample_seqs)
+        top = sampled_logprobs(logits, sample_seqs, tokens)
+        logprobs = None if top is None else [None] * len(sampled)
+        for k, (row, token) in enumerate(zip(rows, tokens.tolist())):
+            sampled[row] = token
+            if top is not None:
+                logprobs[row] = top[k]
+        return ModelRunnerOutput(sampled, logprobs, prompt)
+
+    def _fork(self, out: SchedulerOutput, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """Copy the forks' blocks (the forward has written the parents' last blocks) and append
+        each child's row: its parent's logits."""
+        copies = [copy for fork in out.forks for copy in fork.block_copies]
+        if copies:
+            self.kv_cache.copy_blocks(copies)
+        place = {row: k for k, row in enumerate(rows)}
+        parents = [place[fork.parent_index] for fork in out.forks for _ in fork.children]
+        index = torch.tensor(parents, dtype=torch.int64).to(logits.device, non_blocking=True)
+        return torch.cat([logits, logits.index_select(0, index)])
