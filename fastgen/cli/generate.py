@@ -52,13 +52,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def chat_prompt(tokenizer, text: str, system: str | None) -> list[int]:
     """Token ids of `text` as a user turn (after an optional system turn), ready for the
     assistant's reply. Raises ValueError when the tokenizer has no chat template."""
+    from fastgen.engine.prompts import chat_token_ids
+
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("--chat: the model's tokenizer has no chat template; drop --chat to send raw text")
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": text})
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    # The template writes any BOS itself; letting encode() add another would double it.
-    return tokenizer.encode(rendered, add_special_tokens=False)
+    return chat_token_ids(tokenizer, messages, add_generation_prompt=True)
 
 
 def run(args: argparse.Namespace) -> int:
