@@ -8,12 +8,8 @@ sequence needs a new block and none is free, the newest running sequence is pree
 are freed and it goes back to the front of the queue, to be recomputed later (its full blocks often
 come straight back from the prefix cache).
 
-Parallel sampling (n > 1): the request's first sequence computes the prompt; the others wait
-(`add_forks`) and fork from it in the step that completes its prompt: each shares the parent's
-full blocks by reference count, gets a copy of its partial last block, and samples its first
-token from the parent's logits, so the prompt is computed once. A child that finds no seat or
-no free block then waits in the queue instead and is admitted like any request (its prompt's
-full blocks come from the prefix cache).
+Parallel sampling (n > 1): the other completions of a prompt wait (`add_forks`) and fork from
+the first once its prompt is computed (see `fastgen.engine.forks`).
 """
 
 from __future__ import annotations
@@ -24,18 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fastgen.engine.block_manager import BlockManager
+from fastgen.engine.forks import Fork, PendingForks
 from fastgen.engine.sequence import FinishReason, Sequence, SequenceStatus
-
-
-@dataclass(frozen=True, slots=True)
-class Fork:
-    """Children that start from `seqs[parent_index]` in this step (its prompt completes): after
-    the forward, the worker copies each (source, destination) block of `block_copies`, and each
-    child samples its first token from the parent's logits row."""
-
-    parent_index: int
-    children: tuple[Sequence, ...]
-    block_copies: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +92,7 @@ class Scheduler:
         # Facts for the next output (see SchedulerOutput); kept until a step is formed.
         self._preempted: list[int] = []
         self._finished: list[int] = []
-        self.pending_forks: dict[int, list[Sequence]] = {}  # parent seq_id -> children (see `add_forks`)
+        self.pending_forks = PendingForks()
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -115,9 +101,7 @@ class Scheduler:
     def add_forks(self, parent: Sequence, children: list[Sequence]) -> None:
         """Queue `children` (same prompt as `parent`, which was added) to fork from `parent` once
         its prompt is computed."""
-        for child in children:
-            child.status = SequenceStatus.PENDING_FORK
-        self.pending_forks[parent.seq_id] = list(children)
+        self.pending_forks.add(parent, children)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -129,7 +113,9 @@ class Scheduler:
         if out is None:
             return None
         if self.pending_forks:
-            out = self._fork(out)
+            forks, no_room = self.pending_forks.fork(out, self.running, self.max_num_seqs, self.block_manager)
+            self._queue_first(no_room)
+            out = dataclasses.replace(out, forks=forks)
         # Preemptions made just now, while forming a decode batch, are part of these facts.
         out = dataclasses.replace(out, preempted_seq_ids=tuple(self._preempted),
                                   finished_seq_ids=tuple(self._finished))
@@ -187,26 +173,6 @@ class Scheduler:
         n = len(scheduled)
         return SchedulerOutput(scheduled, [1] * n, False, [False] * n, new_blocks)
 
-    def _fork(self, out: SchedulerOutput) -> SchedulerOutput:
-        forks = []
-        for i, parent in enumerate(out.seqs):
-            if parent.seq_id not in self.pending_forks or not out.samples(i):
-                continue
-            forked, copies = [], []
-            for child in self.pending_forks.pop(parent.seq_id):
-                if len(self.running) < self.max_num_seqs and self.block_manager.can_fork(parent):
-                    copy = self.block_manager.fork(parent, child)
-                    copies += [copy] if copy else []
-                    child.status = SequenceStatus.RUNNING
-                    self.running.append(child)
-                    forked.append(child)
-                else:  # no room now: admitted later like any request, through the prefix cache
-                    child.status = SequenceStatus.WAITING
-                    self.waiting.appendleft(child)
-            if forked:
-                forks.append(Fork(i, tuple(forked), tuple(copies)))
-        return dataclasses.replace(out, forks=tuple(forks))
-
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         self.running.remove(seq)
@@ -257,18 +223,15 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         elif seq.status is SequenceStatus.PENDING_FORK:
-            for children in self.pending_forks.values():
-                if seq in children:
-                    children.remove(seq)
-        self._start_orphaned_forks(seq)
+            self.pending_forks.drop(seq)
+        self._queue_first(self.pending_forks.orphans(seq))
         if seq.status is not SequenceStatus.FINISHED:
             self._finished.append(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
-    def _start_orphaned_forks(self, parent: Sequence) -> None:
-        """A parent that ends before forking (aborted, failed) leaves its children to start on
-        their own, at the front of the queue."""
-        for child in reversed(self.pending_forks.pop(parent.seq_id, [])):
-            child.status = SequenceStatus.WAITING
-            self.waiting.appendleft(child)
+    def _queue_first(self, seqs: list[Sequence]) -> None:
+        """Put sequences at the front of the queue, in their order."""
+        for seq in reversed(seqs):
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)

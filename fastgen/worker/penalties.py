@@ -106,8 +106,12 @@ def apply_penalties(
     picked = logits.index_select(0, rows)
     counts = output_counts.index_select(0, slots)
     generated = counts > 0
-    seen = prompt_mask.index_select(0, slots) | generated
-    rep = repetition.unsqueeze(1)
-    picked = torch.where(seen, torch.where(picked > 0, picked / rep, picked * rep), picked)
-    picked = picked - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * generated
+    seen = prompt_mask.index_select(0, slots)
+    seen |= generated
+    # Dividing or multiplying by exactly 1.0 leaves unseen tokens' logits bit for bit. The
+    # in-place steps below work on fresh intermediates: fewer [P, V] allocations in eager mode.
+    penalty = torch.where(seen, repetition.unsqueeze(1), 1.0)
+    picked = torch.where(picked > 0, picked / penalty, picked * penalty)
+    picked.addcmul_(counts, frequency.unsqueeze(1), value=-1.0)
+    picked.addcmul_(generated, presence.unsqueeze(1), value=-1.0)
     return logits.index_copy(0, rows, picked)
