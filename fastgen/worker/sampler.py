@@ -78,7 +78,7 @@ class Sampler:
                 cols += banned
         if rows:
             index = torch.tensor([rows, cols], dtype=torch.int64).to(self.device, non_blocking=True)
-            logits = logits.index_put((index[0], index[1]), torch.tensor(float("-inf"), device=self.device))
+            logits = logits.index_put((index[0], index[1]), logits.new_full((), float("-inf")))
         penalised = [row for row, seq in enumerate(seqs) if seq.params.has_penalties]
         if not penalised:
             return logits, None

@@ -28,11 +28,16 @@ def model(tiny_models):
     return tiny_models["qwen3"]
 
 
-@pytest.mark.parametrize("prompt_len", [13, 16])  # a partial last block (copied), and none
-def test_greedy_completions_all_equal_transformers(model, reference, prompt_len):
+@pytest.mark.parametrize("prompt_len,engine_args", [
+    (13, {}),  # a partial last block, copied
+    (16, {}),  # no partial block
+    (13, dict(max_num_batched_tokens=12)),  # the prompt's last token, and the fork, in a decode step
+    (13, dict(enable_prefix_caching=False)),
+])
+def test_greedy_completions_all_equal_transformers(model, reference, prompt_len, engine_args):
     """Each forked child decodes from the parent's KV: any wrong shared or copied block would
     make its greedy continuation leave transformers'."""
-    llm = make_llm(model)
+    llm = make_llm(model, **engine_args)
     prompt = random_prompts([prompt_len], seed=prompt_len)[0]
     (out,) = llm.generate([prompt], SamplingParams(n=3, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
     expected = reference(model, [prompt], MAX_TOKENS)[0]
@@ -81,7 +86,9 @@ def test_children_without_a_seat_start_later_with_the_same_tokens(model, referen
     """max_num_seqs=2: two children fork, two wait and come in through the prefix cache; a tight
     cache preempts children too. Seeded completions are the same as with room for all."""
     prompt = random_prompts([19], seed=6)[0]
-    sampled = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=MAX_TOKENS, ignore_eos=True)
+    # Penalties too: a preempted child's token counts are refilled from its tokens.
+    sampled = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=MAX_TOKENS, ignore_eos=True,
+                             presence_penalty=0.6, frequency_penalty=0.3)
     greedy = SamplingParams(n=4, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     (roomy,) = make_llm(model).generate([prompt], sampled)
     for kwargs in (dict(max_num_seqs=2), dict(num_kv_blocks=10, max_model_len=40)):
