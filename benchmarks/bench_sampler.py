@@ -54,20 +54,28 @@ CASES = [
 ]
 
 
+def make_batch(benchmark, params: list[SamplingParams], batch: int, prompt: list[int]):
+    """A CPU sampler, `batch` one-prompt sequences cycling through `params`, and their logits."""
+    sampler = Sampler(VOCAB, torch.device("cpu"), seed=0, sample_fn=build_op_set(False).sample_tokens)
+    seqs = [Sequence(i, list(prompt), params[i % len(params)]) for i in range(batch)]
+    logits = torch.randn(batch, VOCAB, generator=torch.Generator().manual_seed(0)) * 4.0
+    benchmark.extra_info.update(batch=batch, vocab=VOCAB, threads=torch.get_num_threads())
+    return sampler, seqs, logits
+
+
+def check_tokens(benchmark, tokens: list[int], batch: int) -> None:
+    assert len(tokens) == batch and 0 <= min(tokens) and max(tokens) < VOCAB
+    if benchmark.stats is not None:
+        benchmark.extra_info["per_row_ms"] = round(benchmark.stats.stats.median * 1e3 / batch, 4)
+
+
 @pytest.mark.benchmark(group="sampler")
 @pytest.mark.parametrize("params, batch", CASES)
 def test_sampler(benchmark, params, batch):
-    device = torch.device("cpu")
-    sampler = Sampler(VOCAB, device, seed=0, sample_fn=build_op_set(False).sample_tokens)
-    seqs = [Sequence(i, [1], params[i % len(params)]) for i in range(batch)]
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(batch, VOCAB, generator=gen) * 4.0
-    benchmark.extra_info.update(batch=batch, vocab=VOCAB, threads=torch.get_num_threads())
+    sampler, seqs, logits = make_batch(benchmark, params, batch, [1])
     tokens = benchmark(sampler, logits, seqs)
     assert tokens.shape == (batch,) and tokens.dtype == torch.int64
-    assert int(tokens.min()) >= 0 and int(tokens.max()) < VOCAB
-    if benchmark.stats is not None:
-        benchmark.extra_info["per_row_ms"] = round(benchmark.stats.stats.median * 1e3 / batch, 4)
+    check_tokens(benchmark, tokens.tolist(), batch)
 
 
 def sample_step(sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
@@ -89,15 +97,9 @@ STEP_CASES = [
 @pytest.mark.benchmark(group="sampler")
 @pytest.mark.parametrize("params, batch", STEP_CASES)
 def test_sample_step(benchmark, params, batch):
-    device = torch.device("cpu")
-    sampler = Sampler(VOCAB, device, seed=0, sample_fn=build_op_set(False).sample_tokens)
-    seqs = [Sequence(i, list(PROMPT), params[i % len(params)]) for i in range(batch)]
-    logits = torch.randn(batch, VOCAB, generator=torch.Generator().manual_seed(0)) * 4.0
-    benchmark.extra_info.update(batch=batch, vocab=VOCAB, threads=torch.get_num_threads())
+    sampler, seqs, logits = make_batch(benchmark, params, batch, PROMPT)
     if batch >= 256:
         tokens = benchmark.pedantic(sample_step, (sampler, logits, seqs), rounds=BATCH_256_ROUNDS, warmup_rounds=1)
     else:
         tokens = benchmark(sample_step, sampler, logits, seqs)
-    assert len(tokens) == batch and 0 <= min(tokens) and max(tokens) < VOCAB
-    if benchmark.stats is not None:
-        benchmark.extra_info["per_row_ms"] = round(benchmark.stats.stats.median * 1e3 / batch, 4)
+    check_tokens(benchmark, tokens, batch)
