@@ -5,6 +5,9 @@
     abort(request_id)                             finish now, free its blocks
     has_unfinished_requests()
 
+A request with n > 1 completions is n sequences inside, one child request each, forked from the
+first once its prompt is computed; step() folds their outputs into one (`parallel_sampling`).
+
 An engine is not thread-safe: one thread drives it (see `fastgen.engine.background` for a wrapper that
 lets many threads submit and stream while one loop runs).
 """
@@ -64,7 +67,7 @@ class LLMEngine:
             config.max_model_len,
             eos,
         )
-        self.requests: dict[str, RequestState] = {}
+        self.requests: dict[str | ChildId, RequestState] = {}
         self._by_seq: dict[int, RequestState] = {}
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
@@ -159,7 +162,8 @@ class LLMEngine:
         return self.enqueue(self.prepare(prompt, params or SamplingParams(), request_id))
 
     def abort(self, request_id: str) -> bool:
-        """Finish a request now and free its blocks; False if it is unknown or already done."""
+        """Finish a request (every completion of an n > 1 one) now and free its blocks; False if
+        it is unknown or already done."""
         parent = self.parents.pop(request_id, None)
         if parent is not None:  # the waiting children first, so none is left to start on its own
             return any([self.abort(child.request_id) for child in reversed(parent.children)])

@@ -155,15 +155,15 @@ class ModelRunner:
         every row that samples (forked children sample from their parent's logits)."""
         self.sampler.release(out.finished_seq_ids)
         self.sampler.release_token_counts(out.preempted_seq_ids)
-        prompt = {}
-        if out.is_prefill and any(seq.params.prompt_logprobs is not None for seq in out.seqs):
+        prompt_lps = {}
+        if out.is_prefill:
             inputs = self.inputs.build_prefill(out)
-            hidden = forward_hidden(self.model, inputs, self.kv_cache.layers)
-            logits = self.model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))
-            prompt = prompt_logprobs(out, hidden, self.model.compute_logits)
-        elif out.is_prefill:
-            inputs = self.inputs.build_prefill(out)
-            logits = self.forward_logits(inputs)
+            if any(seq.params.prompt_logprobs is not None for seq in out.seqs):  # every position's logits
+                hidden = forward_hidden(self.model, inputs, self.kv_cache.layers)
+                logits = self.model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))
+                prompt_lps = prompt_logprobs(out, hidden, self.model.compute_logits)
+            else:
+                logits = self.forward_logits(inputs)
         elif self.graphs is not None and self.graphs.can_run(len(out.seqs)):
             inputs, logits = self.graphs.run(out)
         else:
@@ -177,7 +177,7 @@ class ModelRunner:
         sample_seqs = [*(out.seqs[i] for i in inputs.sample_rows), *out.forked_seqs]
         sampled: list[int | None] = [None] * (len(out.seqs) + len(out.forked_seqs))
         if not sample_seqs:
-            return ModelRunnerOutput(sampled, None, prompt)
+            return ModelRunnerOutput(sampled, None, prompt_lps)
         tokens = self.sampler(logits, sample_seqs)
         top = sampled_logprobs(logits, sample_seqs, tokens)
         logprobs = None if top is None else [None] * len(sampled)
@@ -185,7 +185,7 @@ class ModelRunner:
             sampled[row] = token
             if top is not None:
                 logprobs[row] = top[k]
-        return ModelRunnerOutput(sampled, logprobs, prompt)
+        return ModelRunnerOutput(sampled, logprobs, prompt_lps)
 
     def _fork(self, out: SchedulerOutput, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
         """Copy the forks' blocks (the forward has written the parents' last blocks) and append
