@@ -156,6 +156,8 @@ class EngineConfig:
     """torch.compile the element-wise ops and the sampler. Default: on CUDA only."""
     seed: int = _knob(0, at_least(0, below=SEED_LIMIT, below_text="2**64"))
     """Seed of the sampler's generator for requests that bring no seed of their own."""
+    max_logprobs: int = _knob(20, at_least(0))
+    """Most logprobs (and prompt_logprobs) a request may ask for per token, as in vLLM."""
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
