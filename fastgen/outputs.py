@@ -43,7 +43,11 @@ class RequestOutput:
 
     text / token_ids: everything generated so far (stop string cut from text).
     new_text / new_token_ids: what this output adds to the previous one of the same request
-    (the pieces a stream yields). finish_reason: "stop", "length" or "abort" once finished.
+    (the pieces a stream yields). finished: this is the request's final output (every request
+    gets exactly one). finish_reason, once finished: "stop" (end-of-sequence, a stop token, or a
+    stop string, even one completed by the last allowed token), "length" (max_tokens or
+    max_model_len), "abort" (aborted) or "error" (a step failed on this request alone; `error`
+    says how).
     """
 
     request_id: str
@@ -56,3 +60,4 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     metrics: RequestMetrics
+    error: str | None = None

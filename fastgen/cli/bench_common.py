@@ -67,12 +67,10 @@ def run_requests(engine, workload: Workload, temperature: float, progress: bool 
     """
     params = workload.sampling_params(temperature)
     states = [engine.prepare(p, sp, final_only=True) for p, sp in zip(workload.prompts, params)]
-    ids = [engine.enqueue(s) for s in states]
-    with tqdm(total=len(ids), desc=desc, unit="req", disable=not progress) as bar:
+    with tqdm(total=len(states), desc=desc, unit="req", disable=not progress) as bar:
         def each_step(step):
             bar.update(sum(1 for o in step.outputs if o.finished))
             if on_step is not None:
                 on_step(step)
 
-        finished = run_to_completion(engine, ids, on_step=each_step)
-    return [finished[i] for i in ids]
+        return run_to_completion(engine, states, on_step=each_step)

@@ -2,24 +2,35 @@
 
     add_request(prompt, params) -> request_id     validate, tokenize, queue
     step() -> [RequestOutput]                     schedule, run the model, post-process
-    abort(request_id)                             finish now, free its blocks
+    abort(request_id) -> bool                     finish now, free its blocks
     has_unfinished_requests()
 
-An engine is not thread-safe: one thread drives it (see `fastgen.engine.background` for a wrapper that
-lets many threads submit and stream while one loop runs).
+Every request ends with exactly one final output (`finished=True`): "stop", "length", "abort",
+or "error" when a step failed on that request alone. Outputs wait in the `Outbox` until their
+consumer takes them: `step()` returns those of requests added with `add_request`, whoever drove
+the engine when they were made; `LLM.generate` and `LLM.stream` claim their requests and read
+their own. A failed step never escapes `step()`: its batch is retried one sequence at a time
+(`Scheduler.isolate`), so only the requests that fail alone end with "error".
+
+An engine is not thread-safe: one thread drives it (see `fastgen.engine.background` for the loop
+that lets many threads submit and stream; while it runs, other threads are refused).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from dataclasses import dataclass
 
+from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.block_manager import BlockManager
-from fastgen.engine.prompts import Prompt, token_ids_of
+from fastgen.engine.outbox import Outbox
+from fastgen.engine.prompts import Prompt
 from fastgen.engine.request_state import RequestState, now
-from fastgen.engine.scheduler import Scheduler
+from fastgen.engine.requests import check_request_id, prompt_token_ids
+from fastgen.engine.scheduler import Scheduler, SchedulerOutput
 from fastgen.engine.sequence import FinishReason, Sequence
 from fastgen.engine.tokenizer import eos_token_ids, load_tokenizer
 from fastgen.outputs import RequestOutput
@@ -30,9 +41,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one `run_step` did. outputs: one per request that progressed. is_prefill: the kind of
-    step (None when there was nothing to run). num_seqs / num_tokens: the batch it computed.
-    started_at: perf_counter time the step began."""
+    """What one `run_step` did. outputs: every output made since the previous step (this step's,
+    and final outputs of requests aborted in between), whichever consumer they are for.
+    is_prefill: the kind of step (None when there was nothing to run). num_seqs / num_tokens:
+    the batch it computed. started_at: perf_counter time the step began."""
 
     outputs: list[RequestOutput]
     is_prefill: bool | None
@@ -48,6 +60,7 @@ class LLMEngine:
         self.config = config
         from fastgen.worker.model_runner import ModelRunner  # torch and the model: not for `import fastgen`
 
+        skip_tokenizer_init = boolean("skip_tokenizer_init", skip_tokenizer_init)
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(config.model)
         self.runner = ModelRunner(config, load_format=load_format)
         self.block_manager = BlockManager(
@@ -62,111 +75,229 @@ class LLMEngine:
         )
         self.requests: dict[str, RequestState] = {}
         self._by_seq: dict[int, RequestState] = {}
+        self.outbox = Outbox()
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self.num_steps = 0
+        self._loop_thread: threading.Thread | None = None  # a background loop that owns the engine
+        self._attach_lock = threading.Lock()
 
     # ---- requests in -----------------------------------------------------------------------
     def prepare(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
                 final_only: bool = False) -> RequestState:
         """Validate and tokenize a request without queueing it (raises ValueError).
 
-        final_only: step() reports this request once, when it finishes, instead of every step.
+        The request keeps its own validated copy of `params`. request_id: a non-empty string,
+        or None for a fresh one. final_only: the request is reported once, when it finishes,
+        instead of every step.
         """
+        self._check_thread()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        params.validate()
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt is a string but the engine was started with skip_tokenizer_init=True")
-            text = prompt
-            token_ids = self.tokenizer.encode(prompt) if prompt else []
-        else:
-            text = None
-            token_ids = token_ids_of(prompt)
-        if not token_ids:
-            raise ValueError(f"prompt={prompt!r} is empty: a request needs at least 1 token")
-        vocab = self.config.model_config.vocab_size
-        for t in params.stop_token_ids:
-            if t >= vocab:
-                raise ValueError(f"stop_token_ids holds {t}, outside the vocabulary [0, {vocab})")
-        for i, t in enumerate(token_ids):
-            if not 0 <= t < vocab:
-                raise ValueError(f"prompt token_ids[{i}]={t!r} is outside the vocabulary [0, {vocab})")
-        total = len(token_ids) + params.max_tokens
-        if total > self.config.max_model_len:
-            raise ValueError(
-                f"prompt length {len(token_ids)} + max_tokens {params.max_tokens} = {total} "
-                f"exceeds max_model_len={self.config.max_model_len}"
-            )
+        params = params.validated_copy()
+        final_only = boolean("final_only", final_only)
+        text, token_ids = prompt_token_ids(prompt, params, self.tokenizer, self.config)
         if request_id is None:
             request_id = str(next(self._request_ids))
             while request_id in self.requests:  # a caller chose this id for a request of its own
                 request_id = str(next(self._request_ids))
-        elif request_id in self.requests:
+        elif check_request_id(request_id) in self.requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
         seq = Sequence(next(self._seq_ids), token_ids, params)
         return RequestState(request_id, seq, text, self.tokenizer, now(), final_only=final_only)
 
-    def enqueue(self, state: RequestState) -> str:
+    def enqueue(self, state: RequestState, claimed: bool = False) -> str:
+        """Queue a prepared request. claimed: its outputs go to its own mailbox (`take_output`),
+        not to `step()`."""
+        self._check_thread()
+        self._release_abandoned()
         if state.request_id in self.requests:
             raise ValueError(f"request_id={state.request_id!r} is already in use")
+        state.claimed = claimed
+        if claimed:
+            self.outbox.open(state.request_id)
         self.requests[state.request_id] = state
         self._by_seq[state.seq.seq_id] = state
         self.scheduler.add(state.seq)
         return state.request_id
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        """Queue a request; return its id. Raises ValueError for bad input, queueing nothing."""
-        return self.enqueue(self.prepare(prompt, params or SamplingParams(), request_id))
+        """Queue a request whose outputs `step()` returns; return its id (a string). Raises
+        ValueError for bad input, queueing nothing."""
+        return self.enqueue(self.prepare(prompt, SamplingParams() if params is None else params, request_id))
 
     def abort(self, request_id: str) -> bool:
-        """Finish a request now and free its blocks; False if it is unknown or already done."""
-        state = self.requests.get(request_id)
-        if state is None or state.seq.is_finished:
+        """Finish a request now and free its blocks; its consumer gets a final output with
+        finish_reason "abort". False when no unfinished request has this id; ValueError when
+        the id is not a string."""
+        self._check_thread()
+        state = self.requests.get(check_request_id(request_id))
+        if state is None:
             return False
-        self.scheduler.finish(state.seq, FinishReason.ABORT)
-        self._forget(state)
+        self.outbox.between_steps.append(self._finish_now(state, FinishReason.ABORT))
         return True
+
+    def take_output(self, request_id: str) -> RequestOutput | None:
+        """The next output of a claimed request, or None when none waits yet."""
+        return self.outbox.take(request_id)
+
+    def release(self, request_id: str) -> None:
+        """A claimed request's reader leaves: drop its outputs, abort it if unfinished."""
+        self.outbox.close(request_id)
+        self.abort(request_id)
+
+    def abandon(self, request_id: str) -> None:
+        """Any thread (a finalizer): `release` the request on the engine's next call."""
+        self.outbox.abandon(request_id)
+
+    def _release_abandoned(self) -> None:
+        for request_id in self.outbox.take_abandoned():
+            self.release(request_id)
 
     def _forget(self, state: RequestState) -> None:
         del self.requests[state.request_id]
         del self._by_seq[state.seq.seq_id]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Whether requests are queued or running, or outputs wait for `step()` to return them
+        (the final output of an aborted request, say)."""
+        return self.scheduler.has_unfinished() or bool(self.outbox.for_step)
 
     def check_invariants(self) -> None:
         """Assert the block manager's books balance against the running sequences."""
         self.block_manager.check_invariants(self.scheduler.running)
 
+    # ---- who drives ------------------------------------------------------------------------
+    def attach_loop(self, thread: threading.Thread) -> None:
+        """From now on only `thread` may drive the engine (a background loop). RuntimeError when
+        another loop already does, or when requests or undelivered outputs are left, which the
+        loop would have no consumer for."""
+        with self._attach_lock:
+            if self._loop_thread is not None:
+                raise RuntimeError("a background loop already drives this engine: use the object LLM.background() "
+                                   "returned, or shut it down before starting another")
+            self._release_abandoned()
+            left = len(self.requests) + len(self.outbox.mailboxes) + len(self.outbox.for_step)
+            if left:
+                raise RuntimeError(f"the engine still has {left} unfinished request(s) or undelivered output(s) "
+                                   "(an open stream?); finish, read or abort them before starting a background loop")
+            self._loop_thread = thread
+
+    def detach_loop(self, thread: threading.Thread) -> None:
+        with self._attach_lock:
+            if self._loop_thread is thread:
+                self._loop_thread = None
+
+    def _check_thread(self) -> None:
+        loop = self._loop_thread
+        if loop is not None and threading.current_thread() is not loop:
+            raise RuntimeError("this engine is driven by a background loop (LLM.background()): submit, stream and "
+                               "abort through it, or shut it down first")
+
     # ---- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; return an output for each request that progressed."""
-        return self.run_step().outputs
+        """Run one scheduled step; return the outputs waiting for `step()`'s caller: those of
+        requests added with `add_request` (deltas in new_text / new_token_ids), including ones
+        made while `LLM.generate` or a stream drove the engine."""
+        self.run_step()
+        return self.outbox.take_for_step()
 
     def run_step(self) -> StepResult:
-        """`step`, reporting what kind of step ran and how large it was."""
+        """Run one step and deliver its outputs to their consumers; report what it did.
+
+        Never raises for a failed step: see `_run` and `_fail_all`."""
+        self._check_thread()
+        self._release_abandoned()
         started = now()
-        out = self.scheduler.schedule()
-        if out is None:
-            return StepResult([], None, 0, 0, started)
+        outputs = self.outbox.take_between_steps()
+        try:
+            out = self.scheduler.schedule()
+            if out is None:
+                self.runner.forget(*self.scheduler.pop_facts())
+                return StepResult(outputs, None, 0, 0, started)
+            outputs += self._run(out, started)
+        except Exception as exc:  # noqa: BLE001 - outside the model: the engine's own books failed
+            logger.exception("engine step failed outside the model run; failing every request")
+            outputs += self._fail_all(exc)
+            return StepResult(outputs, None, 0, 0, started)
+        self.num_steps += 1
+        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, started)
+
+    def _run(self, out: SchedulerOutput, started: float) -> list[RequestOutput]:
         states = [self._by_seq[seq.seq_id] for seq in out.seqs]
         for state in states:
             state.on_scheduled(started)
-        sampled = self.runner.run(out)
+        try:
+            sampled = self.runner.run(out)
+        except BaseException as exc:
+            self.runner.recover(out)
+            if not isinstance(exc, Exception):  # KeyboardInterrupt and friends: the caller's
+                raise
+            return self._on_failed_run(out, states, exc)
         self.scheduler.postprocess(out, sampled)
-        self.num_steps += 1
         t = now()
         outputs = []
         for state, token in zip(states, sampled):
             if token is None:
                 continue
-            if state.on_new_tokens(t) and not state.seq.is_finished:
-                self.scheduler.finish(state.seq, FinishReason.STOP)
-            output = state.make_output(t)
+            try:
+                output = self._advance(state, t)
+            except Exception as exc:  # noqa: BLE001 - this request's text or stop strings: its own failure
+                logger.exception("post-processing request %r failed", state.request_id)
+                output = self._finish_now(state, FinishReason.ERROR, _describe(exc))
             if output is not None:
                 outputs.append(output)
-            if state.seq.is_finished:
+        return outputs
+
+    def _advance(self, state: RequestState, t: float) -> RequestOutput | None:
+        seq = state.seq
+        if state.on_new_tokens(t):  # a stop string matched
+            if seq.is_finished:  # completed by the last allowed token: still a stop, as in vLLM
+                seq.finish_reason = FinishReason.STOP
+            else:
+                self.scheduler.finish(seq, FinishReason.STOP)
+        output = state.make_output(t)
+        if output is not None:
+            self.outbox.put(output, state.claimed)
+        if seq.is_finished:
+            self._forget(state)
+        return output
+
+    def _on_failed_run(self, out: SchedulerOutput, states: list[RequestState], exc: Exception) -> list[RequestOutput]:
+        """A step failed in the model or the sampler: it is one request's failure when that request
+        ran alone; otherwise the batch is retried one sequence at a time."""
+        if len(states) == 1:
+            logger.warning("step of request %r failed: %s", states[0].request_id, _describe(exc))
+            return [self._finish_now(states[0], FinishReason.ERROR, _describe(exc))]
+        logger.warning("step of %d sequences failed (%s); retrying them one at a time", len(states), _describe(exc))
+        self.scheduler.isolate(out.seqs)
+        return []
+
+    def _finish_now(self, state: RequestState, reason: FinishReason, error: str | None = None) -> RequestOutput:
+        """End a request outside the normal flow (abort, failure) and deliver its final output."""
+        self.scheduler.finish(state.seq, reason)
+        state.error = error
+        t = now()
+        try:
+            output = state.final_output(t) if error is None else state.make_output(t)
+        except Exception:  # noqa: BLE001 - the text is what failed: report the text there is
+            output = state.make_output(t)
+        self.outbox.put(output, state.claimed)
+        self._forget(state)
+        return output
+
+    def _fail_all(self, exc: Exception) -> list[RequestOutput]:
+        """Nothing can be attributed: every request ends with "error"; the engine stays usable."""
+        self.runner.recover(None)
+        outputs = []
+        for state in list(self.requests.values()):
+            try:
+                outputs.append(self._finish_now(state, FinishReason.ERROR, _describe(exc)))
+            except Exception:  # noqa: BLE001 - the books themselves are broken: drop it without them
+                self.scheduler.suspects.discard(state.seq.seq_id)
                 self._forget(state)
-        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, started)
+        return outputs
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

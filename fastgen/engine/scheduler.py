@@ -7,6 +7,12 @@ over several steps. With nothing to prefill, every running sequence decodes one 
 sequence needs a new block and none is free, the newest running sequence is preempted: its blocks
 are freed and it goes back to the front of the queue, to be recomputed later (its full blocks often
 come straight back from the prefix cache).
+
+Isolation: when a step fails, every sequence of its batch becomes a suspect (`isolate`). All
+running sequences are preempted, suspects first, and until the last suspect finishes the
+scheduler runs one sequence at a time; so a later failure happens to one sequence alone and is
+that sequence's own, and a failure that came from batching (or was transient) costs nobody
+their request.
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ class Scheduler:
         # Facts for the next output (see SchedulerOutput); kept until a step is formed.
         self._preempted: list[int] = []
         self._finished: list[int] = []
+        self.suspects: set[int] = set()  # seq_ids of sequences in a failed step (see `isolate`)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -96,11 +103,31 @@ class Scheduler:
         if out is None:
             return None
         # Preemptions made just now, while forming a decode batch, are part of these facts.
-        out = dataclasses.replace(out, preempted_seq_ids=tuple(self._preempted),
-                                  finished_seq_ids=tuple(self._finished))
+        preempted, finished = self.pop_facts()
+        return dataclasses.replace(out, preempted_seq_ids=preempted, finished_seq_ids=finished)
+
+    def pop_facts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The preempted and finished seq_ids not yet handed out, which the caller now owns."""
+        facts = tuple(self._preempted), tuple(self._finished)
         self._preempted.clear()
         self._finished.clear()
-        return out
+        return facts
+
+    @property
+    def seq_limit(self) -> int:
+        """Most sequences running at once: one while any suspect is left (see `isolate`)."""
+        return 1 if self.suspects else self.max_num_seqs
+
+    def isolate(self, seqs: Iterable[Sequence]) -> None:
+        """A step over `seqs` failed (nothing of it was applied): make them suspects and preempt
+        every running sequence, the suspects to the front of the queue in batch order, so that
+        each runs alone until it finishes."""
+        seqs = list(seqs)
+        self.suspects.update(seq.seq_id for seq in seqs)
+        others = [seq for seq in self.running if seq.seq_id not in self.suspects]
+        for seq in reversed(seqs + others):  # each goes to the front: the first ends up first
+            if seq.status is SequenceStatus.RUNNING:
+                self._preempt(seq)
 
     def _schedule_prefill(self) -> SchedulerOutput | None:
         budget = self.max_num_batched_tokens
@@ -116,7 +143,7 @@ class Scheduler:
                 counts.append(n)
                 new_tables.append(False)
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.seq_limit:
             seq = self.waiting[0]
             if not self.block_manager.can_allocate(seq):
                 break
@@ -197,5 +224,6 @@ class Scheduler:
             self.waiting.remove(seq)
         if seq.status is not SequenceStatus.FINISHED:
             self._finished.append(seq.seq_id)
+        self.suspects.discard(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from fastgen.models.config import ModelConfig
+from fastgen.models.config import ModelConfig, read_json
+from fastgen.models.config_keys import ConfigKeys
 
 # Files that carry a vocabulary; without one, transformers 5 silently builds an empty tokenizer.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -30,9 +30,9 @@ def eos_token_ids(model: str, model_config: ModelConfig, tokenizer) -> set[int]:
     eos_token_id when the folder has one, else config.json's, else the tokenizer's."""
     gen_file = Path(model) / "generation_config.json"
     if gen_file.is_file():
-        eos = json.loads(gen_file.read_text()).get("eos_token_id")
-        if eos is not None:
-            return set(eos) if isinstance(eos, list) else {eos}
+        eos = ConfigKeys(read_json(gen_file), str(gen_file)).token_ids("eos_token_id")
+        if eos:
+            return set(eos)
     if model_config.eos_token_ids:
         return set(model_config.eos_token_ids)
     eos = getattr(tokenizer, "eos_token_id", None)
