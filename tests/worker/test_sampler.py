@@ -107,3 +107,37 @@ def test_empirical_frequencies_match_distribution(temperature, top_k, top_p):
     assert counts[~support].sum() == 0
     p = chi_square_p_value(counts[support], target[support] * n)
     assert p > 1e-4, f"frequencies {counts.tolist()} do not fit {target.tolist()} (p={p:.2g})"
+
+
+# ---- what a request may ask for, the sampler must represent --------------------------------
+
+def test_a_top_k_beyond_int64_keeps_every_token():
+    """top_k is clamped to the vocabulary: 2**63 neither overflows the int64 tensor nor filters."""
+    logits = random_logits(4, seed=5)
+    huge = [SamplingParams(temperature=1.0, top_k=2**63, seed=s) for s in range(4)]
+    unfiltered = [SamplingParams(temperature=1.0, seed=s) for s in range(4)]
+    for _ in range(5):
+        assert make_sampler()(logits, seqs_for(*huge)).tolist() == make_sampler()(logits, seqs_for(*unfiltered)).tolist()
+
+
+@pytest.mark.parametrize("top_p", [1e-46, 1e-30, 1e-9])
+def test_a_tiny_top_p_keeps_the_most_likely_token(top_p):
+    """Below ~1e-45 top_p is 0 in float32; the most likely token must still survive (vLLM's rule)
+    instead of every token being filtered and the row sampling garbage from NaN."""
+    logits = random_logits(8, seed=6)
+    logits[:, 0] = -10.0  # the token a NaN row would come back as
+    params = [SamplingParams(temperature=1.0, top_p=top_p)] * 8
+    sampler = make_sampler()
+    for _ in range(20):
+        assert sampler(logits, seqs_for(*params)).tolist() == logits.argmax(-1).tolist()
+
+
+def test_huge_logits_over_a_small_temperature_stay_finite():
+    """Finite logits divided by a small temperature overflow to inf in float32, and inf - inf in
+    the softmax is NaN: the scaled logits are kept finite, so the top token still wins."""
+    logits = torch.zeros(2, VOCAB)
+    logits[0, 7], logits[0, 8] = 1e35, 9e34
+    logits[1, 9] = float("inf")
+    params = [SamplingParams(temperature=2e-5, top_k=5), SamplingParams(temperature=1.0)]
+    for _ in range(10):
+        assert make_sampler()(logits, seqs_for(*params)).tolist() == [7, 9]
