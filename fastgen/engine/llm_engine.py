@@ -151,8 +151,9 @@ class LLMEngine:
         self.outbox.abandon(request_id)
 
     def _release_abandoned(self) -> None:
-        for request_id in self.outbox.take_abandoned():
-            self.release(request_id)
+        if self._on_driving_thread():
+            for request_id in self.outbox.take_abandoned():
+                self.release(request_id)
 
     def _forget(self, state: RequestState) -> None:
         del self.requests[state.request_id]
@@ -161,6 +162,7 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         """Whether requests are queued or running, or outputs wait for `step()` to return them
         (the final output of an aborted request, say)."""
+        self._release_abandoned()
         return self.scheduler.has_unfinished() or bool(self.outbox.for_step)
 
     def check_invariants(self) -> None:
@@ -188,9 +190,12 @@ class LLMEngine:
             if self._loop_thread is thread:
                 self._loop_thread = None
 
-    def _check_thread(self) -> None:
+    def _on_driving_thread(self) -> bool:
         loop = self._loop_thread
-        if loop is not None and threading.current_thread() is not loop:
+        return loop is None or threading.current_thread() is loop
+
+    def _check_thread(self) -> None:
+        if not self._on_driving_thread():
             raise RuntimeError("this engine is driven by a background loop (LLM.background()): submit, stream and "
                                "abort through it, or shut it down first")
 
