@@ -17,6 +17,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from fastgen import LLM, SamplingParams  # noqa: E402
 from tests.conftest import random_prompts  # noqa: E402
+from tests.engine.conftest import step_limit  # noqa: E402
 
 MAX_TOKENS = 10
 PROMPTS = random_prompts([3, 9, 14, 20, 6], seed=71)
@@ -80,14 +81,12 @@ def check(seen: Seen, expected_tokens: list[int]) -> None:
         assert final.token_ids == expected_tokens[: len(final.token_ids)]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(program=ops)
-def test_random_consumers_each_get_exactly_their_own_outputs(llm, expected, program):
+def run_program(llm: LLM, program, seen: dict[str, Seen]) -> None:
+    """Apply the operations, then read every stream still open to its end."""
     engine = llm.engine
-    streams: list = []  # open streams, with their Seen
-    seen: dict[str, Seen] = {}
+    streams: list = []
 
-    def on_step_outputs(outputs):
+    def record(outputs):
         for o in outputs:
             seen[o.request_id].outputs.append(o)
 
@@ -100,9 +99,7 @@ def test_random_consumers_each_get_exactly_their_own_outputs(llm, expected, prog
         elif kind in ("next", "close", "drop") and streams:
             stream = streams[op[1] % len(streams)]
             if kind == "next":
-                output = next(stream, None)
-                if output is not None:
-                    seen[stream.request_id].outputs.append(output)
+                record([o for o in [next(stream, None)] if o is not None])
                 continue
             streams.remove(stream)
             seen[stream.request_id].read_to_end = False
@@ -111,23 +108,30 @@ def test_random_consumers_each_get_exactly_their_own_outputs(llm, expected, prog
             del stream
             gc.collect()
         elif kind == "add":
-            request_id = engine.add_request(PROMPTS[op[1]], op[2])
-            seen[request_id] = Seen(op[1], op[2])
+            seen[engine.add_request(PROMPTS[op[1]], op[2])] = Seen(op[1], op[2])
         elif kind == "step":
-            on_step_outputs(engine.step())
+            record(engine.step())
         elif kind == "generate":
-            outputs = llm.generate([PROMPTS[i] for i in op[1]], op[2])
-            for i, o in zip(op[1], outputs):
+            for i, o in zip(op[1], llm.generate([PROMPTS[i] for i in op[1]], op[2])):
                 seen[o.request_id] = Seen(i, op[2], [o])
         elif kind == "abort" and seen:
             request_id = list(seen)[op[1] % len(seen)]
             if engine.abort(request_id):
                 seen[request_id].aborted = True
     for stream in streams:
-        seen[stream.request_id].outputs += list(stream)
+        record(list(stream))
     while engine.has_unfinished_requests():
-        on_step_outputs(engine.step())
-    for request_id, s in seen.items():
+        record(engine.step())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=ops)
+def test_random_consumers_each_get_exactly_their_own_outputs(llm, expected, program):
+    engine = llm.engine
+    seen: dict[str, Seen] = {}
+    with step_limit(engine):
+        run_program(llm, program, seen)
+    for s in seen.values():
         check(s, expected[s.prompt])
     assert not engine.requests and not engine.outbox.mailboxes and not engine.outbox.for_step
     engine.check_invariants()

@@ -10,11 +10,11 @@ import pytest
 
 from fastgen import LLM, SamplingParams
 from tests.conftest import random_prompts
+from tests.engine.conftest import step_limit
 
 N = 10
 GREEDY = SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True)
 LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
-STEP_LIMIT = 2_000  # far more than any test here needs: a consumer that never ends fails, not hangs
 
 
 @pytest.fixture(scope="module")
@@ -23,21 +23,11 @@ def llm(tiny_models):
 
 
 @pytest.fixture
-def engine(llm, monkeypatch):
-    """The engine, with a budget of steps: a consumer that waits forever for an output that was
-    dropped fails the test instead of hanging it."""
+def engine(llm):
+    """The engine, under a step limit; every test must leave it with nothing in it."""
+    with step_limit(llm.engine):
+        yield llm.engine
     engine = llm.engine
-    run_step = engine.run_step
-    count = [0]
-
-    def limited():
-        count[0] += 1
-        if count[0] > STEP_LIMIT:
-            raise AssertionError("step budget exhausted: some consumer is waiting for an output that never comes")
-        return run_step()
-
-    monkeypatch.setattr(engine, "run_step", limited)
-    yield engine
     assert not engine.requests and not engine.outbox.mailboxes and not engine.has_unfinished_requests()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 

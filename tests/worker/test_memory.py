@@ -9,7 +9,6 @@ import shutil
 import pytest
 
 from fastgen import LLM
-from fastgen.worker.memory import available_host_bytes
 
 
 @pytest.mark.parametrize("kwargs, names", [
@@ -38,5 +37,7 @@ def test_a_model_larger_than_memory_is_refused_before_it_is_built(tiny_models, t
 
 def test_available_host_memory_is_positive_and_at_most_the_total():
     import psutil
+
+    from fastgen.worker.memory import available_host_bytes
 
     assert 0 < available_host_bytes() <= psutil.virtual_memory().total
