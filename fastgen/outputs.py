@@ -1,4 +1,5 @@
-"""What the engine hands back for a request: its text and tokens so far, and its timings."""
+"""What the engine hands back: for a request, its text and tokens so far and its timings; for a
+step, what it did."""
 
 from __future__ import annotations
 
@@ -61,3 +62,17 @@ class RequestOutput:
     finish_reason: str | None
     metrics: RequestMetrics
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one `run_step` did. outputs: every output made since the previous step (this step's,
+    and final outputs of requests aborted in between), whichever consumer they are for.
+    is_prefill: the kind of step (None when there was nothing to run). num_seqs / num_tokens:
+    the batch it computed. started_at: perf_counter time the step began."""
+
+    outputs: list[RequestOutput]
+    is_prefill: bool | None
+    num_seqs: int
+    num_tokens: int
+    started_at: float

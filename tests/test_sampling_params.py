@@ -9,14 +9,15 @@ import pytest
 from fastgen import SamplingParams
 
 
-@pytest.mark.parametrize("temperature", [10**400, 1e39, -(10**400), float("inf")])
+@pytest.mark.parametrize("temperature", [10**400, 1e39, -(10**400), float("inf")],
+                         ids=["10**400", "1e39", "-10**400", "inf"])
 def test_a_temperature_float32_cannot_hold_is_a_value_error(temperature):
     # 10**400 used to escape as OverflowError; 1e39 passed and became inf in the sampler.
     with pytest.raises(ValueError, match=r"temperature=.* must be a finite number in \[0, 3.4e38\] \(float32\)"):
         SamplingParams(temperature=temperature)
 
 
-@pytest.mark.parametrize("top_p", [10**400, -(10**400), float("nan")])
+@pytest.mark.parametrize("top_p", [10**400, -(10**400), float("nan")], ids=["10**400", "-10**400", "nan"])
 def test_a_top_p_beyond_float_range_is_a_value_error(top_p):
     with pytest.raises(ValueError, match=r"top_p=.* must be in \(0, 1\]"):
         SamplingParams(top_p=top_p)

@@ -21,11 +21,11 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from dataclasses import dataclass
 
 from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.block_manager import BlockManager
+from fastgen.engine.driver import Driver
 from fastgen.engine.outbox import Outbox
 from fastgen.engine.prompts import Prompt
 from fastgen.engine.request_state import RequestState, now
@@ -33,24 +33,10 @@ from fastgen.engine.requests import check_request_id, prompt_token_ids
 from fastgen.engine.scheduler import Scheduler, SchedulerOutput
 from fastgen.engine.sequence import FinishReason, Sequence
 from fastgen.engine.tokenizer import eos_token_ids, load_tokenizer
-from fastgen.outputs import RequestOutput
+from fastgen.outputs import RequestOutput, StepResult
 from fastgen.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one `run_step` did. outputs: every output made since the previous step (this step's,
-    and final outputs of requests aborted in between), whichever consumer they are for.
-    is_prefill: the kind of step (None when there was nothing to run). num_seqs / num_tokens:
-    the batch it computed. started_at: perf_counter time the step began."""
-
-    outputs: list[RequestOutput]
-    is_prefill: bool | None
-    num_seqs: int
-    num_tokens: int
-    started_at: float
 
 
 class LLMEngine:
@@ -79,8 +65,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self.num_steps = 0
-        self._loop_thread: threading.Thread | None = None  # a background loop that owns the engine
-        self._attach_lock = threading.Lock()
+        self.driver = Driver()  # which thread may drive the engine
 
     # ---- requests in -----------------------------------------------------------------------
     def prepare(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
@@ -91,16 +76,15 @@ class LLMEngine:
         or None for a fresh one. final_only: the request is reported once, when it finishes,
         instead of every step.
         """
-        self._check_thread()
+        self.driver.check()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params = params.validated_copy()
         final_only = boolean("final_only", final_only)
         text, token_ids = prompt_token_ids(prompt, params, self.tokenizer, self.config)
         if request_id is None:
-            request_id = str(next(self._request_ids))
-            while request_id in self.requests:  # a caller chose this id for a request of its own
-                request_id = str(next(self._request_ids))
+            # Skipping ids a caller chose for requests of its own.
+            request_id = next(i for i in map(str, self._request_ids) if i not in self.requests)
         elif check_request_id(request_id) in self.requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
         seq = Sequence(next(self._seq_ids), token_ids, params)
@@ -109,7 +93,7 @@ class LLMEngine:
     def enqueue(self, state: RequestState, claimed: bool = False) -> str:
         """Queue a prepared request. claimed: its outputs go to its own mailbox (`take_output`),
         not to `step()`."""
-        self._check_thread()
+        self.driver.check()
         self._release_abandoned()
         if state.request_id in self.requests:
             raise ValueError(f"request_id={state.request_id!r} is already in use")
@@ -130,7 +114,7 @@ class LLMEngine:
         """Finish a request now and free its blocks; its consumer gets a final output with
         finish_reason "abort". False when no unfinished request has this id; ValueError when
         the id is not a string."""
-        self._check_thread()
+        self.driver.check()
         state = self.requests.get(check_request_id(request_id))
         if state is None:
             return False
@@ -151,7 +135,7 @@ class LLMEngine:
         self.outbox.abandon(request_id)
 
     def _release_abandoned(self) -> None:
-        if self._on_driving_thread():
+        if self.driver.is_current():
             for request_id in self.outbox.take_abandoned():
                 self.release(request_id)
 
@@ -171,33 +155,12 @@ class LLMEngine:
 
     # ---- who drives ------------------------------------------------------------------------
     def attach_loop(self, thread: threading.Thread) -> None:
-        """From now on only `thread` may drive the engine (a background loop). RuntimeError when
-        another loop already does, or when requests or undelivered outputs are left, which the
-        loop would have no consumer for."""
-        with self._attach_lock:
-            if self._loop_thread is not None:
-                raise RuntimeError("a background loop already drives this engine: use the object LLM.background() "
-                                   "returned, or shut it down before starting another")
-            self._release_abandoned()
-            left = len(self.requests) + len(self.outbox.mailboxes) + len(self.outbox.for_step)
-            if left:
-                raise RuntimeError(f"the engine still has {left} unfinished request(s) or undelivered output(s) "
-                                   "(an open stream?); finish, read or abort them before starting a background loop")
-            self._loop_thread = thread
+        """From now on only `thread` (a background loop) may drive the engine; see `Driver`."""
+        self._release_abandoned()
+        self.driver.attach(thread, len(self.requests) + len(self.outbox.mailboxes) + len(self.outbox.for_step))
 
     def detach_loop(self, thread: threading.Thread) -> None:
-        with self._attach_lock:
-            if self._loop_thread is thread:
-                self._loop_thread = None
-
-    def _on_driving_thread(self) -> bool:
-        loop = self._loop_thread
-        return loop is None or threading.current_thread() is loop
-
-    def _check_thread(self) -> None:
-        if not self._on_driving_thread():
-            raise RuntimeError("this engine is driven by a background loop (LLM.background()): submit, stream and "
-                               "abort through it, or shut it down first")
+        self.driver.detach(thread)
 
     # ---- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -211,7 +174,7 @@ class LLMEngine:
         """Run one step and deliver its outputs to their consumers; report what it did.
 
         Never raises for a failed step: see `_run` and `_fail_all`."""
-        self._check_thread()
+        self.driver.check()
         self._release_abandoned()
         started = now()
         outputs = self.outbox.take_between_steps()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from fastgen.engine.llm_engine import LLMEngine, StepResult
+from fastgen.engine.llm_engine import LLMEngine
 from fastgen.engine.request_state import RequestState
-from fastgen.outputs import RequestOutput
+from fastgen.outputs import RequestOutput, StepResult
 
 
 def run_to_completion(engine: LLMEngine, states: Sequence[RequestState],
