@@ -9,9 +9,9 @@ any) on CPU, the device's free memory on CUDA.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import psutil
 import torch
 
 from fastgen.config import EngineConfig
@@ -22,10 +22,22 @@ from fastgen.worker.step_inputs import StepInputBuilder
 _CGROUP_V2 = Path("/sys/fs/cgroup")
 
 
+def _system_available_bytes() -> int:
+    try:
+        import psutil
+    except ImportError:  # a bare GPU machine may lack it; Linux keeps the same figure here
+        meminfo = Path("/proc/meminfo")
+        for line in meminfo.read_text().splitlines() if meminfo.is_file() else []:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return psutil.virtual_memory().available
+
+
 def available_host_bytes() -> int:
     """Host memory this process can still take: the system's available memory, or what is left
     under a cgroup v2 memory limit when that is less."""
-    available = psutil.virtual_memory().available
+    available = _system_available_bytes()
     try:
         limit = (_CGROUP_V2 / "memory.max").read_text().strip()
         if limit != "max":
