@@ -80,9 +80,10 @@ class LLM:
                 )
         use_tqdm = boolean("use_tqdm", use_tqdm)
         states = [self.engine.prepare(p, sp, final_only=True) for p, sp in zip(prompts, params)]
+        mine = {state.request_id for state in states}
         with tqdm(total=len(states), desc="generate", disable=not use_tqdm) as bar:
             def count_finished(step):
-                bar.update(sum(1 for o in step.outputs if o.finished))
+                bar.update(sum(1 for o in step.outputs if o.finished and o.request_id in mine))
 
             return run_to_completion(self.engine, states, on_step=count_finished if use_tqdm else None)
 

@@ -97,7 +97,7 @@ class LLMEngine:
         self._release_abandoned()
         if state.request_id in self.requests:
             raise ValueError(f"request_id={state.request_id!r} is already in use")
-        state.claimed = claimed
+        state.claimed = boolean("claimed", claimed)
         if claimed:
             self.outbox.open(state.request_id)
         self.requests[state.request_id] = state
