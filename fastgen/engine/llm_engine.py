@@ -262,7 +262,7 @@ class LLMEngine:
             try:
                 outputs.append(self._finish_now(state, FinishReason.ERROR, _describe(exc)))
             except Exception:  # noqa: BLE001 - the books themselves are broken: drop it without them
-                self.scheduler.suspects.discard(state.seq.seq_id)
+                self.scheduler.drop(state.seq)
                 self._forget(state)
         return outputs
 

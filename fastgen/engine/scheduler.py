@@ -215,6 +215,15 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
+    def drop(self, seq: Sequence) -> None:
+        """Last resort when `finish` itself failed: forget the sequence without the block books
+        (its blocks are lost), so that it is never scheduled again."""
+        for queue in (self.running, self.waiting):
+            if seq in queue:
+                queue.remove(seq)
+        self.suspects.discard(seq.seq_id)
+        seq.status = SequenceStatus.FINISHED
+
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """End a sequence wherever it is (running or waiting) and free its blocks at once."""
         if seq.status is SequenceStatus.RUNNING:
