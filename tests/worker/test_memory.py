@@ -18,7 +18,8 @@ from fastgen import LLM
     (dict(max_num_seqs=10**12), ["max_num_seqs=1000000000000"]),
 ])
 def test_more_than_the_machine_has_is_a_value_error(tiny_models, kwargs, names):
-    with pytest.raises(ValueError, match=r"needs \d+ bytes .* more than the \d+ bytes .* of host memory available") as info:
+    limit = r"needs \d+ bytes .* more than the \d+ bytes .* of host memory available"
+    with pytest.raises(ValueError, match=limit) as info:
         LLM(tiny_models["qwen3"], dtype="float32", device="cpu", skip_tokenizer_init=True, **kwargs)
     for name in names:
         assert name in str(info.value)
