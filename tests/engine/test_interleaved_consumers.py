@@ -124,7 +124,7 @@ def run_program(llm: LLM, program, seen: dict[str, Seen]) -> None:
         record(engine.step())
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(program=ops)
 def test_random_consumers_each_get_exactly_their_own_outputs(llm, expected, program):
     engine = llm.engine
