@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import TYPE_CHECKING
 
+from fastgen.checks import boolean, integer, real
 from fastgen.models.config import DTYPE_NAMES, ModelConfig, torch_dtype
 from fastgen.models.hub import resolve_model_path
 from fastgen.sampling_params import SEED_LIMIT
@@ -31,57 +32,48 @@ DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 LOAD_FORMATS = ("safetensors", "dummy")  # real weights from the folder, or random ones
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 
-Check = Callable[[str, object], None]  # (field name, value) -> None, or ValueError naming both
+# (field name, value) -> the value as the engine keeps it (plain Python types), or ValueError
+# naming the field, the value and the limit.
+Check = Callable[[str, object], object]
 
 
 def at_least(minimum: int, below: int | None = None, below_text: str | None = None) -> Check:
-    def check(name: str, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-        if value < minimum:
-            raise ValueError(f"{name}={value} must be >= {minimum}")
-        if below is not None and value >= below:
-            raise ValueError(f"{name}={value} must be < {below_text or below}")
+    def check(name: str, value: object) -> int:
+        return integer(name, value, minimum, below, below_text)
 
     return check
 
 
-def fraction(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-        raise ValueError(f"{name}={value!r} must be in (0, 1]")
+def fraction(name: str, value: object) -> float:
+    return real(name, value, "in (0, 1]", low=0.0, high=1.0, low_open=True)
 
 
 def one_of(choices: tuple[str, ...]) -> Check:
-    def check(name: str, value: object) -> None:
-        if value not in choices:
+    def check(name: str, value: object) -> str:
+        if not isinstance(value, str) or value not in choices:
             raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
+        return value
 
     return check
 
 
-def device_name(name: str, value: object) -> None:
+def device_name(name: str, value: object) -> str:
     if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
         raise ValueError(f"{name}={value!r} must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
-
-
-def boolean(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be True or False")
+    return value
 
 
 def optional(check: Check) -> Check:
-    def check_unless_none(name: str, value: object) -> None:
-        if value is not None:
-            check(name, value)
+    def check_unless_none(name: str, value: object) -> object:
+        return None if value is None else check(name, value)
 
     return check_unless_none
 
 
-def batch_sizes(name: str, value: object) -> None:
+def batch_sizes(name: str, value: object) -> list[int]:
     if isinstance(value, (int, str)) or not hasattr(value, "__iter__") or not list(value):
         raise ValueError(f"{name}={value!r} must list at least one size")
-    for size in value:
-        at_least(1)(name, size)
+    return [integer(name, size, minimum=1) for size in value]
 
 
 def _knob(default, check: Check):
@@ -167,7 +159,7 @@ class EngineConfig:
             self.device = str(self.device)
         for f in fields(self):
             if "check" in f.metadata:
-                f.metadata["check"](f.name, getattr(self, f.name))
+                setattr(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
         limit = self.model_config.max_position_embeddings
         if self.max_model_len is None:
             self.max_model_len = limit

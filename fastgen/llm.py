@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence as Seq
+from collections.abc import Sequence as Seq
 
 from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
+from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.llm_engine import LLMEngine
+from fastgen.engine.output_stream import EngineStream
 from fastgen.engine.prompts import Prompt, chat_token_ids, is_conversation, is_token_ids
 from fastgen.engine.run_loop import run_to_completion
 from fastgen.outputs import RequestOutput
@@ -36,6 +38,7 @@ class LLM:
         skip_tokenizer_init: bool = False,
         **engine_args,
     ):
+        skip_tokenizer_init = boolean("skip_tokenizer_init", skip_tokenizer_init)
         known = {f.name for f in dataclasses.fields(EngineConfig) if f.init}
         unknown = sorted(set(engine_args) - known)
         if unknown:
@@ -75,21 +78,14 @@ class LLM:
                 raise ValueError(
                     f"sampling_params has {len(params)} entries but there are {len(prompts)} prompts"
                 )
+        use_tqdm = boolean("use_tqdm", use_tqdm)
         states = [self.engine.prepare(p, sp, final_only=True) for p, sp in zip(prompts, params)]
-        ids: list[str] = []
-        try:
-            for state in states:
-                ids.append(self.engine.enqueue(state))
-        except BaseException:
-            for request_id in ids:  # all or nothing
-                self.engine.abort(request_id)
-            raise
-        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
+        mine = {state.request_id for state in states}
+        with tqdm(total=len(states), desc="generate", disable=not use_tqdm) as bar:
             def count_finished(step):
-                bar.update(sum(1 for o in step.outputs if o.finished))
+                bar.update(sum(1 for o in step.outputs if o.finished and o.request_id in mine))
 
-            results = run_to_completion(self.engine, ids, on_step=count_finished if use_tqdm else None)
-        return [results[i] for i in ids]
+            return run_to_completion(self.engine, states, on_step=count_finished if use_tqdm else None)
 
     def chat(
         self,
@@ -117,32 +113,26 @@ class LLM:
         prompts = [chat_token_ids(self.tokenizer, c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
-        """Yield one request's outputs as they come (new_token_ids / new_text hold each delta).
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> EngineStream:
+        """Return an iterator over one request's outputs as they come (new_token_ids / new_text
+        hold each delta), ending with its final output.
 
-        Drives the engine from the calling thread; other queued requests progress too. Closing
-        the iterator early aborts the request and frees its blocks.
+        Each `next()` drives the engine from the calling thread; other queued requests progress
+        too, and their outputs are kept for their own consumers, so several streams may be read
+        interleaved. `close()` (or a `with` block, or dropping the stream) before the final output
+        aborts the request and frees its blocks.
         """
         # Queued (and so validated) now, not at the first next(): bad input raises here.
-        request_id = self.engine.add_request(prompt, sampling_params or SamplingParams())
-        return self._stream_outputs(request_id)
-
-    def _stream_outputs(self, request_id: str) -> Iterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                for output in self.engine.step():
-                    if output.request_id == request_id:
-                        finished = output.finished
-                        yield output
-        finally:
-            if not finished:
-                self.engine.abort(request_id)
+        state = self.engine.prepare(prompt, SamplingParams() if sampling_params is None else sampling_params)
+        return EngineStream(self.engine, self.engine.enqueue(state, claimed=True))
 
     def background(self) -> "BackgroundEngine":
         """Start a loop thread that owns this LLM's engine; submit and stream from any thread.
 
-        While it runs, use only the returned object (generate/stream would race with the loop).
+        One engine, one loop: RuntimeError when a loop already runs on this engine (use the one
+        returned before, or `shutdown()` it first), or when the engine still has requests of its
+        own (an open stream). While the loop runs, `generate`, `stream` and the engine's own
+        methods raise RuntimeError in other threads; after `shutdown()` they work again.
         """
         from fastgen.engine.background import BackgroundEngine
 

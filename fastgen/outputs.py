@@ -1,4 +1,5 @@
-"""What the engine hands back for a request: its text and tokens so far, and its timings."""
+"""What the engine hands back: for a request, its text and tokens so far and its timings; for a
+step, what it did."""
 
 from __future__ import annotations
 
@@ -84,7 +85,11 @@ class RequestOutput:
 
     text / token_ids: everything generated so far (stop string cut from text).
     new_text / new_token_ids: what this output adds to the previous one of the same request
-    (the pieces a stream yields). finish_reason: "stop", "length" or "abort" once finished.
+    (the pieces a stream yields). finished: this is the request's final output (every request
+    gets exactly one). finish_reason, once finished: "stop" (end-of-sequence, a stop token, or a
+    stop string, even one completed by the last allowed token), "length" (max_tokens or
+    max_model_len), "abort" (aborted) or "error" (a step failed on this request alone; `error`
+    says how).
 
     outputs: the request's `n` completions, each with its own text, tokens, deltas, logprobs
     and finish_reason; text, token_ids, new_text, new_token_ids and finish_reason above are
@@ -105,3 +110,20 @@ class RequestOutput:
     metrics: RequestMetrics
     outputs: list[CompletionOutput] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one `run_step` did. outputs: every output made since the previous step (this step's,
+    and final outputs of requests aborted in between), whichever consumer they are for.
+    is_prefill: the kind of step (None when there was nothing to run). num_seqs / num_tokens:
+    the batch it computed. num_sampled: output tokens it produced. started_at: perf_counter
+    time the step began."""
+
+    outputs: list[RequestOutput]
+    is_prefill: bool | None
+    num_seqs: int
+    num_tokens: int
+    num_sampled: int
+    started_at: float

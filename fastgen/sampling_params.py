@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import dataclass, field
+
+from fastgen.checks import FLOAT32_MAX, boolean, integer, real
 
 # Temperatures below this are greedy: dividing logits by a smaller one overflows float32 (and
 # argmax is what such a temperature means anyway).
@@ -11,18 +13,17 @@ MIN_SAMPLING_TEMPERATURE = 1e-5
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes seeds in [0, 2**64)
 
 
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 @dataclass
 class SamplingParams:
     """How one request is decoded.
 
-    temperature: 0 (or below 1e-5) means greedy; otherwise logits are divided by it before sampling.
-    top_k: keep the k most likely tokens; -1 keeps all.
-    top_p: keep the smallest set of tokens whose probability mass reaches top_p (1.0 keeps all).
-    max_tokens: the most tokens generated for this request.
+    temperature: 0 (or below 1e-5) means greedy; otherwise logits are divided by it before
+        sampling. At most 3.4e38, the largest float32 (the sampler's arithmetic).
+    top_k: keep the k most likely tokens; -1 keeps all, and so does any k >= the vocabulary size
+        (it is clamped to the vocabulary).
+    top_p: keep the smallest set of tokens whose probability mass reaches top_p (1.0 keeps all);
+        the most likely token always survives, however small top_p is.
+    max_tokens: the most tokens generated for this request (prompt + max_tokens <= max_model_len).
     ignore_eos: keep generating past the model's end-of-sequence token.
     seed: makes this request's sampling reproducible, whatever else is in the batch.
     stop_token_ids: extra token ids that end the request (the token is kept in the output).
@@ -44,6 +45,9 @@ class SamplingParams:
         cannot be sampled and stop strings are not matched. At most max_tokens.
     min_p: drop tokens whose probability is below min_p times the most likely one's (after
         temperature), in [0, 1]; 0 is off.
+
+    A request keeps its own validated copy (`validated_copy`): changing this object after the
+    request was added changes nothing in it.
     """
 
     temperature: float = 1.0
@@ -70,31 +74,37 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < MIN_SAMPLING_TEMPERATURE
 
+    def validated_copy(self) -> "SamplingParams":
+        """A new, validated SamplingParams with this one's values (lists copied, numbers as
+        plain int / float): what a request keeps for itself."""
+        return SamplingParams(**{f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingParams)})
+
     def validate(self) -> None:
-        """Check every field (and normalise the two lists); also called again when a request is
-        added, so fields changed after construction are checked too."""
+        """Check every field and normalise it (plain Python types; the two lists copied). Raises
+        ValueError naming the field, the value and the limit."""
+        self.temperature = real("temperature", self.temperature, "a finite number in [0, 3.4e38] (float32)",
+                                low=0.0, high=FLOAT32_MAX)
+        try:
+            top_k = integer("top_k", self.top_k, minimum=-1)
+        except ValueError:
+            top_k = 0
+        if top_k == 0:
+            raise ValueError(f"top_k={self.top_k!r} must be -1 (disabled) or an integer >= 1")
+        self.top_k = top_k
+        self.top_p = real("top_p", self.top_p, "in (0, 1]", low=0.0, high=1.0, low_open=True)
+        self.max_tokens = integer("max_tokens", self.max_tokens, minimum=1)
+        self.ignore_eos = boolean("ignore_eos", self.ignore_eos)
+        if self.seed is not None:
+            self.seed = integer("seed", self.seed, minimum=0, below=SEED_LIMIT, below_text="2**64")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         for name in ("stop", "stop_token_ids"):
             value = getattr(self, name)
             if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
-                raise ValueError(f"{name} must be a list, got {value!r}")
-            setattr(self, name, list(value))
-        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1 or self.top_k == 0:
-            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k!r}")
-        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT
-        ):
-            raise ValueError(f"seed must be None or an integer in [0, 2**64), got {self.seed!r}")
-        for token_id in self.stop_token_ids:
-            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
-                raise ValueError(f"stop_token_ids must hold non-negative integers, got {token_id!r}")
+                raise ValueError(f"{name}={value!r} must be a list")
+        self.stop_token_ids = [integer(f"stop_token_ids[{i}]", t, minimum=0)
+                               for i, t in enumerate(self.stop_token_ids)]
+        self.stop = list(self.stop)
         for text in self.stop:
             if not isinstance(text, str) or not text:
                 raise ValueError(f"stop must hold non-empty strings, got {text!r}")
@@ -107,32 +117,23 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def _validate_vllm_fields(self) -> None:
-        _check_int("n", self.n, 1)
+        self.n = integer("n", self.n, minimum=1)
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 0)
-        _check_real("presence_penalty", self.presence_penalty, -2.0, 2.0, "in [-2, 2]")
-        _check_real("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "in [-2, 2]")
-        _check_real("repetition_penalty", self.repetition_penalty, 0.0, 2.0, "in (0, 2]", low_open=True)
-        _check_real("min_p", self.min_p, 0.0, 1.0, "in [0, 1]")
-        _check_int("min_tokens", self.min_tokens, 0)
+                setattr(self, name, integer(name, getattr(self, name), minimum=0))
+        self.presence_penalty = real("presence_penalty", self.presence_penalty, "in [-2, 2]", low=-2.0, high=2.0)
+        self.frequency_penalty = real("frequency_penalty", self.frequency_penalty, "in [-2, 2]", low=-2.0, high=2.0)
+        self.repetition_penalty = real("repetition_penalty", self.repetition_penalty, "in (0, 2]", low=0.0, high=2.0,
+                                       low_open=True)
+        self.min_p = real("min_p", self.min_p, "in [0, 1]", low=0.0, high=1.0)
+        self.min_tokens = integer("min_tokens", self.min_tokens, minimum=0)
         if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
+            raise ValueError(f"min_tokens={self.min_tokens} must be <= max_tokens={self.max_tokens}")
 
     def check_logprobs_limit(self, limit: int) -> None:
         """ValueError unless logprobs and prompt_logprobs are at most `limit` (the engine's)."""
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and value > limit:
-                raise ValueError(f"{name} must be <= {limit} (the engine's max_logprobs, capped at the "
-                                 f"vocabulary size), got {value}")
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_real(name: str, value, low: float, high: float, limit: str, low_open: bool = False) -> None:
-    if not _is_real(value) or not (low < value if low_open else low <= value) or not value <= high:
-        raise ValueError(f"{name} must be {limit}, got {value!r}")
+                raise ValueError(f"{name}={value} must be <= {limit} (the engine's max_logprobs, capped at the "
+                                 f"vocabulary size)")

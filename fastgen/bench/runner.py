@@ -97,7 +97,7 @@ def run_requests(engine, workload: Workload, temperature: float, progress: bool 
     """
     params = workload.sampling_params(temperature)
     states = [engine.prepare(p, sp, final_only=True) for p, sp in zip(workload.prompts, params)]
-    ids = [engine.enqueue(s) for s in states]
+    mine = {state.request_id for state in states}
     # Advances per output token (its rate is the live decode speed); finished requests and
     # prompt tokens computed so far ride along in the postfix.
     with tqdm(total=workload.num_output_tokens, desc=desc, unit="tok", disable=not progress) as bar:
@@ -105,16 +105,15 @@ def run_requests(engine, workload: Workload, temperature: float, progress: bool 
 
         def each_step(step):
             nonlocal done, prompt_tokens
-            done += sum(1 for o in step.outputs if o.finished)
+            done += sum(1 for o in step.outputs if o.finished and o.request_id in mine)
             if step.is_prefill:
                 prompt_tokens += step.num_tokens
-            bar.set_postfix_str(f"{done}/{len(ids)} requests, {prompt_tokens} prompt tokens", refresh=False)
+            bar.set_postfix_str(f"{done}/{len(states)} requests, {prompt_tokens} prompt tokens", refresh=False)
             bar.update(step.num_sampled)
             if on_step is not None:
                 on_step(step)
 
-        finished = run_to_completion(engine, ids, on_step=each_step)
-    return [finished[i] for i in ids]
+        return run_to_completion(engine, states, on_step=each_step)
 
 
 @dataclass

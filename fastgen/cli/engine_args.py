@@ -66,7 +66,7 @@ def _converter(f: dataclasses.Field):
         value = parse(text)
         if check is not None:
             try:
-                check(f.name, value)
+                value = check(f.name, value)
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(f"invalid value {text!r}: {exc}") from None
         return value

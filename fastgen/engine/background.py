@@ -1,110 +1,108 @@
 """A background engine loop that many threads can submit to and stream from.
 
 Threading model: exactly one thread — the loop thread started here — ever touches the
-`LLMEngine` (its scheduler, block manager, model and tokenizer state). Other threads talk to it
-through a command queue: `submit` and `abort` enqueue a command and, for `submit`, wait for the
-loop to accept or reject it, so a bad request raises ValueError in the caller's thread. Each
-request's outputs flow back through its own queue, which `RequestStream` iterates. No lock
-guards the engine because nothing else reaches it.
+`LLMEngine` (its scheduler, block manager, model and tokenizer state); the engine refuses every
+other thread while the loop is attached, and one engine gets one loop at a time. Other threads
+talk to the loop through a command queue: `submit` and `abort` enqueue a command and, for
+`submit`, wait for the loop to accept or reject it, so a bad request raises ValueError in the
+caller's thread. Each request's outputs flow back through its own queue, which its
+`RequestStream` reads. The loop holds those queues, never the streams, so a stream nobody holds
+is garbage-collected, and its finalizer queues the request's abort.
+
+A failed step never stops the loop: the engine isolates it (see `LLMEngine`), and the requests
+it belongs to end with finish_reason "error".
 """
 
 from __future__ import annotations
 
-import itertools
+import logging
 import queue
 import threading
-from collections.abc import Iterator
 from concurrent.futures import Future
 
 import torch
 
 from fastgen.engine.llm_engine import LLMEngine, Prompt
+from fastgen.engine.output_stream import OutputStream
+from fastgen.engine.requests import check_request_id
 from fastgen.outputs import RequestOutput
 from fastgen.sampling_params import SamplingParams
 
-_END = object()
+logger = logging.getLogger(__name__)
+
+_END = object()  # no final output will come: the loop stopped without one
 
 
-class RequestStream:
-    """Iterates one request's outputs (deltas in new_text / new_token_ids) until it finishes.
+class RequestStream(OutputStream):
+    """Iterates one submitted request's outputs until its final one (see `OutputStream`)."""
 
-    Leaving the iteration early (break, close, garbage) aborts the request.
-    """
-
-    def __init__(self, request_id: str, owner: "BackgroundEngine"):
-        self.request_id = request_id
+    def __init__(self, request_id: str, outputs: queue.SimpleQueue, owner: "BackgroundEngine"):
+        super().__init__(request_id, owner._abandon)
+        self._outputs = outputs
         self._owner = owner
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._done = False  # the request finished (its last output was seen)
-        self._closed = False  # nothing more will come: iterating again ends at once
-        self._last: RequestOutput | None = None
 
-    def __iter__(self) -> Iterator[RequestOutput]:
-        if self._closed:
-            return
-        try:
-            while True:
-                item = self._queue.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                self._last = item
-                if item.finished:
-                    self._done = True
-                yield item
-                if item.finished:
-                    return
-        finally:
-            self._closed = True
-            if not self._done:
-                self._owner.abort(self.request_id)
+    def _next_output(self) -> RequestOutput | None:
+        item = self._outputs.get()
+        if item is _END:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
-    def result(self) -> RequestOutput:
-        """Consume the stream; return the final output. Raises RuntimeError when the request
-        was cut off (aborted, or the engine shut down) before it finished."""
-        for _ in self:
-            pass
-        if not self._done:
-            raise RuntimeError(f"request {self.request_id!r} ended before it finished (aborted or shut down)")
-        return self._last
+    def _abort(self) -> None:
+        self._owner.abort(self.request_id)
 
 
 class BackgroundEngine:
+    """Owns `engine` through a loop thread until `shutdown()`. RuntimeError when another loop
+    already drives the engine, or when the engine still has requests of its own."""
+
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, RequestStream] = {}
-        self._ids = itertools.count()
+        self._streams: dict[str, queue.SimpleQueue] = {}  # request id -> its stream's output queue
         self._stopped = threading.Event()
         # Held while checking _stopped and queueing a command, and while the loop stops and
         # drains the queue: so a command is either seen by the loop or refused, never stranded.
         self._accepting = threading.Lock()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="fastgen-engine-loop", daemon=True)
+        engine.attach_loop(self._thread)
         self._thread.start()
 
     # ---- any thread ------------------------------------------------------------------------
     def submit(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestStream:
         """Queue a request; raises ValueError (in this thread) if the engine rejects it."""
-        stream = RequestStream(f"bg-{next(self._ids)}", self)
+        outputs: queue.SimpleQueue = queue.SimpleQueue()
         accepted: Future = Future()
         with self._accepting:
             if self._stopped.is_set():
                 raise RuntimeError("the background engine has shut down") from self._error
-            self._commands.put(("add", stream, prompt, params or SamplingParams(), accepted))
-        accepted.result()
-        return stream
+            self._commands.put(("add", outputs, prompt, SamplingParams() if params is None else params, accepted))
+        return RequestStream(accepted.result(), outputs, self)
 
     def abort(self, request_id: str) -> None:
+        """Abort a request (a no-op for an unknown or finished one); its stream then yields a
+        final output with finish_reason "abort". ValueError when the id is not a string."""
+        check_request_id(request_id)
         with self._accepting:
             if not self._stopped.is_set():
                 self._commands.put(("abort", request_id))
 
+    def _abandon(self, request_id: str) -> None:
+        # A stream's finalizer, run by whatever thread collects it: SimpleQueue.put is reentrant,
+        # a lock is not (that thread may hold _accepting).
+        self._commands.put(("abort", request_id))
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
-        """Stop the loop; unfinished streams end (their iteration stops)."""
+        """Stop the loop: unfinished requests are aborted (their streams end with that final
+        output) and the engine can be driven directly again."""
         self._commands.put(("stop",))
         self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped.is_set()
 
     def __enter__(self) -> "BackgroundEngine":
         return self
@@ -122,28 +120,39 @@ class BackgroundEngine:
                 idle = not self.engine.has_unfinished_requests()
                 if not self._apply_commands(block=idle):
                     break
-                for output in self.engine.step():
-                    stream = self._streams.get(output.request_id)
-                    if stream is None:
-                        continue
-                    stream._queue.put(output)
-                    if output.finished:
-                        del self._streams[output.request_id]
-        except BaseException as exc:  # a failed step ends every stream with the error
+                self._route(self.engine.step())
+        except BaseException as exc:  # the engine isolates failed steps: this is the loop's own bug
+            logger.exception("background engine loop failed")
             self._error = exc
-            for stream in self._streams.values():
-                stream._queue.put(exc)
+            for outputs in self._streams.values():
+                outputs.put(exc)
         finally:
             with self._accepting:
                 self._stopped.set()
             self._refuse_queued_commands()
-            for request_id, stream in self._streams.items():
-                try:  # nobody will drive these requests again: free their blocks
-                    self.engine.abort(request_id)
-                except Exception:  # noqa: BLE001 - the engine may be what failed
-                    pass
-                stream._queue.put(_END)
-            self._streams.clear()
+            self._abort_all()
+            self.engine.detach_loop(self._thread)
+
+    def _route(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            stream.put(output)
+            if output.finished:
+                del self._streams[output.request_id]
+
+    def _abort_all(self) -> None:
+        """Nobody will drive these requests again: abort them and deliver their final outputs."""
+        try:
+            for request_id in list(self._streams):
+                self.engine.abort(request_id)
+            self._route(self.engine.step())  # no work is left: this only hands out the finals
+        except Exception:  # noqa: BLE001 - the streams must end even if the engine is what failed
+            logger.exception("aborting the background engine's requests failed")
+        for outputs in self._streams.values():
+            outputs.put(_END)
+        self._streams.clear()
 
     def _refuse_queued_commands(self) -> None:
         stopped = RuntimeError("the background engine has shut down")
@@ -167,17 +176,16 @@ class BackgroundEngine:
             if kind == "stop":
                 return False
             if kind == "add":
-                _, stream, prompt, params, accepted = command
+                _, outputs, prompt, params, accepted = command
                 try:
-                    self.engine.add_request(prompt, params, request_id=stream.request_id)
+                    request_id = self.engine.add_request(prompt, params)
                 except Exception as exc:  # rejected request: the submitting thread raises it
                     accepted.set_exception(exc)
                     continue
-                self._streams[stream.request_id] = stream
-                accepted.set_result(stream.request_id)
+                self._streams[request_id] = outputs
+                accepted.set_result(request_id)
             elif kind == "abort":
-                _, request_id = command
-                if self.engine.abort(request_id):
-                    stream = self._streams.pop(request_id, None)
-                    if stream is not None:
-                        stream._queue.put(_END)
+                try:
+                    self.engine.abort(command[1])  # its final output comes out of the next step
+                except Exception:  # noqa: BLE001 - one request's abort must not stop the loop
+                    logger.exception("aborting request %r failed", command[1])

@@ -2,49 +2,47 @@
 
     add_request(prompt, params) -> request_id     validate, tokenize, queue
     step() -> [RequestOutput]                     schedule, run the model, post-process
-    abort(request_id)                             finish now, free its blocks
+    abort(request_id) -> bool                     finish now, free its blocks
     has_unfinished_requests()
 
-A request with n > 1 completions is n sequences inside, one child request each, forked from the
-first once its prompt is computed; step() folds their outputs into one (`parallel_sampling`).
+Every request ends with exactly one final output (`finished=True`): "stop", "length", "abort",
+or "error" when a step failed on that request alone. Outputs wait in the `Outbox` until their
+consumer takes them: `step()` returns those of requests added with `add_request`, whoever drove
+the engine when they were made; `LLM.generate` and `LLM.stream` claim their requests and read
+their own. A failed step never escapes `step()`: its batch is retried one sequence at a time
+(`Scheduler.isolate`), so only the requests that fail alone end with "error".
 
-An engine is not thread-safe: one thread drives it (see `fastgen.engine.background` for a wrapper that
-lets many threads submit and stream while one loop runs).
+A request with n > 1 completions is n sequences inside, one child request each, forked from the
+first once its prompt is computed; their outputs are folded into one output of the request
+before they reach the outbox (`parallel_sampling`).
+
+An engine is not thread-safe: one thread drives it (see `fastgen.engine.background` for the loop
+that lets many threads submit and stream; while it runs, other threads are refused).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass
+import threading
 
+from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.block_manager import BlockManager
+from fastgen.engine.driver import Driver
 from fastgen.engine.logprobs import TokenTexts
+from fastgen.engine.outbox import Outbox
 from fastgen.engine.parallel_sampling import ChildId, ParentRequest, child_params, merge_outputs
-from fastgen.engine.prompts import Prompt, token_ids_of
+from fastgen.engine.prompts import Prompt
 from fastgen.engine.request_state import RequestState, now
-from fastgen.engine.scheduler import Scheduler
+from fastgen.engine.requests import check_request_id, prompt_token_ids
+from fastgen.engine.scheduler import Scheduler, SchedulerOutput
 from fastgen.engine.sequence import FinishReason, Sequence
 from fastgen.engine.tokenizer import eos_token_ids, load_tokenizer
-from fastgen.outputs import RequestOutput
+from fastgen.outputs import RequestOutput, StepResult
 from fastgen.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one `run_step` did. outputs: one per request that progressed. is_prefill: the kind of
-    step (None when there was nothing to run). num_seqs / num_tokens: the batch it computed.
-    num_sampled: output tokens it produced. started_at: perf_counter time the step began."""
-
-    outputs: list[RequestOutput]
-    is_prefill: bool | None
-    num_seqs: int
-    num_tokens: int
-    num_sampled: int
-    started_at: float
 
 
 class LLMEngine:
@@ -54,6 +52,7 @@ class LLMEngine:
         self.config = config
         from fastgen.worker.model_runner import ModelRunner  # torch and the model: not for `import fastgen`
 
+        skip_tokenizer_init = boolean("skip_tokenizer_init", skip_tokenizer_init)
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(config.model)
         eos = eos_token_ids(config.model, config.model_config, self.tokenizer)
         self.runner = ModelRunner(config, load_format=load_format, eos_token_ids=eos)
@@ -68,52 +67,35 @@ class LLMEngine:
             eos,
         )
         self.requests: dict[str | ChildId, RequestState] = {}
+        self.parents: dict[str, ParentRequest] = {}  # requests with n > 1, by id (their children are in `requests`)
         self._by_seq: dict[int, RequestState] = {}
+        self.outbox = Outbox()
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self.num_steps = 0
-        self.parents: dict[str, ParentRequest] = {}  # requests with n > 1, by id (their children are in `requests`)
         self.token_texts = TokenTexts(self.tokenizer)
+        self.driver = Driver()  # which thread may drive the engine
 
     # ---- requests in -----------------------------------------------------------------------
     def prepare(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
-                final_only: bool = False) -> RequestState:
+                final_only: bool = False) -> RequestState | ParentRequest:
         """Validate and tokenize a request without queueing it (raises ValueError).
 
-        final_only: step() reports this request once, when it finishes, instead of every step.
+        The request keeps its own validated copy of `params`. request_id: a non-empty string,
+        or None for a fresh one. final_only: the request is reported once, when it finishes,
+        instead of every step. A request with n > 1 is prepared as a `ParentRequest`.
         """
+        self.driver.check()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        params.validate()
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt is a string but the engine was started with skip_tokenizer_init=True")
-            text = prompt
-            token_ids = self.tokenizer.encode(prompt) if prompt else []
-        else:
-            text = None
-            token_ids = token_ids_of(prompt)
-        if not token_ids:
-            raise ValueError(f"prompt={prompt!r} is empty: a request needs at least 1 token")
-        vocab = self.config.model_config.vocab_size
-        for t in params.stop_token_ids:
-            if t >= vocab:
-                raise ValueError(f"stop_token_ids holds {t}, outside the vocabulary [0, {vocab})")
-        for i, t in enumerate(token_ids):
-            if not 0 <= t < vocab:
-                raise ValueError(f"prompt token_ids[{i}]={t!r} is outside the vocabulary [0, {vocab})")
-        total = len(token_ids) + params.max_tokens
-        if total > self.config.max_model_len:
-            raise ValueError(
-                f"prompt length {len(token_ids)} + max_tokens {params.max_tokens} = {total} "
-                f"exceeds max_model_len={self.config.max_model_len}"
-            )
-        params.check_logprobs_limit(min(self.config.max_logprobs, vocab))
+        params = params.validated_copy()
+        final_only = boolean("final_only", final_only)
+        text, token_ids = prompt_token_ids(prompt, params, self.tokenizer, self.config)
+        params.check_logprobs_limit(min(self.config.max_logprobs, self.config.model_config.vocab_size))
         if request_id is None:
-            request_id = str(next(self._request_ids))
-            while self._in_use(request_id):  # a caller chose this id for a request of its own
-                request_id = str(next(self._request_ids))
-        elif self._in_use(request_id):
+            # Skipping ids a caller chose for requests of its own.
+            request_id = next(i for i in map(str, self._request_ids) if not self.has_request(i))
+        elif self.has_request(check_request_id(request_id)):
             raise ValueError(f"request_id={request_id!r} is already in use")
         if params.n > 1:
             return self._prepare_parent(request_id, text, token_ids, params, final_only)
@@ -131,97 +113,165 @@ class LLMEngine:
         ]
         return ParentRequest(request_id, children, final_only)
 
-    def _in_use(self, request_id) -> bool:
+    def has_request(self, request_id: str) -> bool:
+        """Whether a request (of any n) with this id is queued or running."""
         return request_id in self.requests or request_id in self.parents
 
-    def _enqueue_parent(self, parent: ParentRequest) -> str:
+    def enqueue(self, state: RequestState | ParentRequest, claimed: bool = False) -> str:
+        """Queue a prepared request. claimed: its outputs go to its own mailbox (`take_output`),
+        not to `step()`."""
+        self.driver.check()
+        self._release_abandoned()
+        if self.has_request(state.request_id):
+            raise ValueError(f"request_id={state.request_id!r} is already in use")
+        if boolean("claimed", claimed):
+            self.outbox.open(state.request_id)
+        if isinstance(state, ParentRequest):
+            self._enqueue_parent(state)
+        else:
+            self._register(state)
+            self.scheduler.add(state.seq)
+        return state.request_id
+
+    def _enqueue_parent(self, parent: ParentRequest) -> None:
         """Queue the first child; the others wait to fork from it once its prompt is computed."""
-        if self._in_use(parent.request_id):
-            raise ValueError(f"request_id={parent.request_id!r} is already in use")
         self.parents[parent.request_id] = parent
         for child in parent.children:
-            self.requests[child.request_id] = child
-            self._by_seq[child.seq.seq_id] = child
+            self._register(child)
         first, *others = parent.children
         self.scheduler.add(first.seq)
         self.scheduler.add_forks(first.seq, [child.seq for child in others])
-        return parent.request_id
 
-    def enqueue(self, state: RequestState | ParentRequest) -> str:
-        if isinstance(state, ParentRequest):
-            return self._enqueue_parent(state)
-        if state.request_id in self.requests:
-            raise ValueError(f"request_id={state.request_id!r} is already in use")
+    def _register(self, state: RequestState) -> None:
         self.requests[state.request_id] = state
         self._by_seq[state.seq.seq_id] = state
-        self.scheduler.add(state.seq)
-        return state.request_id
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        """Queue a request; return its id. Raises ValueError for bad input, queueing nothing."""
-        return self.enqueue(self.prepare(prompt, params or SamplingParams(), request_id))
+        """Queue a request whose outputs `step()` returns; return its id (a string). Raises
+        ValueError for bad input, queueing nothing."""
+        return self.enqueue(self.prepare(prompt, SamplingParams() if params is None else params, request_id))
 
     def abort(self, request_id: str) -> bool:
-        """Finish a request (every completion of an n > 1 one) now and free its blocks; False if
-        it is unknown or already done."""
-        parent = self.parents.pop(request_id, None)
-        if parent is not None:  # the waiting children first, so none is left to start on its own
-            return any([self.abort(child.request_id) for child in reversed(parent.children)])
+        """Finish a request (every completion of an n > 1 one) now and free its blocks; its
+        consumer gets one final output with finish_reason "abort". False when no unfinished
+        request has this id; ValueError when the id is not a string."""
+        self.driver.check()
+        request_id = check_request_id(request_id)
+        parent = self.parents.get(request_id)
+        if parent is not None:
+            # The waiting children first, so that none is left to start on its own.
+            live = [child for child in reversed(parent.children) if child.request_id in self.requests]
+            outputs = [self._finish_now(child, FinishReason.ABORT) for child in live]
+            self.outbox.between_steps += self._deliver(outputs[::-1])
+            return True
         state = self.requests.get(request_id)
-        if state is None or state.seq.is_finished:
+        if state is None:
             return False
-        self.scheduler.finish(state.seq, FinishReason.ABORT)
-        self._forget(state)
+        self.outbox.between_steps += self._deliver([self._finish_now(state, FinishReason.ABORT)])
         return True
+
+    def take_output(self, request_id: str) -> RequestOutput | None:
+        """The next output of a claimed request, or None when none waits yet."""
+        return self.outbox.take(request_id)
+
+    def release(self, request_id: str) -> None:
+        """A claimed request's reader leaves: drop its outputs, abort it if unfinished."""
+        self.outbox.close(request_id)
+        self.abort(request_id)
+
+    def abandon(self, request_id: str) -> None:
+        """Any thread (a finalizer): `release` the request on the engine's next call."""
+        self.outbox.abandon(request_id)
+
+    def _release_abandoned(self) -> None:
+        if self.driver.is_current():
+            for request_id in self.outbox.take_abandoned():
+                self.release(request_id)
 
     def _forget(self, state: RequestState) -> None:
         del self.requests[state.request_id]
         del self._by_seq[state.seq.seq_id]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Whether requests are queued or running, or outputs wait for `step()` to return them
+        (the final output of an aborted request, say)."""
+        self._release_abandoned()
+        return self.scheduler.has_unfinished() or bool(self.outbox.for_step)
 
     def check_invariants(self) -> None:
         """Assert the block manager's books balance against the running sequences."""
         self.block_manager.check_invariants(self.scheduler.running)
 
+    # ---- who drives ------------------------------------------------------------------------
+    def attach_loop(self, thread: threading.Thread) -> None:
+        """From now on only `thread` (a background loop) may drive the engine; see `Driver`."""
+        self._release_abandoned()
+        self.driver.attach(thread, len(self.requests) + len(self.outbox.mailboxes) + len(self.outbox.for_step))
+
+    def detach_loop(self, thread: threading.Thread) -> None:
+        self.driver.detach(thread)
+
     # ---- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; return an output for each request that progressed."""
-        return self.run_step().outputs
+        """Run one scheduled step; return the outputs waiting for `step()`'s caller: those of
+        requests added with `add_request` (deltas in new_text / new_token_ids), including ones
+        made while `LLM.generate` or a stream drove the engine."""
+        self.run_step()
+        return self.outbox.take_for_step()
 
     def run_step(self) -> StepResult:
-        """`step`, reporting what kind of step ran and how large it was."""
+        """Run one step and deliver its outputs to their consumers; report what it did.
+
+        Never raises for a failed step: see `_run` and `_fail_all`."""
+        self.driver.check()
+        self._release_abandoned()
         started = now()
-        out = self.scheduler.schedule()
-        if out is None:
-            return StepResult([], None, 0, 0, 0, started)
-        launched = self.runner.launch(out)
-        # Host work that needs no token runs while the GPU computes the step.
+        outputs = self.outbox.take_between_steps()
+        try:
+            out = self.scheduler.schedule()
+            if out is None:
+                self.runner.forget(*self.scheduler.pop_facts())
+                return StepResult(outputs, None, 0, 0, 0, started)
+            made, num_sampled = self._run(out, started)
+        except Exception as exc:  # noqa: BLE001 - outside the model: the engine's own books failed
+            logger.exception("engine step failed outside the model run; failing every request")
+            outputs += self._deliver(self._fail_all(exc))
+            return StepResult(outputs, None, 0, 0, 0, started)
+        outputs += self._deliver(made)
+        self.num_steps += 1
+        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started)
+
+    def _run(self, out: SchedulerOutput, started: float) -> tuple[list[RequestOutput], int]:
+        """Run a scheduled step; its requests' outputs (not yet delivered) and the number of
+        tokens it sampled."""
         states = [self._by_seq[seq.seq_id] for seq in (*out.seqs, *out.forked_seqs)]
-        for state in states:
-            state.on_scheduled(started)
-        result = self.runner.collect(launched)
+        try:
+            launched = self.runner.launch(out)
+            # Host work that needs no token runs while the GPU computes the step.
+            for state in states:
+                state.on_scheduled(started)
+            result = self.runner.collect(launched)
+        except BaseException as exc:
+            self.runner.recover(out)
+            if not isinstance(exc, Exception):  # KeyboardInterrupt and friends: the caller's
+                raise
+            return self._on_failed_run(out, states, exc), 0
         sampled = result.sampled
         self.scheduler.postprocess(out, sampled)
         self._take_logprobs(states, result)
-        self.num_steps += 1
         t = now()
         outputs = []
         for state, token in zip(states, sampled):
             if token is None:
                 continue
-            if state.on_new_tokens(t) and not state.seq.is_finished:
-                self.scheduler.finish(state.seq, FinishReason.STOP)
-            output = state.make_output(t)
+            try:
+                output = self._advance(state, t)
+            except Exception as exc:  # noqa: BLE001 - this request's text or stop strings: its own failure
+                logger.exception("post-processing request %r failed", state.request_id)
+                output = self._finish_now(state, FinishReason.ERROR, _describe(exc))
             if output is not None:
                 outputs.append(output)
-            if state.seq.is_finished:
-                self._forget(state)
-        if self.parents:
-            outputs = merge_outputs(outputs, self.parents)
-        num_sampled = sum(token is not None for token in sampled)
-        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started)
+        return outputs, sum(token is not None for token in sampled)
 
     def _take_logprobs(self, states: list[RequestState], result) -> None:
         """Hand the step's logprobs (a ModelRunnerOutput's) to their requests."""
@@ -231,3 +281,63 @@ class LLMEngine:
                     state.add_logprobs(top)
         for seq_id, (start, tops) in result.prompt_logprobs.items():
             self._by_seq[seq_id].add_prompt_logprobs(start, tops)
+
+    def _advance(self, state: RequestState, t: float) -> RequestOutput | None:
+        seq = state.seq
+        if state.on_new_tokens(t):  # a stop string matched
+            if seq.is_finished:  # completed by the last allowed token: still a stop, as in vLLM
+                seq.finish_reason = FinishReason.STOP
+            else:
+                self.scheduler.finish(seq, FinishReason.STOP)
+        output = state.make_output(t)
+        if seq.is_finished:
+            self._forget(state)
+        return output
+
+    def _deliver(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Fold the completions of n > 1 requests into one output each and hand every output to
+        its consumer (the outbox); return what was delivered."""
+        if self.parents:
+            outputs = merge_outputs(outputs, self.parents)
+        for output in outputs:
+            self.outbox.put(output)
+        return outputs
+
+    def _on_failed_run(self, out: SchedulerOutput, states: list[RequestState], exc: Exception) -> list[RequestOutput]:
+        """A step failed in the model or the sampler: it is one request's failure when that request
+        ran alone; otherwise the batch is retried one sequence at a time."""
+        if len(states) == 1:
+            logger.warning("step of request %r failed: %s", states[0].request_id, _describe(exc))
+            return [self._finish_now(states[0], FinishReason.ERROR, _describe(exc))]
+        logger.warning("step of %d sequences failed (%s); retrying them one at a time", len(states), _describe(exc))
+        self.scheduler.isolate([state.seq for state in states])
+        return []
+
+    def _finish_now(self, state: RequestState, reason: FinishReason, error: str | None = None) -> RequestOutput:
+        """End a request outside the normal flow (abort, failure); its final output, not yet
+        delivered."""
+        self.scheduler.finish(state.seq, reason)
+        state.error = error
+        t = now()
+        try:
+            output = state.final_output(t) if error is None else state.make_output(t)
+        except Exception:  # noqa: BLE001 - the text is what failed: report the text there is
+            output = state.make_output(t)
+        self._forget(state)
+        return output
+
+    def _fail_all(self, exc: Exception) -> list[RequestOutput]:
+        """Nothing can be attributed: every request ends with "error"; the engine stays usable."""
+        self.runner.recover(None)
+        outputs = []
+        for state in list(self.requests.values()):
+            try:
+                outputs.append(self._finish_now(state, FinishReason.ERROR, _describe(exc)))
+            except Exception:  # noqa: BLE001 - the books themselves are broken: drop it without them
+                self.scheduler.drop(state.seq)
+                self._forget(state)
+        return outputs
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

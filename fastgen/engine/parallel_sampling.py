@@ -77,6 +77,7 @@ class ParentRequest:
             metrics=merged_metrics([child.metrics for child in self.children]),
             outputs=completions,
             prompt_logprobs=self.prompt_logprobs,
+            error=next((output.error for output in child_outputs if output.error is not None), None),
         )
 
 

@@ -37,6 +37,7 @@ class RequestState:
         self.prompt = prompt
         self.prompt_token_ids = seq.token_ids[: seq.num_prompt_tokens]  # shared by every output
         self.final_only = final_only
+        self.error: str | None = None  # why it finished with reason "error"
         self.detokenizer = (
             IncrementalDetokenizer(tokenizer, self.prompt_token_ids) if tokenizer is not None else None
         )
@@ -69,25 +70,37 @@ class RequestState:
             self.metrics.num_cached_tokens = self.seq.num_cached_tokens
 
     def on_new_tokens(self, now: float) -> bool:
-        """Take the sequence's new tokens into the text; True when a stop string matched."""
+        """Take the sequence's new tokens into the metrics and the text; True when a stop string
+        matched."""
         seq = self.seq
         num_output = len(seq.token_ids) - seq.num_prompt_tokens
-        if num_output == self.num_tokens_seen:
-            return False
-        self.num_tokens_seen = num_output
-        m = self.metrics
-        if m.first_token_time is None:
-            m.first_token_time = now
-        m.last_token_time = now
-        m.num_output_tokens = num_output
+        if num_output != self.num_tokens_seen:
+            self.num_tokens_seen = num_output
+            m = self.metrics
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.last_token_time = now
+            m.num_output_tokens = num_output
+        return self._update_text()
+
+    def _update_text(self) -> bool:
+        seq = self.seq
         if self.detokenizer is None or (self.final_only and not self.stop and not seq.is_finished):
             return False
         new_ids = seq.token_ids[seq.num_prompt_tokens + self.detokenizer.num_output_tokens :]
         before = len(self.text)
-        self.text += self.detokenizer.add(new_ids)
-        if self.seq.is_finished:
+        if new_ids:
+            self.text += self.detokenizer.add(new_ids)
+        if seq.is_finished:
             self.text += self.detokenizer.flush()
         return self._cut_stop_string(before)
+
+    def final_output(self, now: float) -> RequestOutput:
+        """The final output of a request finished outside a step (aborted, or failed): its text
+        caught up with every token it has."""
+        assert self.seq.is_finished
+        self._update_text()
+        return self.make_output(now)
 
     def _cut_stop_string(self, searched_up_to: int) -> bool:
         if not self.stop or self.seq.num_output_tokens <= self.seq.params.min_tokens:
@@ -127,6 +140,7 @@ class RequestState:
             finished=finished,
             finish_reason=reason.value if isinstance(reason, FinishReason) else None,
             metrics=self.metrics,
+            error=self.error,
         )
         output.outputs = [self._completion(output, sent_before)]
         output.prompt_logprobs = self.prompt_logprobs

@@ -10,6 +10,12 @@ come straight back from the prefix cache).
 
 Parallel sampling (n > 1): the other completions of a prompt wait (`add_forks`) and fork from
 the first once its prompt is computed (see `fastgen.engine.forks`).
+
+Isolation: when a step fails, every sequence of its batch becomes a suspect (`isolate`). All
+running sequences are preempted, suspects first, and until the last suspect finishes the
+scheduler runs one sequence at a time; so a later failure happens to one sequence alone and is
+that sequence's own, and a failure that came from batching (or was transient) costs nobody
+their request.
 """
 
 from __future__ import annotations
@@ -93,6 +99,7 @@ class Scheduler:
         self._preempted: list[int] = []
         self._finished: list[int] = []
         self.pending_forks = PendingForks()
+        self.suspects: set[int] = set()  # seq_ids of sequences in a failed step (see `isolate`)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -113,15 +120,35 @@ class Scheduler:
         if out is None:
             return None
         if self.pending_forks:
-            forks, no_room = self.pending_forks.fork(out, self.running, self.max_num_seqs, self.block_manager)
+            forks, no_room = self.pending_forks.fork(out, self.running, self.seq_limit, self.block_manager)
             self._queue_first(no_room)
             out = dataclasses.replace(out, forks=forks)
         # Preemptions made just now, while forming a decode batch, are part of these facts.
-        out = dataclasses.replace(out, preempted_seq_ids=tuple(self._preempted),
-                                  finished_seq_ids=tuple(self._finished))
+        preempted, finished = self.pop_facts()
+        return dataclasses.replace(out, preempted_seq_ids=preempted, finished_seq_ids=finished)
+
+    def pop_facts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The preempted and finished seq_ids not yet handed out, which the caller now owns."""
+        facts = tuple(self._preempted), tuple(self._finished)
         self._preempted.clear()
         self._finished.clear()
-        return out
+        return facts
+
+    @property
+    def seq_limit(self) -> int:
+        """Most sequences running at once: one while any suspect is left (see `isolate`)."""
+        return 1 if self.suspects else self.max_num_seqs
+
+    def isolate(self, seqs: Iterable[Sequence]) -> None:
+        """A step over `seqs` failed (nothing of it was applied): make them suspects and preempt
+        every running sequence, the suspects to the front of the queue in batch order, so that
+        each runs alone until it finishes."""
+        seqs = list(seqs)
+        self.suspects.update(seq.seq_id for seq in seqs)
+        others = [seq for seq in self.running if seq.seq_id not in self.suspects]
+        for seq in reversed(seqs + others):  # each goes to the front: the first ends up first
+            if seq.status is SequenceStatus.RUNNING:
+                self._preempt(seq)
 
     def _schedule_prefill(self) -> SchedulerOutput | None:
         budget = self.max_num_batched_tokens
@@ -137,7 +164,7 @@ class Scheduler:
                 counts.append(n)
                 new_tables.append(False)
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.seq_limit:
             seq = self.waiting[0]
             if not self.block_manager.can_allocate(seq):
                 break
@@ -215,6 +242,15 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
+    def drop(self, seq: Sequence) -> None:
+        """Last resort when `finish` itself failed: forget the sequence without the block books
+        (its blocks are lost), so that it is never scheduled again."""
+        for queue in (self.running, self.waiting):
+            if seq in queue:
+                queue.remove(seq)
+        self.suspects.discard(seq.seq_id)
+        seq.status = SequenceStatus.FINISHED
+
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """End a sequence wherever it is (running or waiting) and free its blocks at once."""
         if seq.status is SequenceStatus.RUNNING:
@@ -227,6 +263,7 @@ class Scheduler:
         self._queue_first(self.pending_forks.orphans(seq))
         if seq.status is not SequenceStatus.FINISHED:
             self._finished.append(seq.seq_id)
+        self.suspects.discard(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 

@@ -17,9 +17,10 @@ class SequenceStatus(enum.Enum):
 
 
 class FinishReason(str, enum.Enum):
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
+    STOP = "stop"  # end-of-sequence, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    ABORT = "abort"  # aborted by its consumer or the application
+    ERROR = "error"  # a step failed on this request alone (RequestOutput.error says how)
 
 
 @dataclass(slots=True, eq=False)

@@ -9,11 +9,11 @@ model, load through transformers' `AutoTokenizer` instead (seconds): same ids ei
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from fastgen.engine.chat_template import render_chat
-from fastgen.models.config import ModelConfig
+from fastgen.models.config import ModelConfig, read_json
+from fastgen.models.config_keys import ConfigKeys
 
 # Files that carry a vocabulary; without one, transformers 5 silently builds an empty tokenizer.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -73,7 +73,13 @@ def _chat_template(config: dict) -> str | None:
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """A tokenizer settings file's object; {} when absent (ValueError naming it when malformed)."""
+    if not path.is_file():
+        return {}
+    content = read_json(path)
+    if not isinstance(content, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return content
 
 
 def load_fast_tokenizer(model: str) -> FastTokenizer | None:
@@ -113,7 +119,7 @@ def load_tokenizer(model: str):
         from transformers import AutoTokenizer  # seconds to import: only for folders that need it
 
         return AutoTokenizer.from_pretrained(model)
-    except (OSError, ValueError, TypeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         raise ValueError(f"model={model!r}: could not load its tokenizer ({exc})") from exc
 
 
@@ -122,9 +128,9 @@ def eos_token_ids(model: str, model_config: ModelConfig, tokenizer) -> set[int]:
     eos_token_id when the folder has one, else config.json's, else the tokenizer's."""
     gen_file = Path(model) / "generation_config.json"
     if gen_file.is_file():
-        eos = json.loads(gen_file.read_text()).get("eos_token_id")
-        if eos is not None:
-            return set(eos) if isinstance(eos, list) else {eos}
+        eos = ConfigKeys(read_json(gen_file), str(gen_file)).token_ids("eos_token_id")
+        if eos:
+            return set(eos)
     if model_config.eos_token_ids:
         return set(model_config.eos_token_ids)
     eos = getattr(tokenizer, "eos_token_id", None)

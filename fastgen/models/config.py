@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from fastgen.models.config_keys import ConfigKeys
 from fastgen.models.registry import ARCHITECTURES, config_class
 
 # Every dtype name fastgen accepts, from users (EngineConfig.dtype) and from config.json, with
@@ -59,24 +60,24 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict, where: str = "config") -> ModelConfig:
         """The config of the first supported entry of raw["architectures"], as the family's
-        subclass. Raises ValueError for an unsupported architecture, a missing key or a switch
-        the family does not implement."""
+        subclass, every key it uses checked. Raises ValueError naming `where` and the key for an
+        unsupported architecture, a missing or malformed key or a switch the family does not
+        implement."""
+        keys = ConfigKeys(raw, where)
         archs = raw.get("architectures") or []
-        arch = next((a for a in archs if a in ARCHITECTURES), None)
+        arch = next((a for a in archs if a in ARCHITECTURES), None) if isinstance(archs, list) else None
         if arch is None:
             raise ValueError(
                 f"architectures={archs!r} in {where} is not supported; "
                 f"supported: {sorted(ARCHITECTURES)}"
             )
         family, switches = config_class(arch), ARCHITECTURES[arch].switches
-        try:
-            return family.from_hf(raw, arch, where, **switches)
-        except KeyError as exc:
-            raise ValueError(f"{where} lacks {exc.args[0]!r}, which {arch} needs") from None
+        return family.from_hf(keys, arch, **switches)
 
     @classmethod
-    def from_hf(cls, raw: dict, architecture: str, where: str, **switches) -> ModelConfig:
-        """Parse a family's config.json dict; each family's subclass implements it."""
+    def from_hf(cls, keys: ConfigKeys, architecture: str, **switches) -> ModelConfig:
+        """Parse a family's config.json (read through `keys`, which checks each key); each
+        family's subclass implements it."""
         raise NotImplementedError(f"{cls.__name__} does not parse config.json")
 
     @classmethod
@@ -87,15 +88,19 @@ class ModelConfig:
             raise ValueError(f"model={str(path)!r} is not a directory")
         if not config_file.is_file():
             raise ValueError(f"model={str(path)!r} has no config.json")
-        return cls.from_dict(json.loads(config_file.read_text()), where=str(config_file))
+        return cls.from_dict(read_json(config_file), where=str(config_file))
+
+    def num_parameters(self) -> int:
+        """Parameters of the model this config describes (embeddings, layers, final norm, head);
+        each family counts its own."""
+        raise NotImplementedError(f"{type(self).__name__} does not count its parameters")
 
     @staticmethod
-    def shared_fields(raw: dict) -> dict:
+    def shared_fields(keys: ConfigKeys) -> dict:
         """The fields every family reads from config.json under the same keys (dtype, EOS ids)."""
-        eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
-        return dict(dtype=DTYPE_NAMES.get(str(dtype_name).replace("torch.", ""), "float32"), eos_token_ids=eos_ids)
+        dtype_key = "torch_dtype" if keys.raw.get("torch_dtype") else "dtype"
+        return dict(dtype=DTYPE_NAMES[keys.string(dtype_key, DTYPE_NAMES, "float32")],
+                    eos_token_ids=keys.token_ids("eos_token_id"))
 
     @property
     def max_len_limit(self) -> str:
@@ -105,3 +110,11 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype: str) -> int:
         """Bytes of K and V one token occupies across all layers when the cache is `dtype` (a name)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[DTYPE_NAMES[dtype]]
+
+
+def read_json(path: Path) -> object:
+    """A JSON file's content; ValueError naming the file when it is not valid JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from None

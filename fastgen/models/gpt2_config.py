@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastgen.models.config import ModelConfig
+from fastgen.models.config_keys import ConfigKeys
 
 # Switches of transformers' GPT2Config that fastgen does not implement, with the value that is
 # safe to accept. reorder_and_upcast_attn asks for a float32 q·k computed by baddbmm, which no
@@ -30,7 +31,8 @@ class GPT2ModelConfig(ModelConfig):
     scale_attn_by_inverse_layer_idx: bool
 
     @classmethod
-    def from_hf(cls, raw: dict, architecture: str, where: str) -> GPT2ModelConfig:
+    def from_hf(cls, keys: ConfigKeys, architecture: str) -> GPT2ModelConfig:
+        raw, where = keys.raw, keys.where
         for key, accepted in _REFUSED_SWITCHES.items():
             if raw.get(key, accepted) != accepted:
                 raise ValueError(f"{key}={raw[key]!r} in {where} is not supported; fastgen serves {key}={accepted}")
@@ -38,25 +40,33 @@ class GPT2ModelConfig(ModelConfig):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation_function={activation!r} in {where} is not supported; "
                              f"supported: {list(_ACTIVATIONS)}")
-        hidden, heads = raw["n_embd"], raw["n_head"]
+        hidden, heads = keys.positive_int("n_embd"), keys.positive_int("n_head")
         if hidden % heads:
             raise ValueError(f"n_embd={hidden} in {where} is not a multiple of n_head={heads}")
         return cls(
             architecture=architecture,
-            vocab_size=raw["vocab_size"],
+            vocab_size=keys.positive_int("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=raw.get("n_inner") or 4 * hidden,
-            num_layers=raw["n_layer"],
+            intermediate_size=keys.positive_int("n_inner", 4 * hidden),
+            num_layers=keys.positive_int("n_layer"),
             num_heads=heads,
             num_kv_heads=heads,
             head_dim=hidden // heads,
-            max_position_embeddings=raw["n_positions"],
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
-            layer_norm_eps=raw.get("layer_norm_epsilon", 1e-5),
-            scale_attn_weights=bool(raw.get("scale_attn_weights", True)),
-            scale_attn_by_inverse_layer_idx=bool(raw.get("scale_attn_by_inverse_layer_idx", False)),
-            **cls.shared_fields(raw),
+            max_position_embeddings=keys.positive_int("n_positions"),
+            tie_word_embeddings=keys.flag("tie_word_embeddings", True),
+            layer_norm_eps=keys.positive_number("layer_norm_epsilon", 1e-5),
+            scale_attn_weights=keys.flag("scale_attn_weights", True),
+            scale_attn_by_inverse_layer_idx=keys.flag("scale_attn_by_inverse_layer_idx", False),
+            **cls.shared_fields(keys),
         )
+
+    def num_parameters(self) -> int:
+        h, inner = self.hidden_size, self.intermediate_size
+        # c_attn and c_proj, the MLP's two projections, two LayerNorms: each with its bias.
+        layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * inner + inner) + (inner * h + h) + 4 * h
+        embeddings = (self.vocab_size + self.max_position_embeddings) * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return embeddings + self.num_layers * layer + 2 * h + head
 
     def attention_scale(self, layer_idx: int) -> float:
         """The softmax scale of layer `layer_idx` (0-based), as transformers computes it."""

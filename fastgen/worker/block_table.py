@@ -59,6 +59,11 @@ class BlockTable:
         """The sequence gave its blocks back: its row must never be read for it again."""
         self.row_of.pop(seq_id, None)
 
+    def forget_all(self) -> None:
+        """Trust no row: every sequence gets its whole table written again when it next runs."""
+        self.row_of.clear()
+        self.owner = [None] * len(self.owner)
+
     def _own(self, row: int, seq_id: int | None) -> None:
         old = self.owner[row]
         if old is not None and self.row_of.get(old) == row:

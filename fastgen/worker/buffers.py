@@ -46,6 +46,12 @@ class TokenReadback:
         if self.event is not None:
             self.event.record()
 
+    def discard(self) -> None:
+        """Forget a started copy whose step failed (nothing will read it)."""
+        if self.pending and self.event is not None:
+            self.event.synchronize()
+        self.pending = 0
+
     def wait(self) -> list[int]:
         if self.event is not None:
             self.event.synchronize()

@@ -21,6 +21,7 @@ from fastgen.models.registry import model_class
 from fastgen.worker.buffers import TokenReadback
 from fastgen.worker.kv_cache import KVCache, check_fits_one_sequence, needs_measured_budget, num_blocks_for_budget
 from fastgen.worker.logprobs import TopLogprobs, prompt_logprobs, sampled_logprobs
+from fastgen.worker.memory import check_kv_cache_fits, check_model_fits, check_step_inputs_fit
 from fastgen.worker.memory_profile import measure_kv_budget
 from fastgen.worker.sampler import Sampler
 from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
@@ -145,6 +146,7 @@ class ModelRunner:
         self.ops = build_op_set(config.compile_enabled)
         self.backend = select_backend(self.device, config.block_size, self.ops, config.attention_backend)
 
+        check_model_fits(config)
         start = time.perf_counter()
         real_weights = load_format == "safetensors"
         with default_dtype(config.torch_dtype), torch.device(self.device), skip_weight_init(real_weights):
@@ -154,6 +156,7 @@ class ModelRunner:
         self.model.eval()
         logger.info("model built in %.1fs (%s, %s)", time.perf_counter() - start, config.torch_dtype, self.device)
 
+        check_step_inputs_fit(config)
         self.inputs = StepInputBuilder(config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq,
                                        config.block_size, self.device)
         sizes = capture_sizes(config) if config.graphs_enabled else None
@@ -165,6 +168,7 @@ class ModelRunner:
                                        max(sizes) if sizes else None)
         num_blocks = num_blocks_for_budget(config, budget)
         check_fits_one_sequence(config, num_blocks)
+        check_kv_cache_fits(config, num_blocks)
         self.kv_cache = KVCache(config, num_blocks)
 
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed, self.ops.sample_tokens,
@@ -180,6 +184,24 @@ class ModelRunner:
     def forward_logits(self, inputs: StepInputs) -> torch.Tensor:
         """Logits of the rows that sample, computed eagerly over the engine's cache."""
         return forward_logits(self.model, inputs, self.kv_cache.layers)
+
+    def forget(self, preempted_seq_ids, finished_seq_ids) -> None:
+        """Follow facts no step carried (the scheduler went idle after them): drop those
+        sequences' block-table rows, and the finished ones' sampling generators."""
+        for seq_id in (*preempted_seq_ids, *finished_seq_ids):
+            self.inputs.block_table.forget(seq_id)
+        self.sampler.release(finished_seq_ids)
+        self.sampler.release_token_counts(preempted_seq_ids)
+
+    def recover(self, out: SchedulerOutput | None) -> None:
+        """After `run(out)` raised (or a step failed before reaching it, out None): the step may
+        have stopped anywhere, so trust no block-table row (every sequence's is written afresh
+        when it next runs) and follow the step's facts."""
+        self.inputs.block_table.forget_all()
+        self.readback.discard()  # a launch that got as far as the copy left its tokens unread
+        if out is not None:
+            self.sampler.release(out.finished_seq_ids)
+            self.sampler.release_token_counts(out.preempted_seq_ids)
 
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput) -> LaunchedStep:

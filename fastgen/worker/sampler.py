@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence as Seq
 
 import torch
 
+from fastgen.checks import FLOAT32_MAX
 from fastgen.engine.sequence import Sequence
 from fastgen.worker.penalties import TokenCounts, apply_penalties
 
@@ -112,9 +113,11 @@ class Sampler:
         logits = logits.float()
         vocab = logits.shape[-1]
         temps = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], dtype=torch.int64)
+        # A top_k at or above the vocabulary keeps every token: clamped here, so any integer a
+        # request may carry fits the int64 tensor.
+        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], dtype=torch.int64)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-        needs_filter = any(p.top_k > 0 or p.top_p < 1.0 for p in params)
+        needs_filter = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
         noise = self._noise(seqs, vocab)
         min_p = torch.tensor([0.0 if p.greedy else p.min_p for p in params], dtype=torch.float32)
         return self.sample_fn(
@@ -163,7 +166,9 @@ def sample_tokens(
     """
     greedy = logits.argmax(dim=-1)
     safe_t = torch.where(temperatures > 0, temperatures, torch.ones_like(temperatures))
-    scaled = logits / safe_t.unsqueeze(1)
+    # Finite logits over a small temperature can overflow to inf, and inf - inf is NaN in the
+    # softmax: keep every scaled logit finite.
+    scaled = (logits / safe_t.unsqueeze(1)).clamp(min=-FLOAT32_MAX, max=FLOAT32_MAX)
     if filter_min_p:  # vLLM's order: after temperature, before top-k / top-p
         probs = torch.softmax(scaled, dim=-1)
         threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
@@ -178,8 +183,9 @@ def sample_tokens(
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Set to -inf every logit outside the row's top-k and outside its top-p nucleus.
 
-    The nucleus keeps the smallest prefix of the sorted tokens whose mass reaches top_p, so the
-    most likely token always survives.
+    The nucleus keeps the smallest prefix of the sorted tokens whose mass reaches top_p. The most
+    likely token always survives (top_k >= 1, and rank 0 is exempt from the top-p cut: a top_p
+    that is 0 in float32 would otherwise drop every token and leave a row of NaN).
     """
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
@@ -187,6 +193,6 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs
-    drop = drop | (mass_before >= top_p.unsqueeze(1))
+    drop = drop | ((mass_before >= top_p.unsqueeze(1)) & (ranks > 0))
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

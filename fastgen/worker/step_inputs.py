@@ -50,6 +50,14 @@ class StepInputBuilder:
         # samples nothing, so the next build waits for this event before overwriting the buffers.
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
 
+    @staticmethod
+    def num_bytes(max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int) -> int:
+        """Bytes of one copy (host, or device) of the buffers a builder of these sizes allocates,
+        with the block table's per-row Python records."""
+        tokens = max(max_num_tokens, max_num_seqs)
+        per_row = 4 + 8 + 4 + 4 * max_blocks_per_seq + 16  # context len, logits index, query start, table
+        return 3 * 8 * tokens + max_num_seqs * per_row + 4
+
     def _wait_for_previous_upload(self) -> None:
         if self._uploaded is not None:
             self._uploaded.synchronize()  # returns at once if never recorded

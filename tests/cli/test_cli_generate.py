@@ -146,4 +146,4 @@ def test_generate_out_of_range_penalty_is_a_one_line_error(capsys, tiny_models):
     assert main(["generate", "--model", tiny_models["qwen3"], *CPU_FLAGS, "--presence-penalty", "3",
                  PROMPT]) == 2
     err = capsys.readouterr().err
-    assert err == "fastgen: error: presence_penalty must be in [-2, 2], got 3.0\n"
+    assert err == "fastgen: error: presence_penalty=3.0 must be in [-2, 2]\n"

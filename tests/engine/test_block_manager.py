@@ -12,7 +12,7 @@ pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from fastgen.engine.block_manager import BlockManager, chain_hash
+from fastgen.engine.block_manager import NO_HASH, BlockManager, chain_hash
 from fastgen.sampling_params import SamplingParams
 from fastgen.engine.sequence import Sequence
 
@@ -97,7 +97,7 @@ def test_no_prefix_caching_never_hits():
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["add", "grow", "free"]),
+        st.sampled_from(["add", "grow", "free", "abort_new", "abort_partial"]),
         st.integers(0, 3),  # which shared prefix (0 = none)
         st.integers(1, 40),  # length / growth
         st.integers(0, 10**6),  # picks a sequence
@@ -135,6 +135,21 @@ def test_random_programs_keep_invariants(block_size, num_blocks, program, cachin
                 compute_all(bm, seq)
         elif kind == "free" and live:
             bm.free(live.pop(pick % len(live)))
+        elif kind in ("abort_new", "abort_partial"):
+            # Aborted between allocation and the end of its prefill: none, or only the first
+            # chunk, of its tokens computed. Nothing it never computed may stay keyed.
+            seq = make_seq(next_id, prefixes[prefix] + [3000 + (next_id * 3 + i) % 40 for i in range(n)])
+            next_id += 1
+            if bm.can_allocate(seq):
+                bm.allocate(seq)
+                if kind == "abort_partial":
+                    seq.num_computed_tokens += (len(seq) - seq.num_computed_tokens) // 2
+                    bm.cache_computed_blocks(seq)
+                computed = max(seq.num_computed_tokens, seq.num_cached_tokens) // block_size
+                table = list(seq.block_table)
+                bm.free(seq)
+                for block_id in table[computed:]:
+                    assert bm.blocks[block_id].hash == NO_HASH, "a block never computed is keyed"
         bm.check_invariants(live)
         for seq in live:
             assert len(seq.block_table) >= bm.blocks_needed(seq.num_computed_tokens)

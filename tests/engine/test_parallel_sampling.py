@@ -61,10 +61,11 @@ def test_the_prompt_is_computed_once_and_its_full_blocks_shared(model):
     assert all(engine.block_manager.blocks[b].ref_count == 4 for b in shared)
     assert len({s.block_table[2] for s in seqs}) == 4  # each its own copy of the partial block
     computed = first.num_tokens
-    while engine.has_unfinished_requests():
+    while engine.scheduler.has_unfinished():
         step = engine.run_step()
         assert not step.is_prefill
         computed += step.num_tokens
+    assert [o.finished for o in engine.step()].count(True) == 1  # the request's one final output
     assert computed == len(prompt) + 4 * (MAX_TOKENS - 1)
     assert_clean(llm)
 
@@ -149,13 +150,14 @@ def test_abort_ends_every_completion_and_frees_their_blocks(model):
     engine = llm.engine
     prompt = random_prompts([40], seed=9)[0]  # three prefill chunks: children still waiting
     params = SamplingParams(n=3, temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    request_id = engine.add_request(prompt, params)
-    engine.step()
-    assert engine.abort(request_id)
-    assert_clean(llm)
-    request_id = engine.add_request(prompt, params)
-    for _ in range(5):
-        engine.step()  # forked and decoding
-    assert len(engine.scheduler.running) == 3
-    assert engine.abort(request_id) and not engine.abort(request_id)
-    assert_clean(llm)
+    for steps in (1, 5):  # children waiting to fork; forked and decoding
+        request_id = engine.add_request(prompt, params)
+        for _ in range(steps):
+            engine.step()
+        if steps == 5:
+            assert len(engine.scheduler.running) == 3
+        assert engine.abort(request_id) and not engine.abort(request_id)
+        (final,) = engine.step()  # one final output of the request, every completion aborted
+        assert final.request_id == request_id and final.finished
+        assert [c.finish_reason for c in final.outputs] == ["abort"] * 3
+        assert_clean(llm)

@@ -79,51 +79,100 @@ def test_preempts_newest_when_blocks_run_out():
     s.block_manager.check_invariants(s.running)
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12),
-    outputs=st.lists(st.integers(1, 12), min_size=12, max_size=12),
-    block_size=st.integers(1, 8),
-    extra_blocks=st.integers(0, 30),
-    budget=st.integers(1, 64),
-    max_num_seqs=st.integers(1, 6),
-    shared=st.integers(0, 20),
-    seed=st.integers(0, 1000),
+def test_a_failed_batch_is_retried_one_sequence_at_a_time():
+    s = make_scheduler()
+    a, b, c = seq(0, 5, max_tokens=3), seq(1, 6, max_tokens=3), seq(2, 7, max_tokens=3)
+    for sq in (a, b, c):
+        s.add(sq)
+    run_step(s)  # all three prefilled
+    out = s.schedule()
+    assert out.seqs == [a, b, c]
+    s.isolate(out.seqs)  # the step failed: nothing of it applied
+    assert s.suspects == {0, 1, 2} and list(s.waiting) == [a, b, c] and not s.running
+    s.block_manager.check_invariants(s.running)
+    order = []
+    while s.has_unfinished():
+        out = run_step(s)
+        assert len(out.seqs) == 1
+        order.append(out.seqs[0].seq_id)
+    # Each alone, in batch order: recomputed (its 2nd token), then decoded to its 3rd and last.
+    assert order == [0, 0, 1, 1, 2, 2]
+    assert not s.suspects and s.block_manager.num_free_blocks == s.block_manager.num_blocks
+
+
+# ---- random workloads ----------------------------------------------------------------------
+
+odd_params = st.builds(
+    SamplingParams,
+    temperature=st.sampled_from([0.0, 1e-6, 0.7, 3.4e38]),
+    top_k=st.sampled_from([-1, 1, 3, 2**63]),
+    top_p=st.sampled_from([1.0, 0.5, 1e-46, 5e-324]),
+    max_tokens=st.integers(1, 12),
+    ignore_eos=st.booleans(),
+    stop_token_ids=st.lists(st.integers(0, 99), max_size=3),
 )
-def test_random_workloads_drain_with_balanced_books(
-    lengths, outputs, block_size, extra_blocks, budget, max_num_seqs, shared, seed
+
+events = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "step", "step", "step", "abort", "fail"]),
+        st.integers(1, 40),  # prompt length of an add
+        odd_params,
+        st.integers(0, 10**6),  # picks a sequence to abort
+    ),
+    min_size=1, max_size=80,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(program=events, block_size=st.integers(1, 8), extra_blocks=st.integers(0, 30), budget=st.integers(1, 64),
+       max_num_seqs=st.integers(1, 6), shared=st.integers(0, 20), seed=st.integers(0, 1000))
+def test_random_workloads_with_aborts_and_failed_steps_drain_with_balanced_books(
+    program, block_size, extra_blocks, budget, max_num_seqs, shared, seed
 ):
+    """Requests with odd settings arrive between steps; some are aborted wherever they are
+    (waiting, mid-prefill, decoding); some steps fail and are isolated. The books balance after
+    every event, a suspect never shares a step, and everything drains."""
     max_model_len = 64
     num_blocks = -(-max_model_len // block_size) + extra_blocks  # always fits one longest request
     bm = BlockManager(num_blocks, block_size)
     s = Scheduler(bm, max_num_seqs, budget, max_model_len, eos_token_ids=[0])
     rng = random.Random(seed)
     prefix = [5] * shared
-    seqs = []
-    for i, (n, m) in enumerate(zip(lengths, outputs)):
-        n = min(n + shared, max_model_len - m) - shared
-        if n < 1:
-            continue
-        sq = Sequence(i, prefix + [rng.randrange(1, 100) for _ in range(n)], SamplingParams(max_tokens=m, ignore_eos=i % 3 != 0))
-        seqs.append(sq)
-        s.add(sq)
-    steps = 0
-    while s.has_unfinished():
+    seqs: list[Sequence] = []
+
+    def step(fail: bool) -> None:
         out = s.schedule()
-        assert out is not None, "scheduler stalled with work left"
-        assert len(out.seqs) <= max_num_seqs
+        if out is None:
+            return
+        assert len(out.seqs) <= s.max_num_seqs
+        if s.suspects:
+            assert len(out.seqs) == 1, "a suspect shared a step"
         if out.is_prefill:
             assert out.num_tokens <= budget
-        tokens = [rng.randrange(0, 100) if out.samples(i) else None for i in range(len(out.seqs))]
-        s.postprocess(out, tokens)
+        if fail:
+            s.isolate(out.seqs)
+        else:
+            s.postprocess(out, [rng.randrange(0, 100) if out.samples(i) else None for i in range(len(out.seqs))])
+
+    for kind, n, params, pick in program:
+        if kind == "add":
+            n = max(1, min(n + shared, max_model_len - params.max_tokens) - shared)
+            sq = Sequence(len(seqs), prefix + [rng.randrange(1, 100) for _ in range(n)], params)
+            seqs.append(sq)
+            s.add(sq)
+        elif kind in ("step", "fail"):
+            step(fail=kind == "fail")
+        elif kind == "abort" and seqs:
+            s.finish(seqs[pick % len(seqs)], FinishReason.ABORT)  # anywhere, even if already finished
         bm.check_invariants(s.running)
-        if rng.random() < 0.05 and s.running:  # an abort mid-flight
-            s.finish(s.running[-1], FinishReason.ABORT)
-            bm.check_invariants(s.running)
+    steps = 0
+    while s.has_unfinished():
+        step(fail=False)
+        bm.check_invariants(s.running)
         steps += 1
-        assert steps < 10_000
-    assert bm.num_free_blocks == num_blocks
+        assert steps < 10_000, "scheduler stalled with work left"
+    assert bm.num_free_blocks == num_blocks and not s.suspects
     for sq in seqs:
         assert sq.is_finished
-        if sq.finish_reason.value == "length":
-            assert sq.num_output_tokens == sq.params.max_tokens
+        if sq.finish_reason is FinishReason.LENGTH:
+            assert sq.num_output_tokens == sq.params.max_tokens or len(sq) == max_model_len

@@ -81,7 +81,8 @@ def test_abort_frees_blocks_and_spares_others(llm, reference, tiny_models):
             if out.finished:
                 finished[out.request_id] = out
         engine.check_invariants()
-    assert set(finished) == {ids[0], ids[2]}
+    assert set(finished) == set(ids)
+    assert finished[ids[1]].finish_reason == "abort"  # step() hands the aborted request's final output out
     expected = reference(tiny_models["qwen3"], prompts, 24)
     assert finished[ids[0]].token_ids == expected[0]
     assert finished[ids[2]].token_ids == expected[2]
@@ -92,6 +93,9 @@ def test_abort_waiting_request(llm):
     engine = llm.engine
     rid = engine.add_request([5, 6, 7], GREEDY)
     assert engine.abort(rid)
+    assert engine.has_unfinished_requests()  # its final output waits for step()
+    (final,) = engine.step()
+    assert final.request_id == rid and final.finish_reason == "abort" and final.token_ids == []
     assert not engine.has_unfinished_requests()
 
 
@@ -182,8 +186,7 @@ def test_background_shutdown_frees_unfinished_requests_and_refuses_new_ones(llm)
     assert final.finished and done.result() is final  # a consumed stream ends at once
     assert list(done) == []
     bg.shutdown()
-    with pytest.raises(RuntimeError, match="ended before it finished"):
-        cut.result()
+    assert cut.result().finish_reason == "abort"  # shutting down aborts it: its one final output
     with pytest.raises(RuntimeError, match="shut down"):
         bg.submit([1, 2], long)
     assert_clean(llm)  # the cut request's blocks came back

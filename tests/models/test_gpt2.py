@@ -92,7 +92,7 @@ def test_attention_scale_switches_match_transformers(tmp_path):
         (dict(add_cross_attention=True), r"add_cross_attention=True in .*config.json is not supported"),
         (dict(activation_function="relu"), r"activation_function='relu' in .* supported: \['gelu_new'\]"),
         (dict(n_embd=65), r"n_embd=65 in .* is not a multiple of n_head=4"),
-        (dict(n_positions=None), r"config.json lacks 'n_positions', which GPT2LMHeadModel needs"),
+        (dict(n_positions=None), r"config.json has no 'n_positions', which the engine needs"),
     ],
 )
 def test_unsupported_or_broken_config_is_refused(tiny_models, tmp_path, change, message):

@@ -141,3 +141,39 @@ def test_min_tokens_bans_eos_and_stop_tokens_until_reached():
         for _ in want:
             seq.token_ids.append(sampler(logits, [seq]).item())
         assert seq.output_token_ids == want, params
+
+
+# ---- what a request may ask for, the sampler must represent --------------------------------
+
+def test_a_top_k_beyond_int64_keeps_every_token():
+    """top_k is clamped to the vocabulary: 2**63 neither overflows the int64 tensor nor filters."""
+    logits = random_logits(4, seed=5)
+    huge = seqs_for(*[SamplingParams(temperature=1.0, top_k=2**63, seed=s) for s in range(4)])
+    unfiltered = seqs_for(*[SamplingParams(temperature=1.0, seed=s) for s in range(4)])
+    huge_sampler, unfiltered_sampler = make_sampler(), make_sampler()
+    draws = [huge_sampler(logits, huge).tolist() for _ in range(10)]
+    assert draws == [unfiltered_sampler(logits, unfiltered).tolist() for _ in range(10)]
+    assert len({tuple(d) for d in draws}) > 1  # sampling, not argmax
+
+
+@pytest.mark.parametrize("top_p", [1e-46, 1e-30, 1e-9])
+def test_a_tiny_top_p_keeps_the_most_likely_token(top_p):
+    """Below ~1e-45 top_p is 0 in float32; the most likely token must still survive (vLLM's rule)
+    instead of every token being filtered and the row sampling garbage from NaN."""
+    logits = random_logits(8, seed=6)
+    logits[:, 0] = -10.0  # the token a NaN row would come back as
+    params = [SamplingParams(temperature=1.0, top_p=top_p)] * 8
+    sampler = make_sampler()
+    for _ in range(20):
+        assert sampler(logits, seqs_for(*params)).tolist() == logits.argmax(-1).tolist()
+
+
+def test_huge_logits_over_a_small_temperature_stay_finite():
+    """Finite logits divided by a small temperature overflow to inf in float32, and inf - inf in
+    the softmax is NaN: the scaled logits are kept finite, so the top token still wins."""
+    logits = torch.zeros(2, VOCAB)
+    logits[0, 7], logits[0, 8] = 1e35, 9e34
+    logits[1, 9] = float("inf")
+    params = [SamplingParams(temperature=2e-5, top_k=5), SamplingParams(temperature=1.0)]
+    for _ in range(10):
+        assert make_sampler()(logits, seqs_for(*params)).tolist() == [7, 9]

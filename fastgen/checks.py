@@ -1,0 +1,49 @@
+"""Value checks shared by every boundary (`SamplingParams`, `EngineConfig`, `LLM`, config.json).
+
+Each raises ValueError naming the field, the value and the limit, and returns the value as a
+plain Python bool / int / float, so that what passes is exactly what the engine will use (a
+numpy scalar or an int subclass never travels further in).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+# The sampler computes in float32: a number beyond this is infinite there.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def boolean(name: str, value: object) -> bool:
+    """True or False only: "no", 0, 1 and None are refused (a non-empty string is truthy)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be True or False")
+    return value
+
+
+def integer(name: str, value: object, minimum: int | None = None, below: int | None = None,
+            below_text: str | None = None) -> int:
+    """An integer (numpy integers too, never a bool) in [minimum, below)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}={value!r} must be an integer" + (f" >= {minimum}" if minimum is not None else ""))
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+    if below is not None and value >= below:
+        raise ValueError(f"{name}={value} must be < {below_text or below}")
+    return value
+
+
+def real(name: str, value: object, limit_text: str, low: float, high: float = FLOAT32_MAX,
+         low_open: bool = False) -> float:
+    """A finite number in [low, high] ((low, high] with low_open); `limit_text` describes the range
+    in the message. Integers too large for a float are refused, not an OverflowError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}={value!r} must be {limit_text}")
+    try:
+        number = float(value)
+    except (OverflowError, ValueError):
+        number = math.inf
+    if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
+        raise ValueError(f"{name}={value!r} must be {limit_text}")
+    return number

@@ -1,0 +1,77 @@
+"""Reading config.json keys, each one checked: a missing or malformed key is a ValueError naming
+the file, the key, the value and what was expected (never a KeyError or a TypeError later)."""
+
+from __future__ import annotations
+
+from fastgen.checks import boolean, integer, real
+
+_REQUIRED = object()
+# RoPE variants the rotary layer implements, with the numeric keys each needs.
+ROPE_TYPES = {"default": (), "linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+class ConfigKeys:
+    """raw: the parsed config.json; where: its path, for messages."""
+
+    def __init__(self, raw: object, where: str):
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where} must hold a JSON object, got {type(raw).__name__}")
+        self.raw = raw
+        self.where = where
+
+    def _get(self, key: str, default):
+        value = self.raw.get(key)
+        if value is None:
+            if default is _REQUIRED:
+                raise ValueError(f"{self.where} has no {key!r}, which the engine needs")
+            return default
+        return value
+
+    def _checked(self, check, key: str, value, *args, **kwargs):
+        try:
+            return check(key, value, *args, **kwargs)
+        except ValueError as exc:
+            raise ValueError(f"{self.where}: {exc}") from None
+
+    def positive_int(self, key: str, default=_REQUIRED) -> int:
+        """A key that must be an integer >= 1 (null or absent: the default)."""
+        return self._checked(integer, key, self._get(key, default), minimum=1)
+
+    def positive_number(self, key: str, default=_REQUIRED) -> float:
+        return self._positive(key, self._get(key, default))
+
+    def _positive(self, name: str, value) -> float:
+        return self._checked(real, name, value, "a finite number > 0", low=0.0, high=float("inf"), low_open=True)
+
+    def flag(self, key: str, default: bool) -> bool:
+        return self._checked(boolean, key, self._get(key, default))
+
+    def token_ids(self, key: str) -> tuple[int, ...]:
+        """An id, a list of ids, or null."""
+        value = self._get(key, None)
+        values = value if isinstance(value, list) else ([] if value is None else [value])
+        return tuple(self._checked(integer, key, v, minimum=0) for v in values)
+
+    def string(self, key: str, choices, default: str) -> str:
+        value = self._get(key, default)
+        if not isinstance(value, str) or value.removeprefix("torch.") not in choices:
+            raise ValueError(f"{self.where}: {key}={value!r} is not one of {sorted(choices)}")
+        return value.removeprefix("torch.")
+
+    def rope(self) -> tuple[dict, str]:
+        """The RoPE parameters (rope_parameters, or the older rope_scaling) and their type."""
+        rope = self.raw.get("rope_parameters") or self.raw.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"{self.where}: rope_parameters / rope_scaling={rope!r} must be an object")
+        kind = rope.get("rope_type", rope.get("type")) or "default"
+        if kind not in ROPE_TYPES:
+            raise ValueError(f"{self.where}: rope type {kind!r} is not supported; supported: {sorted(ROPE_TYPES)}")
+        for key in ROPE_TYPES[kind]:
+            if key not in rope:
+                raise ValueError(f"{self.where}: {kind!r} RoPE scaling has no {key!r}")
+            self._positive(f"rope {key}", rope[key])
+        if kind == "llama3" and not rope["high_freq_factor"] > rope["low_freq_factor"]:
+            raise ValueError(f"{self.where}: llama3 RoPE high_freq_factor={rope['high_freq_factor']!r} must be "
+                             f"> low_freq_factor={rope['low_freq_factor']!r}")
+        return rope, kind

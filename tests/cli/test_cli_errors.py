@@ -1,0 +1,48 @@
+"""Values the engine finds too large, or a broken config.json, end the command with one line and
+exit status 2 — never a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from fastgen.cli.main import main
+
+FLAGS = ["--device", "cpu", "--dtype", "float32"]
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flag, value, name", [
+    ("--kv-cache-memory-bytes", "1e30", "kv_cache_memory_bytes="),
+    ("--num-kv-blocks", str(10**12), "num_kv_blocks="),
+    ("--max-num-seqs", str(10**12), "max_num_seqs="),
+    ("--max-num-batched-tokens", str(10**12), "max_num_batched_tokens="),
+])
+def test_more_memory_than_the_machine_has_exits_2_in_one_line(capsys, tiny_models, flag, value, name):
+    assert main(["generate", "--model", tiny_models["qwen3"], *FLAGS, flag, value, "--max-tokens", "2", "hi"]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith("fastgen: error: ") and name in err and "available" in err
+
+
+def test_a_config_json_without_a_key_exits_2_naming_file_and_key(capsys, tiny_models, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_models["qwen3"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["num_attention_heads"]
+    (folder / "config.json").write_text(json.dumps(config))
+    assert main(["generate", "--model", str(folder), *FLAGS, "hi"]) == 2
+    err = one_line_error(capsys)
+    assert "config.json has no 'num_attention_heads'" in err
+
+
+def test_a_temperature_beyond_float32_exits_2(capsys, tiny_models):
+    assert main(["generate", "--model", tiny_models["qwen3"], *FLAGS, "--kv-cache-memory-bytes", "16MiB",
+                 "--temperature", "1e39", "hi"]) == 2
+    assert "temperature=1e+39 must be a finite number" in one_line_error(capsys)
