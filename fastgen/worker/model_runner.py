@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ import torch
 from fastgen.attention import select_backend
 from fastgen.compile import build_op_set
 from fastgen.config import LOAD_FORMATS, EngineConfig
+from fastgen.distributed.group import SINGLE_RANK, TensorParallelGroup
 from fastgen.engine.scheduler import SchedulerOutput
 from fastgen.graphs import CudaGraphRunner, default_capture_sizes
 from fastgen.models.loader import load_weights
@@ -21,7 +23,7 @@ from fastgen.worker.buffers import TokenReadback
 from fastgen.worker.kv_cache import KVCache, check_fits_one_sequence, needs_measured_budget, num_blocks_for_budget
 from fastgen.worker.memory_profile import measure_kv_budget
 from fastgen.worker.sampler import Sampler
-from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
+from fastgen.worker.step_inputs import StepInputBuilder, StepInputs, StepLayout
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +101,16 @@ class ModelRunner:
 
     Start-up, in order: build the model, load its weights, measure what the GPU can spare (CUDA),
     size and allocate the KV cache, capture the decode graphs.
+
+    Under tensor parallelism every rank has a ModelRunner over its shard (`tp`); all ranks run
+    start-up in step (the budget is the smallest any rank measured, so every cache has the same
+    block count). Rank 0's gets a `step_sender` and is driven by the engine: `launch` hands each
+    filled step to the other ranks (`make_step_sender(builder).send`) before running it. The others are driven by
+    `fastgen.distributed.worker`, which calls `execute` on the steps it receives.
     """
 
-    def __init__(self, config: EngineConfig, load_format: str = "safetensors"):
+    def __init__(self, config: EngineConfig, load_format: str = "safetensors", tp: TensorParallelGroup = SINGLE_RANK,
+                 make_step_sender: Callable[[StepInputBuilder], object] | None = None):
         if load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format={load_format!r} must be one of {list(LOAD_FORMATS)}")
         self.config = config
@@ -116,7 +125,8 @@ class ModelRunner:
         start = time.perf_counter()
         real_weights = load_format == "safetensors"
         with default_dtype(config.torch_dtype), torch.device(self.device), skip_weight_init(real_weights):
-            self.model = model_class(mc.architecture)(mc, self.backend, self.ops, max_positions=config.max_model_len)
+            self.model = model_class(mc.architecture)(mc, self.backend, self.ops, max_positions=config.max_model_len,
+                                                      tp=tp)
         if real_weights:
             load_weights(self.model, config.model)
         self.model.eval()
@@ -131,6 +141,7 @@ class ModelRunner:
             profiler = Sampler(mc.vocab_size, self.device, 0, self.ops.sample_tokens)
             budget = measure_kv_budget(config, functools.partial(profile_step, self.model, profiler),
                                        max(sizes) if sizes else None)
+            budget = tp.min_across_ranks(budget, self.device)
         num_blocks = num_blocks_for_budget(config, budget)
         check_fits_one_sequence(config, num_blocks)
         self.kv_cache = KVCache(config, num_blocks)
@@ -139,6 +150,7 @@ class ModelRunner:
         self.readback = TokenReadback(config.max_num_seqs, self.device)
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
                                       self.device) if sizes else None
+        self.step_sender = make_step_sender(self.inputs) if make_step_sender is not None else None
 
     @property
     def num_kv_blocks(self) -> int:
@@ -153,20 +165,34 @@ class ModelRunner:
         """Queue one step's GPU work: inputs, forward (graph replay or eager), sampling, and the
         copy of the sampled ids to the host. Returns without waiting for the GPU."""
         self.sampler.release(out.finished_seq_ids)
-        greedy = None
-        if out.is_prefill:
-            inputs = self.inputs.build_prefill(out)
-            logits = self.forward_logits(inputs)
-        elif self.graphs is not None and self.graphs.can_run(len(out.seqs)):
-            inputs, logits, greedy = self.graphs.run(out)
-        else:
-            inputs = self.inputs.build_decode(out)
-            logits = self.forward_logits(inputs)
-        sample_seqs = [out.seqs[i] for i in inputs.sample_rows]
+        layout = self._fill(out)
+        if self.step_sender is not None:
+            self.step_sender.send(layout, self.inputs)
+        logits, greedy = self.execute(layout)
+        sample_seqs = [out.seqs[i] for i in layout.sample_rows]
         if sample_seqs:
             n = len(sample_seqs)
             self.readback.start(self.sampler(logits[:n], sample_seqs, None if greedy is None else greedy[:n]))
-        return LaunchedStep(len(out.seqs), inputs.sample_rows)
+        return LaunchedStep(len(out.seqs), list(layout.sample_rows))
+
+    def _fill(self, out: SchedulerOutput) -> StepLayout:
+        """The step's host rows; a decode batch a graph can run is padded to its size."""
+        if out.is_prefill:
+            return self.inputs.fill_prefill(out)
+        n = len(out.seqs)
+        if self.graphs is not None and self.graphs.can_run(n):
+            return self.inputs.fill_decode(out, pad_to=self.graphs.padded_size(n))
+        return self.inputs.fill_decode(out)
+
+    @torch.inference_mode()
+    def execute(self, layout: StepLayout) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Upload a filled step and run the model on it: what every tensor-parallel rank runs.
+        Returns the logits of the rows that sample (decode: every row, padding included) and,
+        from a decode graph, their argmax (else None)."""
+        inputs = self.inputs.upload(layout)
+        if not layout.is_prefill and self.graphs is not None and layout.num_rows in self.graphs.sizes:
+            return self.graphs.replay(inputs)
+        return self.forward_logits(inputs), None
 
     def collect(self, step: LaunchedStep) -> list[int | None]:
         """Wait for a launched step's tokens: one per scheduled sequence, None where its chunk
@@ -180,3 +206,6 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> list[int | None]:
         """Run one step and wait for its tokens (`launch` then `collect`)."""
         return self.collect(self.launch(out))
+
+    def shutdown(self) -> None:
+        """Nothing to release on one device (a tensor-parallel engine stops its workers here)."""
