@@ -14,7 +14,9 @@ Every rank then joins two groups: the device group (NCCL on CUDA, gloo on CPU; t
 group) that the model's all-reduces and all-gathers run on, with `distributed_timeout_s`; and the
 step group (gloo, CPU tensors) that carries rank 0's step broadcasts and has no practical
 deadline, since an engine may sit idle for any time between steps. The store also carries a
-failing rank's error report (`report_failure` / `failure_report`).
+failing rank's error report (`report_failure` / `failure_report`) and, for spawned ranks, the
+sign that each is up (`mark_joined` / `has_joined`), so that rank 0 never waits in a rendezvous
+for a process that already died.
 """
 
 from __future__ import annotations
@@ -111,12 +113,11 @@ def connect_store(config: EngineConfig, host: str, port: int, rank: int):
 
 @dataclass(frozen=True)
 class ProcessGroups:
-    """What one rank holds once joined: its TensorParallelGroup (the device group), the step
-    group, and the store (prefixed: fastgen's keys only)."""
+    """What one rank holds once joined: its TensorParallelGroup (the device group) and the step
+    group."""
 
     tp: TensorParallelGroup
     step_group: object
-    store: object
 
 
 def join_groups(config: EngineConfig, store, rank: int) -> ProcessGroups:
@@ -130,11 +131,10 @@ def join_groups(config: EngineConfig, store, rank: int) -> ProcessGroups:
                            "engine sets up its own process group (one such engine per process at a time)")
     size = config.tensor_parallel_size
     backend = "nccl" if config.device.startswith("cuda") else "gloo"
-    prefixed = dist.PrefixStore(_PREFIX, store)
-    dist.init_process_group(backend, store=dist.PrefixStore("groups/", prefixed), rank=rank, world_size=size,
+    dist.init_process_group(backend, store=_prefixed(store, "groups/"), rank=rank, world_size=size,
                             timeout=timedelta(seconds=config.distributed_timeout_s))
     step_group = dist.new_group(backend="gloo", timeout=STEP_WAIT)
-    return ProcessGroups(TensorParallelGroup(rank, size), step_group, prefixed)
+    return ProcessGroups(TensorParallelGroup(rank, size), step_group)
 
 
 def leave_groups() -> None:
@@ -144,17 +144,33 @@ def leave_groups() -> None:
         dist.destroy_process_group()
 
 
+def _prefixed(store, name: str = ""):
+    """fastgen's own keys in a store that torch (or torchrun's agent) shares."""
+    import torch.distributed as dist
+
+    return dist.PrefixStore(_PREFIX + name, store)
+
+
+def mark_joined(store, rank: int) -> None:
+    """A spawned rank is up and about to join the groups (see `has_joined`)."""
+    _prefixed(store).set(f"joined/{rank}", "1")
+
+
+def has_joined(store, rank: int) -> bool:
+    return _prefixed(store).check([f"joined/{rank}"])
+
+
 def report_failure(store, rank: int, message: str) -> None:
     """Leave a rank's error where rank 0 looks for it (best effort: the store may be gone)."""
     try:
-        store.set(f"failed/{rank}", message)
+        _prefixed(store).set(f"failed/{rank}", message)
     except Exception:  # noqa: BLE001 - the process is failing anyway; rank 0 still sees it exit
         pass
 
 
 def failure_report(store, rank: int) -> str | None:
     """The error rank `rank` reported, if any."""
-    key = f"failed/{rank}"
+    key, store = f"failed/{rank}", _prefixed(store)
     try:
         return store.get(key).decode(errors="replace") if store.check([key]) else None
     except Exception:  # noqa: BLE001 - a store that is gone holds no report

@@ -47,10 +47,15 @@ class LLMEngine:
         """skip_tokenizer_init: serve token-id prompts only and return no text (for benchmarks
         on dummy weights, whose folders hold only a config.json)."""
         self.config = config
-        from fastgen.worker.model_runner import ModelRunner  # torch and the model: not for `import fastgen`
-
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(config.model)
-        self.runner = ModelRunner(config, load_format=load_format)
+        if config.tensor_parallel_size > 1:
+            from fastgen.distributed.driver import start_tensor_parallel
+
+            self.runner = start_tensor_parallel(config, load_format)  # on ranks > 0: serves, never returns
+        else:
+            from fastgen.worker.model_runner import ModelRunner  # torch and the model: not for `import fastgen`
+
+            self.runner = ModelRunner(config, load_format=load_format)
         self.block_manager = BlockManager(
             self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -136,6 +141,10 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def shutdown(self) -> None:
+        """Release the runner's processes (a tensor-parallel engine's workers); idempotent."""
+        self.runner.shutdown()
 
     def check_invariants(self) -> None:
         """Assert the block manager's books balance against the running sequences."""
