@@ -3,6 +3,8 @@ anything is read, so a tensor-parallel rank reads its shard of a weight, never t
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -38,6 +40,10 @@ class CheckpointTensor:
         window = list(self._window)
         window[dim] = (offset + start, length)
         return CheckpointTensor(self.name, self._source, self._transposed, tuple(window))
+
+    def read_numel(self) -> int:
+        """Elements `read` materialises."""
+        return math.prod(self.shape)
 
     def read(self) -> torch.Tensor:
         index = tuple(slice(start, start + length) for start, length in self._window)
