@@ -23,6 +23,7 @@ from fastgen import LLM, SamplingParams
 from fastgen.engine.block_manager import BlockManager
 from fastgen.engine.scheduler import Scheduler, SchedulerOutput
 from fastgen.engine.sequence import Sequence
+from fastgen.worker.model_runner import ModelRunnerOutput
 from fastgen.worker.step_inputs import StepInputBuilder
 from tests.tiny_models import build_tokenizer, model_config
 
@@ -241,11 +242,11 @@ class EngineDecodeBatch:
 
     def _run_without_model(self, out):
         if out.is_prefill:
-            return [7 if out.samples(i) else None for i in range(len(out.seqs))]
+            return ModelRunnerOutput([7 if out.samples(i) else None for i in range(len(out.seqs))])
         self.engine.runner.inputs.build_decode(out)
         tokens = self.tokens[self.steps % len(self.tokens)]
         self.steps += 1
-        return tokens[: len(out.seqs)]
+        return ModelRunnerOutput(tokens[: len(out.seqs)])
 
     def reset(self) -> None:
         for request_id in list(self.engine.requests):

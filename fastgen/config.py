@@ -161,6 +161,8 @@ class EngineConfig:
     """torch.compile the element-wise ops and the sampler. Default: on CUDA only."""
     seed: int = _knob(0, at_least(0, below=SEED_LIMIT, below_text="2**64"))
     """Seed of the sampler's generator for requests that bring no seed of their own."""
+    max_logprobs: int = _knob(20, at_least(0))
+    """Most logprobs (and prompt_logprobs) a request may ask for per token, as in vLLM."""
     tensor_parallel_size: int = _knob(1, at_least(1))
     """Processes (one device each) that one model is split across: attention heads, MLP columns and
     the vocabulary are divided between them, and each holds its share of the KV cache. Ranks

@@ -95,18 +95,19 @@ def build_tiny_model(family: str, out_dir: Path, seed: int = 0, **overrides) -> 
 
 
 def hf_greedy(
-    model_dir: Path, prompts: list[list[int]], max_new_tokens: int, dtype: torch.dtype = torch.float32
+    model_dir: Path, prompts: list[list[int]], max_new_tokens: int, dtype: torch.dtype = torch.float32,
+    **generate_kwargs,
 ) -> list[list[int]]:
     """transformers' own greedy continuation of each prompt (one at a time: no padding), never
-    stopping early at EOS."""
+    stopping early at EOS unless `generate_kwargs` names an eos_token_id (other generate()
+    arguments, such as repetition_penalty or min_new_tokens, go through too)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
+    kwargs = {"min_new_tokens": 0, **generate_kwargs}
     results = []
     with torch.no_grad():
         for ids in prompts:
-            out = model.generate(
-                torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0
-            )
+            out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
             results.append(out[0, len(ids) :].tolist())
     return results

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 import torch
 
 from fastgen.compile import ops
+from fastgen.worker.penalties import apply_penalties
 from fastgen.worker.sampler import sample_tokens
 
 
 @dataclass(frozen=True)
 class OpSet:
     """The element-wise pieces of a decoder step (RMSNorm, RoPE and SwiGLU for the Llama family;
-    LayerNorm and GELU for GPT-2) and the sampler's arithmetic. With `compiled`,
+    LayerNorm and GELU for GPT-2) and the sampler's arithmetic (penalties, then sampling). With `compiled`,
     each is a torch.compile'd function (Inductor fuses its element-wise work into few kernels);
     otherwise the plain eager functions."""
 
@@ -26,6 +27,7 @@ class OpSet:
     add_layer_norm: Callable
     gelu_tanh: Callable
     sample_tokens: Callable
+    apply_penalties: Callable
     compiled: bool
 
 
@@ -46,5 +48,6 @@ def build_op_set(compiled: bool) -> OpSet:
         add_layer_norm=wrap(ops.add_layer_norm),
         gelu_tanh=wrap(ops.gelu_tanh),
         sample_tokens=wrap(sample_tokens),
+        apply_penalties=wrap(apply_penalties),
         compiled=compiled,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Iterable
 from contextlib import contextmanager
 
 import torch
@@ -25,7 +26,8 @@ from fastgen.distributed.worker import cpu_threads_per_rank
 from fastgen.engine.scheduler import SchedulerOutput
 
 
-def start_tensor_parallel(config: EngineConfig, load_format: str) -> TensorParallelRunner:
+def start_tensor_parallel(config: EngineConfig, load_format: str, eos_token_ids: Iterable[int] = ()
+                          ) -> TensorParallelRunner:
     """Rank 0's runner. On a rank > 0 of a torchrun job, serve as that rank's worker until rank
     0's engine stops, then exit the process (SystemExit(0)): only rank 0 runs the application."""
     env = torchrun_env()
@@ -35,7 +37,7 @@ def start_tensor_parallel(config: EngineConfig, load_format: str) -> TensorParal
 
         serve(config, load_format, connect_store(config, env.master_addr, env.master_port, env.rank), env.rank)
         raise SystemExit(0)
-    return TensorParallelRunner(config, load_format)
+    return TensorParallelRunner(config, load_format, eos_token_ids)
 
 
 def _abort_default_group() -> None:
@@ -57,7 +59,7 @@ class TensorParallelRunner:
     """Rank 0's runner: the engine's `launch` / `collect` / `num_kv_blocks`, plus `shutdown`.
     Every other attribute (graphs, kv_cache, model, ...) is rank 0's `ModelRunner`'s."""
 
-    def __init__(self, config: EngineConfig, load_format: str = "safetensors"):
+    def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = ()):
         from fastgen.worker.model_runner import ModelRunner
 
         env = torchrun_env()
@@ -78,7 +80,7 @@ class TensorParallelRunner:
             groups = join_groups(config, self.supervisor.store, 0)
             if config.device.startswith("cuda"):
                 self.supervisor.abort_device_group = _abort_default_group
-            self.runner = ModelRunner(config_for_rank(config, 0), load_format, tp=groups.tp,
+            self.runner = ModelRunner(config_for_rank(config, 0), load_format, eos_token_ids, tp=groups.tp,
                                       make_step_sender=functools.partial(StepSender, groups.step_group))
             self.supervisor.send_stop = self.runner.step_sender.stop
             torch.distributed.barrier(group=groups.step_group)  # every rank has started
@@ -97,7 +99,7 @@ class TensorParallelRunner:
         with self._failing_takes_all_down():
             return self.runner.launch(out)
 
-    def collect(self, step) -> list[int | None]:
+    def collect(self, step):
         with self._failing_takes_all_down():
             sampled = self.runner.collect(step)
         self._check_up()  # a worker that died during the step may have cut its collectives short

@@ -9,14 +9,15 @@ manager and no sampler.
 
 Per step, two broadcasts from rank 0:
 
-1. header, int64[8]: command, is_prefill, num_tokens T, num_rows B (padding rows included),
-   num_logits S, max_query_len, max_context_len, table_width W. command STOP ends the worker's
-   loop and nothing follows.
+1. header, int64[10]: command, is_prefill, num_tokens T, num_rows B (padding rows included),
+   num_logits S, max_query_len, max_context_len, table_width W, num_block_copies K,
+   num_logit_spans L. command STOP ends the worker's loop and nothing follows.
 2. payload, int64[...], these host rows end to end:
    input_ids[T] positions[T] slot_mapping[T] context_lens[B]
    (prefill only) query_start_loc[B + 1] logits_indices[S]
    block_tables[B, W] row-major, W = the blocks max_context_len spans (columns beyond are never
-   read this step; the receiver sets them to -1).
+   read this step; the receiver sets them to -1)
+   block_copies[K, 2] (source, destination) logit_spans[L, 2] (first row, end row).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from fastgen.worker.step_inputs import StepInputBuilder, StepLayout
 
 STEP, STOP = 1, 2
-HEADER_LEN = 8
+HEADER_LEN = 10
 
 
 def _row_sections(builder: StepInputBuilder, is_prefill: bool, tokens: int, rows: int, logits: int):
@@ -42,7 +43,9 @@ def _payload_buffer(builder: StepInputBuilder) -> torch.Tensor:
     """Room for the largest payload this builder's steps can have."""
     tokens, rows = builder.input_ids.np.shape[0], builder.context_lens.np.shape[0]
     width = builder.block_table.rows.shape[1]
-    return torch.zeros(3 * tokens + 3 * rows + 1 + rows * width, dtype=torch.int64)
+    # A step forks at most `rows` children (one block copy each) and has at most a logit span
+    # per sequence plus one per PROMPT_LOGPROB_ROWS tokens: 2 * (2 * rows + tokens) bounds both.
+    return torch.zeros(5 * tokens + 7 * rows + 1 + rows * width, dtype=torch.int64)
 
 
 class StepSender:
@@ -61,7 +64,8 @@ class StepSender:
     def send(self, layout: StepLayout, builder: StepInputBuilder) -> None:
         width = min(builder.block_table.rows.shape[1], -(-layout.max_context_len // builder.block_size))
         self.header.numpy()[:] = (STEP, layout.is_prefill, layout.num_tokens, layout.num_rows, layout.num_logits,
-                                  layout.max_query_len, layout.max_context_len, width)
+                                  layout.max_query_len, layout.max_context_len, width, len(layout.block_copies),
+                                  len(layout.logit_spans))
         self._broadcast(self.header)
         out, at = self.payload.numpy(), 0
         for array, length in _row_sections(builder, layout.is_prefill, layout.num_tokens, layout.num_rows,
@@ -70,7 +74,11 @@ class StepSender:
             at += length
         table = builder.block_table.rows[: layout.num_rows, :width]
         out[at : at + table.size].reshape(table.shape)[:] = table
-        self._broadcast(self.payload[: at + table.size])
+        at += table.size
+        for pairs in (layout.block_copies, layout.logit_spans):
+            out[at : at + 2 * len(pairs)] = [value for pair in pairs for value in pair]
+            at += 2 * len(pairs)
+        self._broadcast(self.payload[:at])
 
     def stop(self) -> None:
         """Tell every worker to leave its loop."""
@@ -93,14 +101,14 @@ class StepReceiver:
         import torch.distributed as dist
 
         dist.broadcast(self.header, src=0, group=self.group)
-        command, is_prefill, tokens, rows, logits, max_query, max_context, width = self.header.tolist()
+        command, is_prefill, tokens, rows, logits, max_query, max_context, width, copies, spans = self.header.tolist()
         if command == STOP:
             return None
         if command != STEP:
             raise ValueError(f"step header command={command} is neither STEP ({STEP}) nor STOP ({STOP})")
         is_prefill = bool(is_prefill)
         sections = _row_sections(builder, is_prefill, tokens, rows, logits)
-        size = sum(length for _, length in sections) + rows * width
+        size = sum(length for _, length in sections) + rows * width + 2 * (copies + spans)
         dist.broadcast(self.payload[:size], src=0, group=self.group)
         builder.wait_for_previous_upload()  # the host rows may still be feeding the last upload
         data, at = self.payload.numpy(), 0
@@ -110,5 +118,8 @@ class StepReceiver:
         table = builder.block_table.rows
         table[:rows, :width] = data[at : at + rows * width].reshape(rows, width)
         table[:rows, width:] = -1
-        return StepLayout(is_prefill, tokens, rows, logits, max_query, max_context)
+        at += rows * width
+        pairs = data[at:size].reshape(-1, 2).tolist()
+        return StepLayout(is_prefill, tokens, rows, logits, max_query, max_context,
+                          block_copies=tuple(map(tuple, pairs[:copies])), logit_spans=tuple(map(tuple, pairs[copies:])))
 

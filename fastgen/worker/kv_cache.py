@@ -25,6 +25,12 @@ class KVCache:
     def num_bytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole blocks (every layer, K and V), each (source, destination) block id: how a
+        forked sequence gets its own copy of its parent's partial last block."""
+        src, dst = torch.tensor(copies, dtype=torch.int64).to(self.tensor.device, non_blocking=True).unbind(1)
+        self.tensor.index_copy_(2, dst, self.tensor.index_select(2, src))
+
 
 def bytes_per_block(config: EngineConfig) -> int:
     """Bytes of one block on one device (a tensor-parallel rank holds its KV heads only)."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -21,6 +21,7 @@ from fastgen.models.loader import load_weights
 from fastgen.models.registry import model_class
 from fastgen.worker.buffers import TokenReadback
 from fastgen.worker.kv_cache import KVCache, check_fits_one_sequence, needs_measured_budget, num_blocks_for_budget
+from fastgen.worker.logprobs import TopLogprobs, add_prompt_logprobs, prompt_logprob_chunks, sampled_logprobs
 from fastgen.worker.memory_profile import measure_kv_budget
 from fastgen.worker.sampler import Sampler
 from fastgen.worker.step_inputs import StepInputBuilder, StepInputs, StepLayout
@@ -62,10 +63,16 @@ def skip_weight_init(skip: bool):
 
 
 @torch.inference_mode()
+def forward_hidden(model, inputs: StepInputs, kv_layers: list) -> torch.Tensor:
+    """The model over one step's inputs and cache layers; hidden states [tokens, hidden]."""
+    return model(inputs.input_ids, inputs.positions, inputs.meta, kv_layers)
+
+
+@torch.inference_mode()
 def forward_logits(model, inputs: StepInputs, kv_layers: list) -> torch.Tensor:
     """The model over one step's inputs and cache layers; logits of the rows that sample
     (prefill: `meta.logits_indices`; decode: every row, padding included)."""
-    hidden = model(inputs.input_ids, inputs.positions, inputs.meta, kv_layers)
+    hidden = forward_hidden(model, inputs, kv_layers)
     if inputs.meta.logits_indices is not None:
         hidden = hidden.index_select(0, inputs.meta.logits_indices)
     return model.compute_logits(hidden)
@@ -80,6 +87,21 @@ def profile_step(model, sampler: Sampler, inputs: StepInputs, seqs: list, kv_lay
     sampler(logits[: len(seqs)], seqs)
 
 
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """What one step produced.
+
+    sampled: the token of each sequence of the step (None where its chunk stopped short of its
+    last token), then of each forked child (`SchedulerOutput.forked_seqs`). logprobs: aligned
+    with `sampled`, for the tokens of requests that asked for logprobs (None elsewhere); None
+    when none did. prompt_logprobs: seq_id -> (first prompt position covered, its logprobs).
+    """
+
+    sampled: list[int | None]
+    logprobs: list[TopLogprobs | None] | None = None
+    prompt_logprobs: dict[int, tuple[int, list[TopLogprobs]]] = field(default_factory=dict)
+
+
 def capture_sizes(config: EngineConfig) -> list[int]:
     """The decode batch sizes that get a CUDA graph (at most max_num_seqs)."""
     sizes = config.cuda_graph_batch_sizes or default_capture_sizes(config.max_num_seqs,
@@ -89,11 +111,19 @@ def capture_sizes(config: EngineConfig) -> list[int]:
 
 @dataclass(frozen=True)
 class LaunchedStep:
-    """A step whose GPU work is queued: which scheduled rows sample, and whether their token
-    ids are on their way to the host (`ModelRunner.collect` reads them)."""
+    """A step whose GPU work is queued; `ModelRunner.collect` reads its tokens.
 
-    num_seqs: int
-    sample_rows: list[int]
+    num_rows: sequences of the step plus its forked children. rows: which of them sampled, in
+    the sampler's order (their ids are on their way to the host). logits / tokens /
+    sample_seqs: what the sampler got and gave, for the logprobs read at collect time.
+    """
+
+    num_rows: int
+    rows: list[int]
+    prompt_logprobs: dict
+    logits: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    sample_seqs: list = field(default_factory=list)
 
 
 class ModelRunner:
@@ -105,12 +135,15 @@ class ModelRunner:
     Under tensor parallelism every rank has a ModelRunner over its shard (`tp`); all ranks run
     start-up in step (the budget is the smallest any rank measured, so every cache has the same
     block count). Rank 0's gets a `step_sender` and is driven by the engine: `launch` hands each
-    filled step to the other ranks (`make_step_sender(builder).send`) before running it. The others are driven by
-    `fastgen.distributed.worker`, which calls `execute` on the steps it receives.
+    filled step to the other ranks (`make_step_sender(builder).send`) before running it. The
+    others are driven by `fastgen.distributed.worker`, which calls `execute` on the steps it
+    receives.
     """
 
-    def __init__(self, config: EngineConfig, load_format: str = "safetensors", tp: TensorParallelGroup = SINGLE_RANK,
+    def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = (),
+                 tp: TensorParallelGroup = SINGLE_RANK,
                  make_step_sender: Callable[[StepInputBuilder], object] | None = None):
+        """eos_token_ids: the tokens that end generation (min_tokens bans them until then)."""
         if load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format={load_format!r} must be one of {list(LOAD_FORMATS)}")
         self.config = config
@@ -146,7 +179,8 @@ class ModelRunner:
         check_fits_one_sequence(config, num_blocks)
         self.kv_cache = KVCache(config, num_blocks)
 
-        self.sampler = Sampler(mc.vocab_size, self.device, config.seed, self.ops.sample_tokens)
+        self.sampler = Sampler(mc.vocab_size, self.device, config.seed, self.ops.sample_tokens,
+                               penalty_fn=self.ops.apply_penalties, eos_token_ids=eos_token_ids)
         self.readback = TokenReadback(config.max_num_seqs, self.device)
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
                                       self.device) if sizes else None
@@ -162,18 +196,33 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput) -> LaunchedStep:
-        """Queue one step's GPU work: inputs, forward (graph replay or eager), sampling, and the
-        copy of the sampled ids to the host. Returns without waiting for the GPU."""
+        """Queue one step's GPU work: inputs, the forward (graph replay or eager), the block copies
+        of its forks, one sampler call for every row that samples (forked children sample from
+        their parent's logits) and the copy of the sampled ids to the host. Returns without
+        waiting for the GPU."""
         self.sampler.release(out.finished_seq_ids)
-        layout = self._fill(out)
+        self.sampler.release_token_counts(out.preempted_seq_ids)
+        chunks = prompt_logprob_chunks(out)
+        copies = tuple(copy for fork in out.forks for copy in fork.block_copies)
+        layout = replace(self._fill(out), block_copies=copies, logit_spans=tuple(chunk.rows for chunk in chunks))
         if self.step_sender is not None:
             self.step_sender.send(layout, self.inputs)
-        logits, greedy = self.execute(layout)
-        sample_seqs = [out.seqs[i] for i in layout.sample_rows]
-        if sample_seqs:
-            n = len(sample_seqs)
-            self.readback.start(self.sampler(logits[:n], sample_seqs, None if greedy is None else greedy[:n]))
-        return LaunchedStep(len(out.seqs), list(layout.sample_rows))
+        prompt_lps: dict = {}
+        on_span = functools.partial(add_prompt_logprobs, prompt_lps, chunks) if chunks else None
+        logits, greedy = self.execute(layout, on_span)
+        rows = list(layout.sample_rows)
+        logits = logits[: len(rows)]
+        if out.forks:
+            logits = self._with_fork_rows(out, rows, logits)
+            rows += range(len(out.seqs), len(out.seqs) + len(out.forked_seqs))
+            greedy = None  # the graph's argmax covers the parents' rows only
+        sample_seqs = [*(out.seqs[i] for i in layout.sample_rows), *out.forked_seqs]
+        num_rows = len(out.seqs) + len(out.forked_seqs)
+        if not sample_seqs:
+            return LaunchedStep(num_rows, [], prompt_lps)
+        tokens = self.sampler(logits, sample_seqs, None if greedy is None else greedy[: len(rows)])
+        self.readback.start(tokens)
+        return LaunchedStep(num_rows, rows, prompt_lps, logits, tokens, sample_seqs)
 
     def _fill(self, out: SchedulerOutput) -> StepLayout:
         """The step's host rows; a decode batch a graph can run is padded to its size."""
@@ -185,27 +234,53 @@ class ModelRunner:
         return self.inputs.fill_decode(out)
 
     @torch.inference_mode()
-    def execute(self, layout: StepLayout) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Upload a filled step and run the model on it: what every tensor-parallel rank runs.
-        Returns the logits of the rows that sample (decode: every row, padding included) and,
-        from a decode graph, their argmax (else None)."""
+    def execute(self, layout: StepLayout, on_span_logits: Callable[[int, torch.Tensor], None] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Upload a filled step, run the model on it and copy its forks' blocks: what every
+        tensor-parallel rank runs. Returns the logits of the rows that sample (decode: every row,
+        padding included) and, from a decode graph, their argmax (else None). The logits of
+        each of `layout.logit_spans` (hidden rows [a, b), prompt logprobs) are formed one span at
+        a time and handed to `on_span_logits(span index, logits)`."""
         inputs = self.inputs.upload(layout)
+        greedy = None
         if not layout.is_prefill and self.graphs is not None and layout.num_rows in self.graphs.sizes:
-            return self.graphs.replay(inputs)
-        return self.forward_logits(inputs), None
+            logits, greedy = self.graphs.replay(inputs)
+        elif layout.logit_spans:
+            hidden = forward_hidden(self.model, inputs, self.kv_cache.layers)
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))
+            for i, (a, b) in enumerate(layout.logit_spans):
+                span_logits = self.model.compute_logits(hidden[a:b])
+                if on_span_logits is not None:
+                    on_span_logits(i, span_logits)
+        else:
+            logits = self.forward_logits(inputs)
+        if layout.block_copies:  # after the forward: it writes the parents' last blocks
+            self.kv_cache.copy_blocks(list(layout.block_copies))
+        return logits, greedy
 
-    def collect(self, step: LaunchedStep) -> list[int | None]:
-        """Wait for a launched step's tokens: one per scheduled sequence, None where its chunk
-        stopped short of its last token."""
-        sampled: list[int | None] = [None] * step.num_seqs
-        if step.sample_rows:
-            for row, token in zip(step.sample_rows, self.readback.wait()):
-                sampled[row] = token
-        return sampled
+    def collect(self, step: LaunchedStep) -> ModelRunnerOutput:
+        """Wait for a launched step's tokens (and the logprobs of the requests that asked)."""
+        sampled: list[int | None] = [None] * step.num_rows
+        if not step.rows:
+            return ModelRunnerOutput(sampled, None, step.prompt_logprobs)
+        top = sampled_logprobs(step.logits, step.sample_seqs, step.tokens)
+        logprobs = None if top is None else [None] * len(sampled)
+        for k, (row, token) in enumerate(zip(step.rows, self.readback.wait())):
+            sampled[row] = token
+            if top is not None:
+                logprobs[row] = top[k]
+        return ModelRunnerOutput(sampled, logprobs, step.prompt_logprobs)
 
-    def run(self, out: SchedulerOutput) -> list[int | None]:
+    def run(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and wait for its tokens (`launch` then `collect`)."""
         return self.collect(self.launch(out))
 
     def shutdown(self) -> None:
         """Nothing to release on one device (a tensor-parallel engine stops its workers here)."""
+
+    def _with_fork_rows(self, out: SchedulerOutput, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """Append each forked child's row: its parent's logits."""
+        place = {row: k for k, row in enumerate(rows)}
+        parents = [place[fork.parent_index] for fork in out.forks for _ in fork.children]
+        index = torch.tensor(parents, dtype=torch.int64).to(logits.device, non_blocking=True)
+        return torch.cat([logits, logits.index_select(0, index)])

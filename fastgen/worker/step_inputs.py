@@ -35,6 +35,9 @@ class StepLayout:
     num_logits: rows of logits_indices (prefill; 0 in decode, where every row feeds the LM head).
     sample_rows: which scheduled sequences sample a token; num_seqs: real rows. Those two are
     known where the step was scheduled; a rank that received the step sees () and num_rows.
+    block_copies: (source, destination) KV blocks copied after the forward (forks).
+    logit_spans: hidden rows [a, b) whose logits are formed besides the sampling rows' (prompt
+    logprobs). The runner adds those two; every rank runs them.
     """
 
     is_prefill: bool
@@ -45,6 +48,8 @@ class StepLayout:
     max_context_len: int
     sample_rows: tuple[int, ...] = ()
     num_seqs: int | None = None
+    block_copies: tuple[tuple[int, int], ...] = ()
+    logit_spans: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

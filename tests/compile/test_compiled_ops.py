@@ -109,3 +109,40 @@ def test_engine_with_compiled_ops_matches_transformers(tiny_models, reference, f
     assert llm.engine.runner.ops.compiled
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     assert [o.token_ids for o in outputs] == reference(model, prompts, 12)
+
+
+def test_compiled_min_p_and_penalties_equal_eager(compiled, eager):
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(5, VOCAB, generator=g) * 4
+    temps = torch.tensor([1.0, 0.0, 0.7, 1.0, 2.0])
+    top_k = torch.full((5,), VOCAB)
+    top_p = torch.tensor([1.0, 1.0, 0.9, 1.0, 1.0])
+    min_p = torch.tensor([0.1, 0.0, 0.05, 0.0, 0.3])
+    noise = torch.empty(5, VOCAB).exponential_(generator=g)
+    for filt in (False, True):
+        got = compiled.sample_tokens(logits, temps, top_k, top_p, noise, filt, min_p, True)
+        want = eager.sample_tokens(logits, temps, top_k, top_p, noise, filt, min_p, True)
+        assert got.tolist() == want.tolist()
+    counts = torch.randint(0, 3, (4, VOCAB), generator=g, dtype=torch.int32)
+    prompt = torch.rand(4, VOCAB, generator=g) < 0.1
+    for rows in ([0, 3], [1, 2, 4]):
+        n = len(rows)
+        args = (logits, torch.tensor(rows), torch.tensor([3, 1, 0][:n]), counts, prompt,
+                torch.full((n,), 1.3), torch.full((n,), 0.4), torch.full((n,), -0.5))
+        torch.testing.assert_close(compiled.apply_penalties(*args), eager.apply_penalties(*args))
+
+
+def test_compiled_engine_with_penalties_and_min_p(tiny_models):
+    from fastgen import LLM, SamplingParams
+    from tests.conftest import random_prompts
+    from tests.tiny_models import hf_greedy
+
+    model = tiny_models["qwen3"]
+    prompts = random_prompts([4, 19], seed=8)
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=1.3),
+              SamplingParams(temperature=0.9, seed=1, min_p=0.1, presence_penalty=0.5, max_tokens=12, logprobs=2)]
+    eager = LLM(model, dtype="float32", block_size=16, num_kv_blocks=128).generate(prompts, params)
+    llm = LLM(model, dtype="float32", block_size=16, num_kv_blocks=128, use_torch_compile=True)
+    outputs = llm.generate(prompts, params)
+    assert outputs[0].token_ids == hf_greedy(model, prompts[:1], 12, repetition_penalty=1.3)[0]
+    assert outputs[1].token_ids == eager[1].token_ids
