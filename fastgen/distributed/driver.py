@@ -21,7 +21,11 @@ import torch
 from fastgen.config import EngineConfig
 from fastgen.distributed.launch import config_for_rank, join_groups, torchrun_env
 from fastgen.distributed.step_protocol import StepSender
-from fastgen.distributed.supervisor import EXPLAIN_WAIT_S, TensorParallelError, WorkerSupervisor
+from fastgen.distributed.supervisor import (
+    EXPLAIN_WAIT_S,
+    TensorParallelError,
+    WorkerSupervisor,
+)
 from fastgen.distributed.worker import cpu_threads_per_rank
 from fastgen.engine.scheduler import SchedulerOutput
 

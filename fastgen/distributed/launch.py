@@ -164,7 +164,7 @@ def report_failure(store, rank: int, message: str) -> None:
     """Leave a rank's error where rank 0 looks for it (best effort: the store may be gone)."""
     try:
         _prefixed(store).set(f"failed/{rank}", message)
-    except Exception:  # noqa: BLE001 - the process is failing anyway; rank 0 still sees it exit
+    except Exception:
         pass
 
 
@@ -173,5 +173,5 @@ def failure_report(store, rank: int) -> str | None:
     key, store = f"failed/{rank}", _prefixed(store)
     try:
         return store.get(key).decode(errors="replace") if store.check([key]) else None
-    except Exception:  # noqa: BLE001 - a store that is gone holds no report
+    except Exception:
         return None

@@ -20,7 +20,12 @@ from multiprocessing.connection import wait
 
 from fastgen.config import EngineConfig
 from fastgen.distributed.launch import (
-    TorchrunEnv, connect_store, failure_report, has_joined, host_store, leave_groups,
+    TorchrunEnv,
+    connect_store,
+    failure_report,
+    has_joined,
+    host_store,
+    leave_groups,
 )
 
 logger = logging.getLogger(__name__)
@@ -126,7 +131,7 @@ class WorkerSupervisor:
         if self.abort_device_group is not None:
             try:
                 self.abort_device_group()
-            except Exception:  # noqa: BLE001 - best effort; the collectives' timeout remains
+            except Exception:
                 logger.exception("aborting the device group failed")
         for p in self.procs.values():
             if p.is_alive():
@@ -157,7 +162,7 @@ class WorkerSupervisor:
         if self.send_stop is not None and self.failure is None and all(p.is_alive() for p in self.procs.values()):
             try:
                 self.send_stop()
-            except Exception:  # noqa: BLE001 - the workers are terminated below anyway
+            except Exception:
                 logger.exception("sending STOP to the tensor-parallel workers failed")
         deadline = time.monotonic() + STOP_WAIT_S
         for p in self.procs.values():

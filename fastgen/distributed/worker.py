@@ -22,7 +22,12 @@ import torch
 
 from fastgen.config import EngineConfig
 from fastgen.distributed.launch import (
-    config_for_rank, connect_store, join_groups, leave_groups, mark_joined, report_failure,
+    config_for_rank,
+    connect_store,
+    join_groups,
+    leave_groups,
+    mark_joined,
+    report_failure,
 )
 from fastgen.distributed.step_protocol import StepReceiver
 

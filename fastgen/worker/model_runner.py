@@ -6,7 +6,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -17,49 +16,27 @@ from fastgen.config import LOAD_FORMATS, EngineConfig
 from fastgen.distributed.group import SINGLE_RANK, TensorParallelGroup
 from fastgen.engine.scheduler import SchedulerOutput
 from fastgen.graphs import CudaGraphRunner, default_capture_sizes
+from fastgen.models.build import default_dtype, skip_weight_init
 from fastgen.models.loader import load_weights
 from fastgen.models.registry import model_class
 from fastgen.worker.buffers import TokenReadback
-from fastgen.worker.kv_cache import KVCache, check_fits_one_sequence, needs_measured_budget, num_blocks_for_budget
-from fastgen.worker.logprobs import TopLogprobs, add_prompt_logprobs, prompt_logprob_chunks, sampled_logprobs
+from fastgen.worker.kv_cache import (
+    KVCache,
+    check_fits_one_sequence,
+    needs_measured_budget,
+    num_blocks_for_budget,
+)
+from fastgen.worker.logprobs import (
+    TopLogprobs,
+    add_prompt_logprobs,
+    prompt_logprob_chunks,
+    sampled_logprobs,
+)
 from fastgen.worker.memory_profile import measure_kv_budget
 from fastgen.worker.sampler import Sampler
 from fastgen.worker.step_inputs import StepInputBuilder, StepInputs, StepLayout
 
 logger = logging.getLogger(__name__)
-
-
-@contextmanager
-def default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-# The initializers nn.Linear / nn.Embedding / nn.LayerNorm call when built.
-_INITIALIZERS = ("kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "uniform_", "normal_",
-                 "trunc_normal_", "ones_", "zeros_")
-
-
-@contextmanager
-def skip_weight_init(skip: bool):
-    """Build modules without drawing random weights that the checkpoint overwrites anyway (most
-    of a small model's build time). The loader refuses a checkpoint that misses a weight, so
-    nothing left uninitialized is ever used."""
-    if not skip:
-        yield
-        return
-    saved = {name: getattr(torch.nn.init, name) for name in _INITIALIZERS}
-    try:
-        for name in _INITIALIZERS:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.nn.init, name, fn)
 
 
 @torch.inference_mode()
@@ -204,7 +181,9 @@ class ModelRunner:
         self.sampler.release_token_counts(out.preempted_seq_ids)
         chunks = prompt_logprob_chunks(out)
         copies = tuple(copy for fork in out.forks for copy in fork.block_copies)
-        layout = replace(self._fill(out), block_copies=copies, logit_spans=tuple(chunk.rows for chunk in chunks))
+        layout = self._fill(out)
+        if copies or chunks:
+            layout = replace(layout, block_copies=copies, logit_spans=tuple(chunk.rows for chunk in chunks))
         if self.step_sender is not None:
             self.step_sender.send(layout, self.inputs)
         prompt_lps: dict = {}

@@ -9,9 +9,9 @@ import torch
 
 from fastgen import SamplingParams
 from fastgen.models import checkpoint_tensor
+from fastgen.models.build import skip_weight_init
 from fastgen.models.loader import load_weights
 from fastgen.models.registry import model_class
-from fastgen.worker.model_runner import skip_weight_init
 from tests.conftest import FAMILIES, random_prompts
 from tests.distributed.thread_ranks import ThreadCollectives, llm_on_thread_ranks
 

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from fastgen.config import EngineConfig
-from fastgen.distributed.sharding import OutputShard, even_shard, kv_head_shard, vocab_rows_per_rank
+from fastgen.distributed.sharding import (
+    OutputShard,
+    even_shard,
+    kv_head_shard,
+    vocab_rows_per_rank,
+)
 from fastgen.models.checkpoint_tensor import CheckpointTensor
 
 

@@ -19,7 +19,9 @@ ENGINE_ARGS = dict(dtype="float32", block_size=8, max_model_len=72, num_kv_block
                    max_num_batched_tokens=40)
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama",
+# Qwen3 (q/k norm, GQA) in the default run; Llama and GPT-2 (learned positions, a tied LM head
+# over the vocabulary shards, biases on row-parallel layers) in the slow one.
+@pytest.fixture(scope="module", params=["qwen3", pytest.param("llama", marks=pytest.mark.slow),
                                         pytest.param("gpt2", marks=pytest.mark.slow)])
 def family(request):
     return request.param

@@ -60,6 +60,7 @@ def test_killed_worker_fails_the_running_step_within_seconds(tiny_models):
         llm.generate([[1, 2, 3]], LONG)  # at once: no step is attempted
 
 
+@pytest.mark.slow
 def test_worker_that_raises_fails_the_engine_with_its_error(tiny_models):
     llm = LLM(tiny_models["qwen3"], **ENGINE_ARGS)
     # A header no sender writes: the worker raises ValueError in its loop, reports it and exits.
@@ -73,6 +74,7 @@ def test_worker_that_raises_fails_the_engine_with_its_error(tiny_models):
     assert worker(llm).exitcode == 1
 
 
+@pytest.mark.slow
 def test_leaving_the_with_block_stops_the_worker(tiny_models):
     with LLM(tiny_models["qwen3"], **ENGINE_ARGS) as llm:
         proc = worker(llm)
@@ -101,7 +103,10 @@ def test_interpreter_exit_without_shutdown_leaves_no_worker(tiny_models, tmp_pat
             llm = LLM({tiny_models["qwen3"]!r}, **{ENGINE_ARGS!r})
             print(llm.engine.runner.supervisor.procs[1].pid, flush=True)
     """))
-    done = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    # The script's own folder leads sys.path: point the import at this checkout.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     pid = int(done.stdout.split()[-1])
     deadline = time.monotonic() + 10
