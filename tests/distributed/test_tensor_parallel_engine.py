@@ -29,7 +29,8 @@ def family(request):
 
 @pytest.fixture(scope="module")
 def tp2(tiny_models, family):
-    llm = LLM(tiny_models[family], tensor_parallel_size=2, **ENGINE_ARGS)
+    # A step the ranks run out of step (mismatched collectives) fails in a minute, not five.
+    llm = LLM(tiny_models[family], tensor_parallel_size=2, distributed_timeout_s=60, **ENGINE_ARGS)
     yield llm
     llm.shutdown()
 
