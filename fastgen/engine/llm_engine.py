@@ -10,7 +10,8 @@ or "error" when a step failed on that request alone. Outputs wait in the `Outbox
 consumer takes them: `step()` returns those of requests added with `add_request`, whoever drove
 the engine when they were made; `LLM.generate` and `LLM.stream` claim their requests and read
 their own. A failed step never escapes `step()`: its batch is retried one sequence at a time
-(`Scheduler.isolate`), so only the requests that fail alone end with "error".
+(`Scheduler.isolate`), so only the requests that fail alone end with "error". Only an
+`EngineDeadError` (a tensor-parallel rank died) does, since no retry could succeed.
 
 A request with n > 1 completions is n sequences inside, one child request each, forked from the
 first once its prompt is computed; their outputs are folded into one output of the request
@@ -39,6 +40,7 @@ from fastgen.engine.requests import check_request_id, prompt_token_ids
 from fastgen.engine.scheduler import Scheduler, SchedulerOutput
 from fastgen.engine.sequence import FinishReason, Sequence
 from fastgen.engine.tokenizer import eos_token_ids, load_tokenizer
+from fastgen.errors import EngineDeadError
 from fastgen.outputs import RequestOutput, StepResult
 from fastgen.sampling_params import SamplingParams
 
@@ -50,12 +52,18 @@ class LLMEngine:
         """skip_tokenizer_init: serve token-id prompts only and return no text (for benchmarks
         on dummy weights, whose folders hold only a config.json)."""
         self.config = config
-        from fastgen.worker.model_runner import ModelRunner  # torch and the model: not for `import fastgen`
-
         skip_tokenizer_init = boolean("skip_tokenizer_init", skip_tokenizer_init)
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(config.model)
         eos = eos_token_ids(config.model, config.model_config, self.tokenizer)
-        self.runner = ModelRunner(config, load_format=load_format, eos_token_ids=eos)
+        if config.tensor_parallel_size > 1:
+            from fastgen.distributed.driver import start_tensor_parallel
+
+            # On a torchrun rank > 0 this serves as a worker and never returns.
+            self.runner = start_tensor_parallel(config, load_format, eos)
+        else:
+            from fastgen.worker.model_runner import ModelRunner  # torch and the model: not for `import fastgen`
+
+            self.runner = ModelRunner(config, load_format=load_format, eos_token_ids=eos)
         self.block_manager = BlockManager(
             self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -198,6 +206,10 @@ class LLMEngine:
         self._release_abandoned()
         return self.scheduler.has_unfinished() or bool(self.outbox.for_step)
 
+    def shutdown(self) -> None:
+        """Release the runner's processes (a tensor-parallel engine's workers); idempotent."""
+        self.runner.shutdown()
+
     def check_invariants(self) -> None:
         """Assert the block manager's books balance against the running sequences."""
         self.block_manager.check_invariants(self.scheduler.running)
@@ -233,6 +245,8 @@ class LLMEngine:
                 self.runner.forget(*self.scheduler.pop_facts())
                 return StepResult(outputs, None, 0, 0, 0, started)
             made, num_sampled = self._run(out, started)
+        except EngineDeadError:
+            raise
         except Exception as exc:  # noqa: BLE001 - outside the model: the engine's own books failed
             logger.exception("engine step failed outside the model run; failing every request")
             outputs += self._deliver(self._fail_all(exc))
@@ -253,7 +267,8 @@ class LLMEngine:
             result = self.runner.collect(launched)
         except BaseException as exc:
             self.runner.recover(out)
-            if not isinstance(exc, Exception):  # KeyboardInterrupt and friends: the caller's
+            # KeyboardInterrupt and friends are the caller's; a dead engine has nothing to retry on.
+            if not isinstance(exc, Exception) or isinstance(exc, EngineDeadError):
                 raise
             return self._on_failed_run(out, states, exc), 0
         sampled = result.sampled

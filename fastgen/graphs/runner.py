@@ -109,16 +109,25 @@ class CudaGraphRunner:
             self.sizes, self.warmup_seconds, self.capture_seconds, self.graph_memory_bytes / 2**20,
         )
 
+    def padded_size(self, n: int) -> int:
+        """The captured batch size a batch of n (<= max_size) runs in."""
+        return padded_size(n, self.sizes)
+
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> tuple[StepInputs, torch.Tensor, torch.Tensor]:
         """Decode `out` (n <= max_size sequences); return its inputs, logits [n, vocab] and
         greedy token ids [n] (int64, on the device)."""
         n = len(out.seqs)
-        size = padded_size(n, self.sizes)
-        inputs = self.inputs.build_decode(out, pad_to=size)
-        if self.capture_enabled:
-            self.graphs[size].replay()
-            logits, greedy = self.outputs[size]
-        else:
-            logits, greedy = self._decode(inputs)
+        inputs = self.inputs.build_decode(out, pad_to=self.padded_size(n))
+        logits, greedy = self.replay(inputs)
         return inputs, logits[:n], greedy[:n]
+
+    @torch.inference_mode()
+    def replay(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run uploaded decode inputs whose row count is a captured size; logits and greedy ids
+        of every row, padding included (the graph's own output tensors)."""
+        if self.capture_enabled:
+            size = inputs.input_ids.shape[0]
+            self.graphs[size].replay()
+            return self.outputs[size]
+        return self._decode(inputs)

@@ -52,6 +52,7 @@ class ModelConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    intermediate_size: int  # the MLP's inner width (tensor parallelism splits it)
     max_position_embeddings: int  # the longest sequence the model's positions cover
     tie_word_embeddings: bool
     dtype: str  # canonical name of the checkpoint's dtype (float32 when config.json names none)
@@ -107,9 +108,11 @@ class ModelConfig:
         """The length limit as config.json names it, e.g. "n_positions=1024" (for messages)."""
         return f"{self.max_len_key}={self.max_position_embeddings}"
 
-    def kv_bytes_per_token(self, dtype: str) -> int:
-        """Bytes of K and V one token occupies across all layers when the cache is `dtype` (a name)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[DTYPE_NAMES[dtype]]
+    def kv_bytes_per_token(self, dtype: str, num_kv_heads: int | None = None) -> int:
+        """Bytes of K and V one token occupies across all layers when the cache is `dtype` (a name).
+        num_kv_heads: the heads one device holds (a tensor-parallel rank's share); default all."""
+        heads = self.num_kv_heads if num_kv_heads is None else num_kv_heads
+        return 2 * self.num_layers * heads * self.head_dim * DTYPE_BYTES[DTYPE_NAMES[dtype]]
 
 
 def read_json(path: Path) -> object:

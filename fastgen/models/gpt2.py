@@ -6,7 +6,9 @@ nothing of their own), LayerNorm with bias, a GELU-tanh MLP, biases on every pro
 multi-head attention and an LM head tied to the token embeddings. Module names follow the
 checkpoint's (`h.N.attn.c_attn`, `h.N.mlp.c_fc`, ...); its fused q|k|v `c_attn` is already one
 matmul. Checkpoints store those projections as Conv1D ([in, out]); the loader transposes them
-into nn.Linear.
+into nn.Linear. Tensor parallelism splits it as the Llama family does: c_attn (q|k|v) and c_fc
+column-parallel, both c_proj row-parallel, wte and the tied LM head along the vocabulary; wpe
+is replicated.
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ from torch import nn
 
 from fastgen.attention import AttentionBackend, AttentionMetadata
 from fastgen.compile import OpSet
+from fastgen.distributed.group import SINGLE_RANK, TensorParallelGroup
+from fastgen.distributed.sharding import even_shard
 from fastgen.layers.attention import PagedAttention
 from fastgen.layers.norm import LayerNorm
+from fastgen.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from fastgen.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from fastgen.models.gpt2_config import GPT2ModelConfig
 from fastgen.models.loader import CheckpointFormat
 
@@ -27,12 +33,13 @@ LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one laye
 
 
 class GPT2Attention(nn.Module):
-    def __init__(self, cfg: GPT2ModelConfig, layer_idx: int, backend: AttentionBackend):
+    def __init__(self, cfg: GPT2ModelConfig, layer_idx: int, backend: AttentionBackend, tp: TensorParallelGroup):
         super().__init__()
-        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.c_attn = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)  # q | k | v
-        self.c_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.attn = PagedAttention(cfg.num_heads, cfg.num_heads, cfg.head_dim, backend,
+        heads = even_shard(cfg.hidden_size, tp.rank, tp.size)
+        self.num_heads, self.head_dim = heads.size // cfg.head_dim, cfg.head_dim
+        self.c_attn = ColumnParallelLinear(cfg.hidden_size, [heads] * 3, bias=True)  # q | k | v
+        self.c_proj = RowParallelLinear(cfg.hidden_size, cfg.hidden_size, bias=True, tp=tp)
+        self.attn = PagedAttention(self.num_heads, self.num_heads, cfg.head_dim, backend,
                                    scale=cfg.attention_scale(layer_idx))
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, kv: LayerCache) -> torch.Tensor:
@@ -41,10 +48,10 @@ class GPT2Attention(nn.Module):
 
 
 class GPT2MLP(nn.Module):
-    def __init__(self, cfg: GPT2ModelConfig, ops: OpSet):
+    def __init__(self, cfg: GPT2ModelConfig, ops: OpSet, tp: TensorParallelGroup):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.c_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.c_fc = ColumnParallelLinear(cfg.hidden_size, [even_shard(cfg.intermediate_size, tp.rank, tp.size)], bias=True)
+        self.c_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=True, tp=tp)
         self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,12 +59,13 @@ class GPT2MLP(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, cfg: GPT2ModelConfig, layer_idx: int, backend: AttentionBackend, ops: OpSet):
+    def __init__(self, cfg: GPT2ModelConfig, layer_idx: int, backend: AttentionBackend, ops: OpSet,
+                 tp: TensorParallelGroup):
         super().__init__()
         self.ln_1 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ops)
-        self.attn = GPT2Attention(cfg, layer_idx, backend)
+        self.attn = GPT2Attention(cfg, layer_idx, backend, tp)
         self.ln_2 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ops)
-        self.mlp = GPT2MLP(cfg, ops)
+        self.mlp = GPT2MLP(cfg, ops, tp)
 
     def forward(self, x, residual, meta: AttentionMetadata, kv: LayerCache):
         """x: the previous block's MLP output (or the token embeddings); residual: the stream it
@@ -72,22 +80,24 @@ class GPT2LMHeadModel(nn.Module):
     """forward(input_ids [T], positions [T], meta, kv_caches) -> hidden [T, hidden];
     compute_logits(hidden [S, hidden]) -> logits [S, vocab] in the model's dtype.
 
-    kv_caches: one (k_cache, v_cache) pair per layer, in layer order (see `fastgen.worker.kv_cache`).
+    kv_caches: one (k_cache, v_cache) pair per layer, in layer order (see `fastgen.worker.kv_cache`),
+    each holding this rank's heads (tp: this process's tensor-parallel rank).
     positions must be below n_positions (EngineConfig bounds max_model_len by it).
     """
 
     checkpoint_format = CheckpointFormat(prefix="transformer.", transposed=frozenset({"c_attn", "c_proj", "c_fc"}))
 
-    def __init__(self, cfg: GPT2ModelConfig, backend: AttentionBackend, ops: OpSet, max_positions: int):
+    def __init__(self, cfg: GPT2ModelConfig, backend: AttentionBackend, ops: OpSet, max_positions: int,
+                 tp: TensorParallelGroup = SINGLE_RANK):
         # max_positions (the engine's max_model_len) is not needed: wpe keeps all n_positions
         # rows the checkpoint holds.
         super().__init__()
         self.config = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.wte = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.wpe = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.h = nn.ModuleList(GPT2Block(cfg, i, backend, ops) for i in range(cfg.num_layers))
+        self.h = nn.ModuleList(GPT2Block(cfg, i, backend, ops, tp) for i in range(cfg.num_layers))
         self.ln_f = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ops)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.wte.weight
 

@@ -25,7 +25,6 @@ class GPT2ModelConfig(ModelConfig):
 
     max_len_key = "n_positions"
 
-    intermediate_size: int
     layer_norm_eps: float
     scale_attn_weights: bool
     scale_attn_by_inverse_layer_idx: bool

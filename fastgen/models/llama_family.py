@@ -6,6 +6,11 @@ bias to the q/k/v projections, Qwen3 RMS-normalises q and k per head before RoPE
 sequences are laid end to end ([T, hidden]); where each sits in the paged cache arrives in
 `AttentionMetadata`, and each layer's cache slice with it. Projections are merged (q|k|v,
 gate|up) so a layer runs two matmuls where transformers runs five.
+
+Tensor parallelism (`tp`, one rank of several): q|k|v and gate|up are column-parallel, o_proj
+and down_proj row-parallel (one all-reduce each), so attention runs on this rank's heads and the
+activation on its MLP columns; the embedding and LM head split the vocabulary
+(`fastgen.layers.vocab_parallel`). With one rank every layer is the plain one.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ from torch import nn
 from fastgen.attention import AttentionBackend, AttentionMetadata
 from fastgen.compile import OpSet
 from fastgen.layers.attention import PagedAttention
-from fastgen.layers.linear import MergedLinear
+from fastgen.distributed.group import SINGLE_RANK, TensorParallelGroup
+from fastgen.distributed.sharding import even_shard, kv_head_shard
+from fastgen.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from fastgen.layers.norm import RMSNorm
 from fastgen.layers.rotary import RotaryEmbedding
+from fastgen.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from fastgen.models.llama_family_config import LlamaFamilyConfig
 from fastgen.models.loader import CheckpointFormat
 
@@ -28,21 +36,25 @@ LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one laye
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: LlamaFamilyConfig, rotary: RotaryEmbedding, backend: AttentionBackend, ops: OpSet):
+    """Attention over this rank's query heads and the KV heads they read."""
+
+    def __init__(self, cfg: LlamaFamilyConfig, rotary: RotaryEmbedding, backend: AttentionBackend, ops: OpSet,
+                 tp: TensorParallelGroup):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = MergedLinear(
-            cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=cfg.attention_bias
-        )
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        q_shard = even_shard(cfg.num_heads * cfg.head_dim, tp.rank, tp.size)
+        kv_shard = kv_head_shard(cfg.num_kv_heads, cfg.head_dim, tp.rank, tp.size)
+        self.head_dim = cfg.head_dim
+        self.num_heads = q_shard.size // cfg.head_dim
+        self.num_kv_heads = kv_shard.size // cfg.head_dim
+        self.q_size, self.kv_size = q_shard.size, kv_shard.size
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_shard, kv_shard, kv_shard], bias=cfg.attention_bias)
+        self.o_proj = RowParallelLinear(q_shard.full, cfg.hidden_size, bias=False, tp=tp)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, ops)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, ops)
         self.qk_norm = cfg.qk_norm
         self.rotary = rotary
-        self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, backend)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, backend)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata, kv: LayerCache) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -55,10 +67,11 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: LlamaFamilyConfig, ops: OpSet):
+    def __init__(self, cfg: LlamaFamilyConfig, ops: OpSet, tp: TensorParallelGroup):
         super().__init__()
-        self.gate_up_proj = MergedLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        columns = even_shard(cfg.intermediate_size, tp.rank, tp.size)
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [columns, columns], bias=False)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False, tp=tp)
         self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,10 +79,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaFamilyConfig, rotary: RotaryEmbedding, backend: AttentionBackend, ops: OpSet):
+    def __init__(self, cfg: LlamaFamilyConfig, rotary: RotaryEmbedding, backend: AttentionBackend, ops: OpSet,
+                 tp: TensorParallelGroup):
         super().__init__()
-        self.self_attn = SelfAttention(cfg, rotary, backend, ops)
-        self.mlp = MLP(cfg, ops)
+        self.self_attn = SelfAttention(cfg, rotary, backend, ops, tp)
+        self.mlp = MLP(cfg, ops, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
@@ -88,7 +102,9 @@ class LlamaFamilyForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T], meta, kv_caches) -> hidden [T, hidden];
     compute_logits(hidden [S, hidden]) -> logits [S, vocab] in the model's dtype.
 
-    kv_caches: one (k_cache, v_cache) pair per layer, in layer order (see `fastgen.worker.kv_cache`).
+    kv_caches: one (k_cache, v_cache) pair per layer, in layer order (see `fastgen.worker.kv_cache`),
+    each holding this rank's KV heads. tp: this process's rank of the tensor-parallel group; every
+    rank runs the same forward and gets the same logits.
     """
 
     checkpoint_format = CheckpointFormat(
@@ -102,14 +118,15 @@ class LlamaFamilyForCausalLM(nn.Module):
         },
     )
 
-    def __init__(self, cfg: LlamaFamilyConfig, backend: AttentionBackend, ops: OpSet, max_positions: int):
+    def __init__(self, cfg: LlamaFamilyConfig, backend: AttentionBackend, ops: OpSet, max_positions: int,
+                 tp: TensorParallelGroup = SINGLE_RANK):
         super().__init__()
         self.config = cfg
         rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, backend, ops) for _ in range(cfg.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, backend, ops, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 

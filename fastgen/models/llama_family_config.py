@@ -14,7 +14,6 @@ class LlamaFamilyConfig(ModelConfig):
     RMS-normalised per head before RoPE (Qwen3). rope_scaling: None for plain RoPE, else the
     config's scaling dict (linear, llama3)."""
 
-    intermediate_size: int
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict | None

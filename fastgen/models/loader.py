@@ -1,7 +1,9 @@
 """Loads a Hugging Face checkpoint's safetensors into a fastgen model.
 
 Each model class says how its family's checkpoints are laid out in a `CheckpointFormat`
-(class attribute `checkpoint_format`); the loader itself knows no family.
+(class attribute `checkpoint_format`); the loader itself knows no family. Tensors are opened as
+lazy slices: a module with `load_checkpoint_tensor` (the tensor-parallel layers) narrows one to
+its shard before reading, so a rank reads only what it holds; other parameters are read whole.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 from torch import nn
 
-from fastgen.layers.linear import MergedLinear
+from fastgen.layers.parallel_linear import ColumnParallelLinear, check_shape, copy_into
+from fastgen.models.checkpoint_tensor import CheckpointTensor
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,8 @@ class CheckpointFormat:
 
     prefix: stripped from the names that carry it (the base model's name: checkpoints are saved
         with and without it, e.g. "transformer.h.0..." and "h.0..." for GPT-2).
-    merged: checkpoint module name -> (fastgen `MergedLinear` name, shard index), for
-        projections that fastgen stacks into one matmul.
+    merged: checkpoint module name -> (fastgen `ColumnParallelLinear` name, projection index),
+        for projections that fastgen stacks into one matmul.
     transposed: module names whose weight is stored [in, out] (GPT-2's Conv1D), transposed into
         nn.Linear's [out, in] on load.
     Checkpoint tensors that match no parameter (RoPE inv_freq, GPT-2's attn.bias causal-mask
@@ -60,40 +62,37 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
     for path in tqdm(files, desc="loading weights", unit="file", disable=None if len(files) > 1 else True):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
-                loaded.update(_load_one(fmt, params, modules, name, f.get_tensor(name)))
+                loaded.update(_load_one(fmt, params, modules, name, f.get_slice(name)))
     expected = {n for n in params if not (n == "lm_head.weight" and model.config.tie_word_embeddings)}
     for name, module in modules.items():
-        if isinstance(module, MergedLinear):
+        if isinstance(module, ColumnParallelLinear) and module.merged:
             for suffix in ("weight", "bias"):
                 if f"{name}.{suffix}" in expected:
                     expected.remove(f"{name}.{suffix}")
-                    expected.update(f"{name}.{suffix}#{i}" for i in range(len(module.shard_sizes)))
+                    expected.update(f"{name}.{suffix}#{i}" for i in range(len(module.shards)))
     missing = sorted(expected - loaded)
     if missing:
         raise ValueError(f"model={str(folder)!r}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
 
 
-def _load_one(fmt: CheckpointFormat, params, modules, name: str, tensor: torch.Tensor) -> list[str]:
-    """Load one checkpoint tensor; return the keys it filled (none for skipped tensors)."""
-    name = name.removeprefix(fmt.prefix)
-    module_path, _, suffix = name.rpartition(".")
+def _load_one(fmt: CheckpointFormat, params, modules, name: str, source) -> list[str]:
+    """Load one checkpoint tensor (`source`: its lazy slice); return the keys it filled (none
+    for skipped tensors)."""
+    stripped = name.removeprefix(fmt.prefix)
+    module_path, _, suffix = stripped.rpartition(".")
     parent, _, leaf = module_path.rpartition(".")
-    if suffix == "weight" and leaf in fmt.transposed:
-        tensor = tensor.t()
+    tensor = CheckpointTensor(name, source, transposed=suffix == "weight" and leaf in fmt.transposed)
+    index = None
     if leaf in fmt.merged:
-        merged_name, shard = fmt.merged[leaf]
-        merged_path = f"{parent}.{merged_name}"
-        module = modules[merged_path]
-        target = params[f"{merged_path}.{suffix}"].narrow(
-            0, module.shard_offset(shard), module.shard_sizes[shard]
-        )
-        key = f"{merged_path}.{suffix}#{shard}"
-    elif name in params:
-        target, key = params[name], name
-    else:
+        merged_name, index = fmt.merged[leaf]
+        module_path = f"{parent}.{merged_name}"
+    key = f"{module_path}.{suffix}"
+    if key not in params:  # e.g. an lm_head saved beside embeddings it is tied to
         return []
-    if target.shape != tensor.shape:
-        raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, model expects {tuple(target.shape)}")
-    with torch.no_grad():
-        target.copy_(tensor)
+    module = modules[module_path]
+    if hasattr(module, "load_checkpoint_tensor"):
+        return [f"{module_path}.{filled}" for filled in module.load_checkpoint_tensor(suffix, tensor, index)]
+    target = params[key]
+    check_shape(tensor, tuple(target.shape))
+    copy_into(target, tensor)
     return [key]

@@ -9,13 +9,14 @@ from fastgen.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 
 
 class KVCache:
-    """One tensor [2, layers, blocks, block_size, kv_heads, head_dim], zero-filled so that
+    """One tensor [2, layers, blocks, block_size, kv_heads, head_dim] (kv_heads: this rank's share
+    under tensor parallelism, `EngineConfig.num_kv_heads_per_rank`), zero-filled so that
     masked-out reads of never-written slots can only ever see finite values; `layers` holds
     each layer's (k_cache, v_cache) views, made once, handed down every forward."""
 
     def __init__(self, config: EngineConfig, num_blocks: int, device: torch.device | None = None):
         mc = config.model_config
-        shape = (2, mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
+        shape = (2, mc.num_layers, num_blocks, config.block_size, config.num_kv_heads_per_rank, mc.head_dim)
         self.num_blocks = num_blocks
         self.tensor = torch.zeros(shape, dtype=config.torch_dtype, device=device or config.torch_device)
         self.layers = [(self.tensor[0, i], self.tensor[1, i]) for i in range(mc.num_layers)]
@@ -32,7 +33,8 @@ class KVCache:
 
 
 def bytes_per_block(config: EngineConfig) -> int:
-    return config.block_size * config.model_config.kv_bytes_per_token(config.dtype_name)
+    """Bytes of one block on one device (a tensor-parallel rank holds its KV heads only)."""
+    return config.block_size * config.model_config.kv_bytes_per_token(config.dtype_name, config.num_kv_heads_per_rank)
 
 
 def num_blocks_for_budget(config: EngineConfig, budget_bytes: int | None) -> int:

@@ -7,7 +7,7 @@ transfer per step (the step already waits for its sampled tokens).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import torch
@@ -63,28 +63,48 @@ def sampled_logprobs(logits: torch.Tensor, seqs: Seq[Sequence], tokens: torch.Te
     return result
 
 
-def prompt_logprobs(out: SchedulerOutput, hidden: torch.Tensor,
-                    compute_logits: Callable[[torch.Tensor], torch.Tensor]) -> dict[int, tuple[int, list[TopLogprobs]]]:
-    """Prompt logprobs from a prefill step's hidden states [tokens, H] (sequences in batch
-    order): seq_id -> (position of the first prompt token covered, one TopLogprobs a token).
+@dataclass(frozen=True, slots=True)
+class PromptLogprobChunk:
+    """Hidden rows [rows[0], rows[1]) of a prefill step, whose logits score the prompt tokens
+    `targets` (the first at prompt position `first_target`) of sequence `seq_id`, top k."""
+
+    seq_id: int
+    first_target: int
+    rows: tuple[int, int]
+    targets: list[int]
+    k: int
+
+
+def prompt_logprob_chunks(out: SchedulerOutput) -> list[PromptLogprobChunk]:
+    """The prompt-logprob work of a step (sequences in batch order; none in decode), in chunks
+    of at most PROMPT_LOGPROB_ROWS rows.
 
     The logits at position p score prompt token p + 1, so a chunk over positions [first, end)
     covers tokens first + 1 .. min(end, prompt length - 1). Only sequences that asked and have
     not produced a token yet (a recomputation after preemption would repeat what they have).
     """
-    result: dict[int, tuple[int, list[TopLogprobs]]] = {}
+    if not out.is_prefill:
+        return []
+    chunks: list[PromptLogprobChunk] = []
     start = 0
     for seq, count in zip(out.seqs, out.num_new_tokens):
         k = seq.params.prompt_logprobs
         first = seq.num_computed_tokens
         last = min(first + count, seq.num_prompt_tokens - 1)
         if k is not None and seq.num_output_tokens == 0 and last > first:
-            tops: list[TopLogprobs] = []
             for a in range(first, last, PROMPT_LOGPROB_ROWS):
                 b = min(a + PROMPT_LOGPROB_ROWS, last)
-                logits = compute_logits(hidden[start + a - first : start + b - first])
-                targets = torch.tensor(seq.token_ids[a + 1 : b + 1], dtype=torch.int64).to(hidden.device)
-                tops += to_host(*gather_logprobs(logits, targets, k), [k] * (b - a))
-            result[seq.seq_id] = (first + 1, tops)
+                rows = (start + a - first, start + b - first)
+                chunks.append(PromptLogprobChunk(seq.seq_id, a + 1, rows, seq.token_ids[a + 1 : b + 1], k))
         start += count
-    return result
+    return chunks
+
+
+def add_prompt_logprobs(result: dict[int, tuple[int, list[TopLogprobs]]], chunks: Seq[PromptLogprobChunk],
+                        index: int, logits: torch.Tensor) -> None:
+    """Add chunk `index`'s logprobs (logits: its rows' [rows, V]) to `result`: seq_id -> (position
+    of the first prompt token covered, one TopLogprobs a token). Chunks arrive in order."""
+    chunk = chunks[index]
+    targets = torch.tensor(chunk.targets, dtype=torch.int64).to(logits.device)
+    tops = to_host(*gather_logprobs(logits, targets, chunk.k), [chunk.k] * len(chunk.targets))
+    result.setdefault(chunk.seq_id, (chunk.first_target, []))[1].extend(tops)

@@ -5,61 +5,39 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Iterable
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from fastgen.attention import select_backend
 from fastgen.compile import build_op_set
 from fastgen.config import LOAD_FORMATS, EngineConfig
+from fastgen.distributed.group import SINGLE_RANK, TensorParallelGroup
 from fastgen.engine.scheduler import SchedulerOutput
 from fastgen.graphs import CudaGraphRunner, default_capture_sizes
+from fastgen.models.build import default_dtype, skip_weight_init
 from fastgen.models.loader import load_weights
 from fastgen.models.registry import model_class
 from fastgen.worker.buffers import TokenReadback
-from fastgen.worker.kv_cache import KVCache, check_fits_one_sequence, needs_measured_budget, num_blocks_for_budget
-from fastgen.worker.logprobs import TopLogprobs, prompt_logprobs, sampled_logprobs
+from fastgen.worker.kv_cache import (
+    KVCache,
+    check_fits_one_sequence,
+    needs_measured_budget,
+    num_blocks_for_budget,
+)
+from fastgen.worker.logprobs import (
+    TopLogprobs,
+    add_prompt_logprobs,
+    prompt_logprob_chunks,
+    sampled_logprobs,
+)
 from fastgen.worker.memory import check_kv_cache_fits, check_model_fits, check_step_inputs_fit
 from fastgen.worker.memory_profile import measure_kv_budget
 from fastgen.worker.sampler import Sampler
-from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
+from fastgen.worker.step_inputs import StepInputBuilder, StepInputs, StepLayout
 
 logger = logging.getLogger(__name__)
-
-
-@contextmanager
-def default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-# The initializers nn.Linear / nn.Embedding / nn.LayerNorm call when built.
-_INITIALIZERS = ("kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "uniform_", "normal_",
-                 "trunc_normal_", "ones_", "zeros_")
-
-
-@contextmanager
-def skip_weight_init(skip: bool):
-    """Build modules without drawing random weights that the checkpoint overwrites anyway (most
-    of a small model's build time). The loader refuses a checkpoint that misses a weight, so
-    nothing left uninitialized is ever used."""
-    if not skip:
-        yield
-        return
-    saved = {name: getattr(torch.nn.init, name) for name in _INITIALIZERS}
-    try:
-        for name in _INITIALIZERS:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.nn.init, name, fn)
 
 
 @torch.inference_mode()
@@ -131,9 +109,18 @@ class ModelRunner:
 
     Start-up, in order: build the model, load its weights, measure what the GPU can spare (CUDA),
     size and allocate the KV cache, capture the decode graphs.
+
+    Under tensor parallelism every rank has a ModelRunner over its shard (`tp`); all ranks run
+    start-up in step (the budget is the smallest any rank measured, so every cache has the same
+    block count). Rank 0's gets a `step_sender` and is driven by the engine: `launch` hands each
+    filled step to the other ranks (`make_step_sender(builder).send`) before running it. The
+    others are driven by `fastgen.distributed.worker`, which calls `execute` on the steps it
+    receives.
     """
 
-    def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = ()):
+    def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = (),
+                 tp: TensorParallelGroup = SINGLE_RANK,
+                 make_step_sender: Callable[[StepInputBuilder], object] | None = None):
         """eos_token_ids: the tokens that end generation (min_tokens bans them until then)."""
         if load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format={load_format!r} must be one of {list(LOAD_FORMATS)}")
@@ -150,7 +137,8 @@ class ModelRunner:
         start = time.perf_counter()
         real_weights = load_format == "safetensors"
         with default_dtype(config.torch_dtype), torch.device(self.device), skip_weight_init(real_weights):
-            self.model = model_class(mc.architecture)(mc, self.backend, self.ops, max_positions=config.max_model_len)
+            self.model = model_class(mc.architecture)(mc, self.backend, self.ops, max_positions=config.max_model_len,
+                                                      tp=tp)
         if real_weights:
             load_weights(self.model, config.model)
         self.model.eval()
@@ -166,6 +154,7 @@ class ModelRunner:
             profiler = Sampler(mc.vocab_size, self.device, 0, self.ops.sample_tokens)
             budget = measure_kv_budget(config, functools.partial(profile_step, self.model, profiler),
                                        max(sizes) if sizes else None)
+            budget = tp.min_across_ranks(budget, self.device)
         num_blocks = num_blocks_for_budget(config, budget)
         check_fits_one_sequence(config, num_blocks)
         check_kv_cache_fits(config, num_blocks)
@@ -176,6 +165,7 @@ class ModelRunner:
         self.readback = TokenReadback(config.max_num_seqs, self.device)
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
                                       self.device) if sizes else None
+        self.step_sender = make_step_sender(self.inputs) if make_step_sender is not None else None
 
     @property
     def num_kv_blocks(self) -> int:
@@ -211,34 +201,63 @@ class ModelRunner:
         waiting for the GPU."""
         self.sampler.release(out.finished_seq_ids)
         self.sampler.release_token_counts(out.preempted_seq_ids)
-        prompt_lps = {}
-        greedy = None
-        if out.is_prefill:
-            inputs = self.inputs.build_prefill(out)
-            if any(seq.params.prompt_logprobs is not None for seq in out.seqs):  # every position's logits
-                hidden = forward_hidden(self.model, inputs, self.kv_cache.layers)
-                logits = self.model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))
-                prompt_lps = prompt_logprobs(out, hidden, self.model.compute_logits)
-            else:
-                logits = self.forward_logits(inputs)
-        elif self.graphs is not None and self.graphs.can_run(len(out.seqs)):
-            inputs, logits, greedy = self.graphs.run(out)
-        else:
-            inputs = self.inputs.build_decode(out)
-            logits = self.forward_logits(inputs)
-        rows = list(inputs.sample_rows)
+        chunks = prompt_logprob_chunks(out)
+        copies = tuple(copy for fork in out.forks for copy in fork.block_copies)
+        layout = self._fill(out)
+        if copies or chunks:
+            layout = replace(layout, block_copies=copies, logit_spans=tuple(chunk.rows for chunk in chunks))
+        if self.step_sender is not None:
+            self.step_sender.send(layout, self.inputs)
+        prompt_lps: dict = {}
+        on_span = functools.partial(add_prompt_logprobs, prompt_lps, chunks) if chunks else None
+        logits, greedy = self.execute(layout, on_span)
+        rows = list(layout.sample_rows)
         logits = logits[: len(rows)]
         if out.forks:
-            logits = self._fork(out, rows, logits)
+            logits = self._with_fork_rows(out, rows, logits)
             rows += range(len(out.seqs), len(out.seqs) + len(out.forked_seqs))
             greedy = None  # the graph's argmax covers the parents' rows only
-        sample_seqs = [*(out.seqs[i] for i in inputs.sample_rows), *out.forked_seqs]
+        sample_seqs = [*(out.seqs[i] for i in layout.sample_rows), *out.forked_seqs]
         num_rows = len(out.seqs) + len(out.forked_seqs)
         if not sample_seqs:
             return LaunchedStep(num_rows, [], prompt_lps)
         tokens = self.sampler(logits, sample_seqs, None if greedy is None else greedy[: len(rows)])
         self.readback.start(tokens)
         return LaunchedStep(num_rows, rows, prompt_lps, logits, tokens, sample_seqs)
+
+    def _fill(self, out: SchedulerOutput) -> StepLayout:
+        """The step's host rows; a decode batch a graph can run is padded to its size."""
+        if out.is_prefill:
+            return self.inputs.fill_prefill(out)
+        n = len(out.seqs)
+        if self.graphs is not None and self.graphs.can_run(n):
+            return self.inputs.fill_decode(out, pad_to=self.graphs.padded_size(n))
+        return self.inputs.fill_decode(out)
+
+    @torch.inference_mode()
+    def execute(self, layout: StepLayout, on_span_logits: Callable[[int, torch.Tensor], None] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Upload a filled step, run the model on it and copy its forks' blocks: what every
+        tensor-parallel rank runs. Returns the logits of the rows that sample (decode: every row,
+        padding included) and, from a decode graph, their argmax (else None). The logits of
+        each of `layout.logit_spans` (hidden rows [a, b), prompt logprobs) are formed one span at
+        a time and handed to `on_span_logits(span index, logits)`."""
+        inputs = self.inputs.upload(layout)
+        greedy = None
+        if not layout.is_prefill and self.graphs is not None and layout.num_rows in self.graphs.sizes:
+            logits, greedy = self.graphs.replay(inputs)
+        elif layout.logit_spans:
+            hidden = forward_hidden(self.model, inputs, self.kv_cache.layers)
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))
+            for i, (a, b) in enumerate(layout.logit_spans):
+                span_logits = self.model.compute_logits(hidden[a:b])
+                if on_span_logits is not None:
+                    on_span_logits(i, span_logits)
+        else:
+            logits = self.forward_logits(inputs)
+        if layout.block_copies:  # after the forward: it writes the parents' last blocks
+            self.kv_cache.copy_blocks(list(layout.block_copies))
+        return logits, greedy
 
     def collect(self, step: LaunchedStep) -> ModelRunnerOutput:
         """Wait for a launched step's tokens (and the logprobs of the requests that asked)."""
@@ -257,12 +276,11 @@ class ModelRunner:
         """Run one step and wait for its tokens (`launch` then `collect`)."""
         return self.collect(self.launch(out))
 
-    def _fork(self, out: SchedulerOutput, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
-        """Copy the forks' blocks (the forward has written the parents' last blocks) and append
-        each child's row: its parent's logits."""
-        copies = [copy for fork in out.forks for copy in fork.block_copies]
-        if copies:
-            self.kv_cache.copy_blocks(copies)
+    def shutdown(self) -> None:
+        """Nothing to release on one device (a tensor-parallel engine stops its workers here)."""
+
+    def _with_fork_rows(self, out: SchedulerOutput, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """Append each forked child's row: its parent's logits."""
         place = {row: k for k, row in enumerate(rows)}
         parents = [place[fork.parent_index] for fork in out.forks for _ in fork.children]
         index = torch.tensor(parents, dtype=torch.int64).to(logits.device, non_blocking=True)

@@ -6,6 +6,12 @@ buffer, and hands out views. Block tables follow the scheduler's facts (`BlockTa
 batches can be padded to a CUDA-graph size: padding rows get token 0, position 0, slot -1
 (never written), context length 0 and an all -1 block table, so nothing stale from an earlier,
 larger batch survives.
+
+A step is built in two halves: `fill_prefill` / `fill_decode` write the host rows from the
+scheduler's output and return a `StepLayout` (plain sizes); `upload` copies those rows to the
+device and makes the `StepInputs`. Under tensor parallelism the other ranks receive rank 0's
+filled rows instead of filling their own (`fastgen.distributed.step_protocol`) and upload them
+the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +25,31 @@ from fastgen.attention import AttentionMetadata
 from fastgen.engine.scheduler import SchedulerOutput
 from fastgen.worker.block_table import BlockTable
 from fastgen.worker.buffers import CpuGpuBuffer
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """What a builder's host buffers hold once a step is filled: the sizes `upload` reads.
+
+    num_tokens: T rows of the token buffers; num_rows: B sequences, padding rows included;
+    num_logits: rows of logits_indices (prefill; 0 in decode, where every row feeds the LM head).
+    sample_rows: which scheduled sequences sample a token; num_seqs: real rows. Those two are
+    known where the step was scheduled; a rank that received the step sees () and num_rows.
+    block_copies: (source, destination) KV blocks copied after the forward (forks).
+    logit_spans: hidden rows [a, b) whose logits are formed besides the sampling rows' (prompt
+    logprobs). The runner adds those two; every rank runs them.
+    """
+
+    is_prefill: bool
+    num_tokens: int
+    num_rows: int
+    num_logits: int
+    max_query_len: int
+    max_context_len: int
+    sample_rows: tuple[int, ...] = ()
+    num_seqs: int | None = None
+    block_copies: tuple[tuple[int, int], ...] = ()
+    logit_spans: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,7 +89,8 @@ class StepInputBuilder:
         per_row = 4 + 8 + 4 + 4 * max_blocks_per_seq + 16  # context len, logits index, query start, table
         return 3 * 8 * tokens + max_num_seqs * per_row + 4
 
-    def _wait_for_previous_upload(self) -> None:
+    def wait_for_previous_upload(self) -> None:
+        """Call before overwriting host rows: the last upload may still be reading them."""
         if self._uploaded is not None:
             self._uploaded.synchronize()  # returns at once if never recorded
 
@@ -68,9 +100,16 @@ class StepInputBuilder:
         return inputs
 
     def build_decode(self, out: SchedulerOutput, pad_to: int | None = None) -> StepInputs:
-        """One token a sequence; rows [n, pad_to) are padding. Uploads five buffers: input ids,
-        positions, slot mapping, context lengths and block tables."""
-        self._wait_for_previous_upload()
+        """`fill_decode` then `upload`."""
+        return self.upload(self.fill_decode(out, pad_to))
+
+    def build_prefill(self, out: SchedulerOutput) -> StepInputs:
+        """`fill_prefill` then `upload`."""
+        return self.upload(self.fill_prefill(out))
+
+    def fill_decode(self, out: SchedulerOutput, pad_to: int | None = None) -> StepLayout:
+        """One token a sequence; rows [n, pad_to) are padding."""
+        self.wait_for_previous_upload()
         seqs, bs = out.seqs, self.block_size
         n = len(seqs)
         rows = pad_to or n
@@ -86,25 +125,12 @@ class StepInputBuilder:
         self.slot_mapping.np[n:rows] = -1
         self.context_lens.np[n:rows] = 0
         self.block_table.arrange(out, rows)
-        # Only what a decode step (and its graph) reads goes up: row i is sequence i's token,
-        # so there are no query offsets or logits indices to send.
-        meta = AttentionMetadata(
-            is_prefill=False,
-            slot_mapping=self.slot_mapping.copy_to_gpu(rows),
-            block_tables=self.block_table.copy_to_gpu(rows),
-            context_lens=self.context_lens.copy_to_gpu(rows),
-            query_start_loc=None,
-            max_query_len=1,
-            max_context_len=int(lens.max()) if n else 0,
-            logits_indices=None,
-        )
-        return self._finish(
-            StepInputs(self.input_ids.copy_to_gpu(rows), self.positions.copy_to_gpu(rows), meta, list(range(n)), n)
-        )
+        max_context = int(lens.max()) if n else 0
+        return StepLayout(False, rows, rows, 0, 1, max_context, tuple(range(n)), n)
 
-    def build_prefill(self, out: SchedulerOutput) -> StepInputs:
+    def fill_prefill(self, out: SchedulerOutput) -> StepLayout:
         """Each sequence computes tokens [num_computed, num_computed + num_new)."""
-        self._wait_for_previous_upload()
+        self.wait_for_previous_upload()
         bs = self.block_size
         q_lens, ctx_lens, sample_rows, logits_idx = [], [], [], []
         start = 0
@@ -131,18 +157,39 @@ class StepInputBuilder:
         self.query_start_loc.np[0] = 0
         self.query_start_loc.np[1 : rows + 1] = np.cumsum(q_lens)
         self.logits_indices.np[: len(logits_idx)] = logits_idx
-        meta = AttentionMetadata(
-            is_prefill=True,
-            slot_mapping=self.slot_mapping.copy_to_gpu(start),
-            block_tables=self.block_table.copy_to_gpu(rows),
-            context_lens=self.context_lens.copy_to_gpu(rows),
-            query_start_loc=self.query_start_loc.copy_to_gpu(rows + 1),
-            max_query_len=max(q_lens),
-            max_context_len=max(ctx_lens),
-            logits_indices=self.logits_indices.copy_to_gpu(len(logits_idx)),
-            query_lens_host=tuple(q_lens),
-            context_lens_host=tuple(ctx_lens),
-        )
-        return self._finish(
-            StepInputs(self.input_ids.copy_to_gpu(start), self.positions.copy_to_gpu(start), meta, sample_rows, rows)
-        )
+        return StepLayout(True, start, rows, len(logits_idx), max(q_lens), max(ctx_lens), tuple(sample_rows), rows)
+
+    def upload(self, layout: StepLayout) -> StepInputs:
+        """Copy a filled step's host rows to the device (one transfer per buffer) and describe
+        them. Decode uploads only what a decode step (and its graph) reads: row i is sequence
+        i's token, so there are no query offsets or logits indices to send."""
+        rows, tokens = layout.num_rows, layout.num_tokens
+        sample_rows = list(layout.sample_rows)
+        num_seqs = rows if layout.num_seqs is None else layout.num_seqs
+        if not layout.is_prefill:
+            meta = AttentionMetadata(
+                is_prefill=False,
+                slot_mapping=self.slot_mapping.copy_to_gpu(rows),
+                block_tables=self.block_table.copy_to_gpu(rows),
+                context_lens=self.context_lens.copy_to_gpu(rows),
+                query_start_loc=None,
+                max_query_len=1,
+                max_context_len=layout.max_context_len,
+                logits_indices=None,
+            )
+        else:
+            starts = self.query_start_loc.np[: rows + 1]
+            meta = AttentionMetadata(
+                is_prefill=True,
+                slot_mapping=self.slot_mapping.copy_to_gpu(tokens),
+                block_tables=self.block_table.copy_to_gpu(rows),
+                context_lens=self.context_lens.copy_to_gpu(rows),
+                query_start_loc=self.query_start_loc.copy_to_gpu(rows + 1),
+                max_query_len=layout.max_query_len,
+                max_context_len=layout.max_context_len,
+                logits_indices=self.logits_indices.copy_to_gpu(layout.num_logits),
+                query_lens_host=tuple((starts[1:] - starts[:-1]).tolist()),
+                context_lens_host=tuple(self.context_lens.np[:rows].tolist()),
+            )
+        return self._finish(StepInputs(self.input_ids.copy_to_gpu(tokens), self.positions.copy_to_gpu(tokens), meta,
+                                       sample_rows, num_seqs))

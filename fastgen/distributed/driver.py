@@ -1,0 +1,135 @@
+"""Rank 0 of a tensor-parallel engine, in the seat the engine gives its runner.
+
+`TensorParallelRunner` starts (or joins) the other ranks, builds rank 0's `ModelRunner` over its
+shard with a `StepSender`, and then behaves as a ModelRunner does: `launch(out)` hands the step
+to every rank and runs rank 0's part, `collect(step)` returns the sampled tokens (sampling is
+rank 0's). Anything that fails inside a step takes the whole engine down: the workers are
+stopped and a `TensorParallelError` names the failed rank (a rank's collectives can no longer be
+matched after a step broke off half way, so no later step could be trusted). `shutdown()`, the
+engine's garbage collection and interpreter exit all stop the workers; none is left behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Iterable
+from contextlib import contextmanager
+
+import torch
+
+from fastgen.config import EngineConfig
+from fastgen.distributed.launch import config_for_rank, join_groups, torchrun_env
+from fastgen.distributed.step_protocol import StepSender
+from fastgen.distributed.supervisor import (
+    EXPLAIN_WAIT_S,
+    TensorParallelError,
+    WorkerSupervisor,
+)
+from fastgen.distributed.worker import cpu_threads_per_rank
+from fastgen.engine.scheduler import SchedulerOutput
+
+
+def start_tensor_parallel(config: EngineConfig, load_format: str, eos_token_ids: Iterable[int] = ()
+                          ) -> TensorParallelRunner:
+    """Rank 0's runner. On a rank > 0 of a torchrun job, serve as that rank's worker until rank
+    0's engine stops, then exit the process (SystemExit(0)): only rank 0 runs the application."""
+    env = torchrun_env()
+    if env is not None and env.rank > 0:
+        from fastgen.distributed.launch import connect_store
+        from fastgen.distributed.worker import serve
+
+        serve(config, load_format, connect_store(config, env.master_addr, env.master_port, env.rank), env.rank)
+        raise SystemExit(0)
+    return TensorParallelRunner(config, load_format, eos_token_ids)
+
+
+def _abort_default_group() -> None:
+    """Make pending NCCL work on rank 0 fail instead of waiting for a dead peer (CUDA)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    abort = getattr(c10d, "_abort_process_group", None)  # torch's own abort; absent in old releases
+    if abort is not None:
+        abort()
+
+
+def _stop(supervisor: WorkerSupervisor, threads: int | None) -> None:
+    supervisor.stop()
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+class TensorParallelRunner:
+    """Rank 0's runner: the engine's `launch` / `collect` / `num_kv_blocks`, plus `shutdown`.
+    Every other attribute (graphs, kv_cache, model, ...) is rank 0's `ModelRunner`'s."""
+
+    def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = ()):
+        from fastgen.worker.model_runner import ModelRunner
+
+        env = torchrun_env()
+        saved_threads = None
+        if not config.device.startswith("cuda") and env is None:
+            # The spawned ranks share this machine's cores with rank 0: one share each.
+            saved_threads = torch.get_num_threads()
+            torch.set_num_threads(cpu_threads_per_rank(config.tensor_parallel_size))
+        try:
+            self.supervisor = (WorkerSupervisor.spawn(config, load_format) if env is None
+                               else WorkerSupervisor.join_torchrun(config, env))
+        except BaseException:
+            if saved_threads is not None:
+                torch.set_num_threads(saved_threads)
+            raise
+        self._finalizer = weakref.finalize(self, _stop, self.supervisor, saved_threads)
+        with self._failing_takes_all_down():
+            groups = join_groups(config, self.supervisor.store, 0)
+            if config.device.startswith("cuda"):
+                self.supervisor.abort_device_group = _abort_default_group
+            self.runner = ModelRunner(config_for_rank(config, 0), load_format, eos_token_ids, tp=groups.tp,
+                                      make_step_sender=functools.partial(StepSender, groups.step_group))
+            self.supervisor.send_stop = self.runner.step_sender.stop
+            torch.distributed.barrier(group=groups.step_group)  # every rank has started
+
+    def __getattr__(self, name: str):
+        if name == "runner":  # not built (start-up failed): no delegation
+            raise AttributeError(name)
+        return getattr(self.runner, name)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.runner.num_kv_blocks
+
+    def launch(self, out: SchedulerOutput):
+        self._check_up()
+        with self._failing_takes_all_down():
+            return self.runner.launch(out)
+
+    def collect(self, step):
+        with self._failing_takes_all_down():
+            sampled = self.runner.collect(step)
+        self._check_up()  # a worker that died during the step may have cut its collectives short
+        return sampled
+
+    def _check_up(self) -> None:
+        if self.supervisor.failure is not None:
+            self._finalizer()
+            raise TensorParallelError(f"the tensor-parallel engine is down: {self.supervisor.failure}")
+
+    @contextmanager
+    def _failing_takes_all_down(self):
+        """Whatever breaks off a step (or start-up) stops every rank. Raises a
+        TensorParallelError naming the rank that failed, or the exception itself when no other
+        rank did (rank 0 failed, or was interrupted)."""
+        try:
+            yield
+        except BaseException as exc:
+            cause = self.supervisor.explain(EXPLAIN_WAIT_S if isinstance(exc, RuntimeError) else 0.2)
+            if cause is None:
+                self.supervisor.record(f"rank 0 failed: {exc!r}")
+            self._finalizer()
+            if cause is None:
+                raise
+            raise TensorParallelError(cause) from exc
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the process groups (idempotent)."""
+        self._finalizer()

@@ -1,0 +1,177 @@
+"""Where the ranks of a tensor-parallel engine come from, and the process groups that join them.
+
+Two ways to have N processes:
+
+* spawn (one machine; the default): rank 0 is the process that builds the engine. It hosts a
+  TCPStore on 127.0.0.1 (a free port the OS picks), spawns ranks 1..N-1 with
+  torch.multiprocessing's spawn context (`fastgen.distributed.worker`) and hands them the port.
+* torchrun (several machines): every process was started by torchrun, or by anything that sets
+  RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, and builds the same engine; rank 0
+  keeps it, ranks > 0 serve as workers. The store is torch's own env:// store (hosted by the
+  torchrun agent, or by rank 0).
+
+Every rank then joins two groups: the device group (NCCL on CUDA, gloo on CPU; the default
+group) that the model's all-reduces and all-gathers run on, with `distributed_timeout_s`; and the
+step group (gloo, CPU tensors) that carries rank 0's step broadcasts and has no practical
+deadline, since an engine may sit idle for any time between steps. The store also carries a
+failing rank's error report (`report_failure` / `failure_report`) and, for spawned ranks, the
+sign that each is up (`mark_joined` / `has_joined`), so that rank 0 never waits in a rendezvous
+for a process that already died.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from fastgen.distributed.sharding import check_tensor_parallel
+
+if TYPE_CHECKING:
+    from fastgen.config import EngineConfig
+    from fastgen.distributed.group import TensorParallelGroup
+
+# A worker waits this long for the next step: in effect for ever (gloo needs a finite value).
+STEP_WAIT = timedelta(days=365)
+_PREFIX = "fastgen/tp/"
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """The environment torchrun gives each process it starts."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def torchrun_env() -> TorchrunEnv | None:
+    """The torchrun-style variables of this process, or None when RANK / WORLD_SIZE are unset."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    env = os.environ
+    return TorchrunEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"])),
+                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500")))
+
+
+def check_world(config: EngineConfig) -> None:
+    """ValueError when tensor_parallel_size cannot split this model or exceeds the devices."""
+    n = config.tensor_parallel_size
+    check_tensor_parallel(config.model_config, n)
+    env = torchrun_env()
+    if env is not None and env.world_size != n:
+        raise ValueError(f"tensor_parallel_size={n} but WORLD_SIZE={env.world_size}: under torchrun, "
+                         "start one process per rank")
+    if not config.device.startswith("cuda"):
+        return  # gloo on CPU: any number of ranks
+    import torch
+
+    count = torch.cuda.device_count()
+    if env is not None:
+        if env.local_rank >= count:
+            raise ValueError(f"LOCAL_RANK={env.local_rank} but this machine has {count} CUDA device(s)")
+        return
+    first = int(config.device.split(":")[1])
+    if first + n > count:
+        raise ValueError(f"tensor_parallel_size={n} from device={config.device!r} needs CUDA devices "
+                         f"{first}..{first + n - 1}, but this machine has {count}")
+
+
+def config_for_rank(config: EngineConfig, rank: int) -> EngineConfig:
+    """The engine's config with `device` set to rank `rank`'s own device."""
+    if not config.device.startswith("cuda"):
+        return config
+    env = torchrun_env()
+    index = env.local_rank if env is not None else int(config.device.split(":")[1]) + rank
+    ranked = copy.copy(config)
+    ranked.device = f"cuda:{index}"
+    return ranked
+
+
+def host_store(config: EngineConfig):
+    """Rank 0's TCPStore for spawned workers, on a free local port (`store.port`)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, config.tensor_parallel_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=config.distributed_timeout_s))
+
+
+def connect_store(config: EngineConfig, host: str, port: int, rank: int):
+    """A client of the store at host:port; under torchrun, torch's env:// store, which rank 0
+    hosts unless the torchrun agent does (TORCHELASTIC_USE_AGENT_STORE)."""
+    import torch.distributed as dist
+
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    is_master = rank == 0 and not agent_hosts and torchrun_env() is not None
+    return dist.TCPStore(host, port, config.tensor_parallel_size, is_master=is_master, wait_for_workers=False,
+                         timeout=timedelta(seconds=config.distributed_timeout_s))
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    """What one rank holds once joined: its TensorParallelGroup (the device group) and the step
+    group."""
+
+    tp: TensorParallelGroup
+    step_group: object
+
+
+def join_groups(config: EngineConfig, store, rank: int) -> ProcessGroups:
+    """Initialise torch.distributed for this rank (every rank calls it with the same config)."""
+    import torch.distributed as dist
+
+    from fastgen.distributed.group import TensorParallelGroup
+
+    if dist.is_initialized():
+        raise RuntimeError("torch.distributed is already initialized in this process; a tensor-parallel "
+                           "engine sets up its own process group (one such engine per process at a time)")
+    size = config.tensor_parallel_size
+    backend = "nccl" if config.device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, store=_prefixed(store, "groups/"), rank=rank, world_size=size,
+                            timeout=timedelta(seconds=config.distributed_timeout_s))
+    step_group = dist.new_group(backend="gloo", timeout=STEP_WAIT)
+    return ProcessGroups(TensorParallelGroup(rank, size), step_group)
+
+
+def leave_groups() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _prefixed(store, name: str = ""):
+    """fastgen's own keys in a store that torch (or torchrun's agent) shares."""
+    import torch.distributed as dist
+
+    return dist.PrefixStore(_PREFIX + name, store)
+
+
+def mark_joined(store, rank: int) -> None:
+    """A spawned rank is up and about to join the groups (see `has_joined`)."""
+    _prefixed(store).set(f"joined/{rank}", "1")
+
+
+def has_joined(store, rank: int) -> bool:
+    return _prefixed(store).check([f"joined/{rank}"])
+
+
+def report_failure(store, rank: int, message: str) -> None:
+    """Leave a rank's error where rank 0 looks for it (best effort: the store may be gone)."""
+    try:
+        _prefixed(store).set(f"failed/{rank}", message)
+    except Exception:
+        pass
+
+
+def failure_report(store, rank: int) -> str | None:
+    """The error rank `rank` reported, if any."""
+    key, store = f"failed/{rank}", _prefixed(store)
+    try:
+        return store.get(key).decode(errors="replace") if store.check([key]) else None
+    except Exception:
+        return None

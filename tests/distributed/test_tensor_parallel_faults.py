@@ -1,0 +1,123 @@
+"""A tensor-parallel engine fails whole and fast, and never leaves a process behind: a worker that
+is killed or raises makes the next (or current) step raise a TensorParallelError naming the rank
+within seconds, never a hang; shutdown, leaving a `with` block, deleting the LLM and exiting the
+interpreter all stop the workers."""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from fastgen import LLM, SamplingParams
+from fastgen.distributed.supervisor import TensorParallelError
+
+ENGINE_ARGS = dict(dtype="float32", block_size=8, max_model_len=512, num_kv_blocks=256, tensor_parallel_size=2)
+LONG = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def no_hang():
+    """A hang fails the test run loudly (all threads' stacks) instead of stalling it."""
+    faulthandler.dump_traceback_later(120, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def worker(llm: LLM):
+    return llm.engine.runner.supervisor.procs[1]
+
+
+def test_killed_worker_fails_the_running_step_within_seconds(tiny_models):
+    llm = LLM(tiny_models["qwen3"], **ENGINE_ARGS)
+    proc = worker(llm)
+    killed_at = []
+
+    def kill_after_a_few_steps():
+        while llm.engine.num_steps < 3:
+            time.sleep(0.005)
+        killed_at.append(time.monotonic())
+        os.kill(proc.pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_after_a_few_steps, daemon=True).start()
+    with pytest.raises(TensorParallelError, match=r"tensor-parallel rank 1 died \(killed by SIGKILL\)"):
+        llm.generate([[1, 2, 3]] * 4, LONG)
+    assert time.monotonic() - killed_at[0] < 10
+    assert not proc.is_alive()
+    assert not dist.is_initialized()  # rank 0 left the process group
+    with pytest.raises(TensorParallelError, match=r"engine is down: tensor-parallel rank 1 died"):
+        llm.generate([[1, 2, 3]], LONG)  # at once: no step is attempted
+
+
+@pytest.mark.slow
+def test_worker_that_raises_fails_the_engine_with_its_error(tiny_models):
+    llm = LLM(tiny_models["qwen3"], **ENGINE_ARGS)
+    # A header no sender writes: the worker raises ValueError in its loop, reports it and exits.
+    sender = llm.engine.runner.runner.step_sender
+    sender.header.zero_()
+    sender.header[0] = 7
+    sender._broadcast(sender.header)
+    with pytest.raises(TensorParallelError, match=r"(?s)rank 1 failed:.*ValueError: step header command=7"):
+        llm.generate([[1, 2, 3]], LONG)
+    worker(llm).join(5)
+    assert worker(llm).exitcode == 1
+
+
+@pytest.mark.slow
+def test_leaving_the_with_block_stops_the_worker(tiny_models):
+    with LLM(tiny_models["qwen3"], **ENGINE_ARGS) as llm:
+        proc = worker(llm)
+        llm.generate([[4, 5]], SamplingParams(max_tokens=2))
+    assert proc.exitcode == 0  # left its loop on STOP, not terminated
+    assert not dist.is_initialized()
+
+
+@pytest.mark.slow
+def test_deleting_the_llm_stops_the_worker(tiny_models):
+    llm = LLM(tiny_models["qwen3"], **ENGINE_ARGS)
+    proc = worker(llm)
+    del llm
+    gc.collect()
+    proc.join(15)
+    assert proc.exitcode == 0
+    assert not dist.is_initialized()
+
+
+@pytest.mark.slow
+def test_interpreter_exit_without_shutdown_leaves_no_worker(tiny_models, tmp_path):
+    script = tmp_path / "leave.py"
+    script.write_text(textwrap.dedent(f"""
+        from fastgen import LLM
+        if __name__ == "__main__":
+            llm = LLM({tiny_models["qwen3"]!r}, **{ENGINE_ARGS!r})
+            print(llm.engine.runner.supervisor.procs[1].pid, flush=True)
+    """))
+    # The script's own folder leads sys.path: point the import at this checkout.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
