@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -38,12 +38,59 @@ class RequestMetrics:
 
 
 @dataclass
+class Logprob:
+    """A token's log-probability under the model's raw distribution (vLLM's shape): `rank` is its
+    1-based place among the vocabulary (ties share the lowest place), `decoded_token` its text
+    on its own (None without a tokenizer)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per position: the chosen token (sampled, or the prompt's own) and the top-k, by token id.
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
+class CompletionOutput:
+    """One of a request's `n` completions (vLLM's shape).
+
+    index: its place in RequestOutput.outputs. text / token_ids: everything it generated so far
+    (stop string cut from text); new_text / new_token_ids: what this output adds to the previous
+    one. logprobs: one dict per token in token_ids when the request asked for them (else None),
+    new_logprobs the ones for new_token_ids; cumulative_logprob: the sum of the chosen tokens'.
+    finish_reason: "stop", "length" or "abort" once this completion has finished.
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None
+    new_text: str = ""
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[PositionLogprobs] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
 class RequestOutput:
     """A request's state after a step.
 
     text / token_ids: everything generated so far (stop string cut from text).
     new_text / new_token_ids: what this output adds to the previous one of the same request
     (the pieces a stream yields). finish_reason: "stop", "length" or "abort" once finished.
+
+    outputs: the request's `n` completions, each with its own text, tokens, deltas, logprobs
+    and finish_reason; text, token_ids, new_text, new_token_ids and finish_reason above are
+    outputs[0]'s, and `finished` means every completion has. prompt_logprobs: one entry per
+    prompt token when asked for (the first None), else None. With n > 1, metrics cover all
+    completions (num_output_tokens is their sum).
     """
 
     request_id: str
@@ -56,3 +103,5 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     metrics: RequestMetrics
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    prompt_logprobs: list[PositionLogprobs | None] | None = None

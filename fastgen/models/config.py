@@ -1,12 +1,20 @@
-"""What fastgen needs to know about a Hugging Face model folder, read from its config.json."""
+"""What fastgen needs to know about a Hugging Face model folder, read from its config.json.
+
+`ModelConfig` holds the fields every family has and the engine reads (the shapes that size the
+KV cache and the sampler, the length limit, the dtype, the EOS ids). Each family subclasses it
+with the fields its own layers read and parses config.json with its own `from_hf`; the registry
+(`fastgen.models.registry`) says which subclass an architecture uses. Reading a config never
+imports torch.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from fastgen.models.registry import ARCHITECTURES
+from fastgen.models.registry import ARCHITECTURES, config_class
 
 # Every dtype name fastgen accepts, from users (EngineConfig.dtype) and from config.json, with
 # its canonical name. Names, not torch dtypes: reading a config must not import torch.
@@ -29,30 +37,30 @@ def torch_dtype(name: str):
     return getattr(torch, DTYPE_NAMES[name])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Shapes and options of a decoder-only model (Llama, Qwen2, Qwen3)."""
+    """Shapes and options of a decoder-only model that the engine itself reads."""
+
+    # The config.json key that holds the length limit, named in errors about max_model_len.
+    max_len_key: ClassVar[str] = "max_position_embeddings"
 
     architecture: str
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
-    max_position_embeddings: int
+    max_position_embeddings: int  # the longest sequence the model's positions cover
     tie_word_embeddings: bool
-    attention_bias: bool
-    qk_norm: bool
     dtype: str  # canonical name of the checkpoint's dtype (float32 when config.json names none)
-    eos_token_ids: tuple[int, ...] = field(default=())
+    eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
-    def from_dict(cls, raw: dict, where: str = "config") -> "ModelConfig":
+    def from_dict(cls, raw: dict, where: str = "config") -> ModelConfig:
+        """The config of the first supported entry of raw["architectures"], as the family's
+        subclass. Raises ValueError for an unsupported architecture, a missing key or a switch
+        the family does not implement."""
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in ARCHITECTURES), None)
         if arch is None:
@@ -60,36 +68,19 @@ class ModelConfig:
                 f"architectures={archs!r} in {where} is not supported; "
                 f"supported: {sorted(ARCHITECTURES)}"
             )
-        switches = ARCHITECTURES[arch]
-        num_heads = raw["num_attention_heads"]
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        rope_theta = raw.get("rope_theta", rope.get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
-        return cls(
-            architecture=arch,
-            vocab_size=raw["vocab_size"],
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_layers=raw["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=raw.get("num_key_value_heads") or num_heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
-            rope_scaling=dict(rope) if rope_type not in ("default", None) else None,
-            max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=switches.attention_bias or bool(raw.get("attention_bias", False)),
-            qk_norm=switches.qk_norm,
-            dtype=DTYPE_NAMES.get(str(dtype_name).replace("torch.", ""), "float32"),
-            eos_token_ids=eos_ids,
-        )
+        family, switches = config_class(arch), ARCHITECTURES[arch].switches
+        try:
+            return family.from_hf(raw, arch, where, **switches)
+        except KeyError as exc:
+            raise ValueError(f"{where} lacks {exc.args[0]!r}, which {arch} needs") from None
 
     @classmethod
-    def from_folder(cls, path: str | Path) -> "ModelConfig":
+    def from_hf(cls, raw: dict, architecture: str, where: str, **switches) -> ModelConfig:
+        """Parse a family's config.json dict; each family's subclass implements it."""
+        raise NotImplementedError(f"{cls.__name__} does not parse config.json")
+
+    @classmethod
+    def from_folder(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         config_file = path / "config.json"
         if not path.is_dir():
@@ -97,6 +88,19 @@ class ModelConfig:
         if not config_file.is_file():
             raise ValueError(f"model={str(path)!r} has no config.json")
         return cls.from_dict(json.loads(config_file.read_text()), where=str(config_file))
+
+    @staticmethod
+    def shared_fields(raw: dict) -> dict:
+        """The fields every family reads from config.json under the same keys (dtype, EOS ids)."""
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
+        return dict(dtype=DTYPE_NAMES.get(str(dtype_name).replace("torch.", ""), "float32"), eos_token_ids=eos_ids)
+
+    @property
+    def max_len_limit(self) -> str:
+        """The length limit as config.json names it, e.g. "n_positions=1024" (for messages)."""
+        return f"{self.max_len_key}={self.max_position_embeddings}"
 
     def kv_bytes_per_token(self, dtype: str) -> int:
         """Bytes of K and V one token occupies across all layers when the cache is `dtype` (a name)."""
