@@ -10,6 +10,9 @@ each query head is spread over the full kv_heads * head_dim width with zeros out
 head's slice, so q·K^T sums only its group's dims; P·V yields every KV head's output for every
 query head and each head keeps its own slice. The kv_heads-fold extra multiply-adds are cheaper
 on a CPU than the copies a transposed K would need.
+
+Shapes follow the step's longest context (a host integer), so this path is for eager decode; it
+is not meant to be captured in a CUDA graph.
 """
 
 from __future__ import annotations
