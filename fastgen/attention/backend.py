@@ -29,6 +29,11 @@ class AttentionBackend(Protocol):
 
     name: str
 
+    def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """Once a step, before the forward: the metadata with whatever this backend derives
+        from it for every layer (returned unchanged by backends that need nothing)."""
+        ...
+
     def rope_and_store(self, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
                        k_cache, v_cache, slot_mapping) -> tuple[torch.Tensor, torch.Tensor]:
         """RMS-normalise q and k per head (when the weights are given, Qwen3), rotate them
@@ -64,7 +69,7 @@ def select_backend(device: torch.device, block_size: int, ops: OpSet, name: str 
     if name == "torch":
         from fastgen.attention.torch_paged import TorchPagedBackend
 
-        return TorchPagedBackend(ops)
+        return TorchPagedBackend(ops, block_size)
     if name == "flash-attn":
         if block_size % FLASH_ATTN_BLOCK_MULTIPLE != 0:
             raise ValueError(

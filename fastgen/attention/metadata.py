@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from fastgen.attention.torch_decode import DecodeKVIndex
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,8 @@ class AttentionMetadata:
     max_query_len, max_context_len: host-side maxima of the two (sizes for kernels).
     query_lens_host, context_lens_host: host copies used by the eager prefill loop (empty in
         decode, where nothing may read the host during graph replay).
+    decode_kv: the CPU backend's per-step index of the K/V rows each decode sequence reads,
+        added by its `prepare` (None elsewhere).
     logits_indices: int64 [S], which of the T hidden states feed the LM head (the last token of
         each sequence that samples this step); None in decode, where every row does.
     """
@@ -38,3 +44,4 @@ class AttentionMetadata:
     logits_indices: torch.Tensor | None
     query_lens_host: tuple[int, ...] = ()
     context_lens_host: tuple[int, ...] = ()
+    decode_kv: DecodeKVIndex | None = None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from fastgen.attention.metadata import AttentionMetadata
+from fastgen.attention.torch_decode import build_decode_kv_index, decode_attention
 from fastgen.kernels import store_kvcache_torch
 
 if TYPE_CHECKING:
@@ -23,12 +25,20 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
 
 
 class TorchPagedBackend:
-    """ops: the (possibly compiled) element-wise op set the q/k preparation runs on."""
+    """ops: the (possibly compiled) element-wise op set the q/k preparation runs on;
+    block_size: the cache's, which the decode index needs."""
 
     name = "torch"
 
-    def __init__(self, ops: OpSet):
+    def __init__(self, ops: OpSet, block_size: int):
         self.ops = ops
+        self.block_size = block_size
+
+    def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
+        if meta.is_prefill:
+            return meta
+        index = build_decode_kv_index(meta.block_tables, meta.context_lens, meta.max_context_len, self.block_size)
+        return dataclasses.replace(meta, decode_kv=index)
 
     def rope_and_store(self, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
                        k_cache, v_cache, slot_mapping):
@@ -70,15 +80,5 @@ class TorchPagedBackend:
         return out
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        batch, block_size = q.shape[0], k_cache.shape[1]
-        width = max(1, -(-meta.max_context_len // block_size))
-        tables = meta.block_tables[:, :width].clamp_min(0).long()
-        keys = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, KV, W*bs, D]
-        values = v_cache[tables].flatten(1, 2).transpose(1, 2)
-        lens = meta.context_lens.unsqueeze(1)
-        mask = torch.arange(width * block_size, device=q.device).unsqueeze(0) < lens  # [B, L]
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys, values, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
-        ).squeeze(2)
-        # A padding row (context length 0) has nothing to attend to: define its output as 0.
-        return torch.where(lens.unsqueeze(2) > 0, out, torch.zeros_like(out)).view(batch, *q.shape[1:])
+        assert meta.decode_kv is not None, "decode metadata must pass through prepare()"
+        return decode_attention(q, k_cache, v_cache, meta.decode_kv, scale)

@@ -16,6 +16,9 @@ from fastgen.kernels import paged_decode_attention, paged_prefill_attention, qk_
 class TritonPagedBackend:
     name = "triton"
 
+    def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
+        return meta  # the kernels read block tables and lengths directly
+
     def rope_and_store(self, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
                        k_cache, v_cache, slot_mapping):
         return qk_norm_rope_store(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, norm_eps,

@@ -17,19 +17,14 @@ from pathlib import Path
 
 import torch
 
+from fastgen.cpu_features import cpu_model_name
+
 
 def device_name(device: torch.device) -> str:
     """The GPU's marketing name on CUDA, else the CPU model."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    return cpu_model_name() or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def _version(package: str) -> str | None:

@@ -97,10 +97,23 @@ def format_summary(doc: dict) -> str:
             f"prefill step ms     {_fmt_stats(r['prefill_step_ms'])}",
             f"decode step ms      {_fmt_stats(r['decode_step_ms'])}",
             f"output tokens/s     {r['output_tokens_per_s']:10.1f}",
+            f"decode tokens/s     {r.get('decode_tokens_per_s') or 0:10.1f}   (batch / median decode step)",
             f"preemptions         {r['num_preemptions']:10d}",
             f"peak memory         {r['peak_memory_bytes'] / 2**30:10.2f} GiB",
         ]
+    lines += _peer_lines(r.get("peers", []))
     return "\n".join(lines)
+
+
+def _peer_lines(peers: list[dict]) -> list[str]:
+    lines = []
+    for peer in peers:
+        rate = peer.get("output_tokens_per_s") or peer.get("decode_tokens_per_s")
+        kind = "output" if "output_tokens_per_s" in peer else "decode"
+        speedup = peer["fastgen_speedup"]
+        lines.append(f"{peer['backend']:<19} {rate:10.1f} {kind} tokens/s   (fastgen {speedup:.2f}x, "
+                     f"{peer['backend']} {peer['version']})" if speedup else f"{peer['backend']:<19} {rate:10.1f}")
+    return [""] + lines if lines else []
 
 
 def emit(doc: dict, output_json: str | None) -> None:

@@ -14,7 +14,7 @@ import sys
 
 from fastgen.cli import arg_types, engine_args
 from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
-from fastgen.cli.bench_common import add_output_args, announce_if_long
+from fastgen.cli.bench_common import add_output_args, add_peer_args, announce_if_long, check_peer_args
 from fastgen.cli.help_format import HelpFormatter
 
 DESCRIPTION = """\
@@ -26,6 +26,10 @@ EPILOG = """\
 examples:
   # batch of 8, 32 prompt tokens, 128 generated tokens, 10 warm-up + 30 measured iterations
   fastgen bench latency
+
+  # batch-1 decode of the default model beside transformers and llama.cpp (a GGUF of it)
+  fastgen bench latency --batch-size 1 --input-len 32 --output-len 128 --num-iters 5 \
+      --backend transformers --backend llama.cpp --gguf SmolLM2-135M-Instruct-bf16.gguf
 
   # single-sequence decode latency of Qwen3-0.6B shapes, as JSON
   fastgen bench latency --model-preset qwen3-0.6b --batch-size 1 --input-len 128 \\
@@ -48,6 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     group.add_argument("--temperature", metavar="T", type=arg_types.non_negative_float, default=0.0,
                        help="sampling temperature of every request; 0 is greedy")
     add_output_args(parser)
+    add_peer_args(parser, batch_size_flag=False)
     engine_args.add_engine_args(parser, max_model_len_default="--input-len + --output-len", dummy_weights=True)
     parser.set_defaults(run=run, parser=parser)
     return parser
@@ -62,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from fastgen.bench.runner import EngineCounters, IterationTimes, request_records, run_iteration, warm_up
     from fastgen.bench.stats import summarize_ms
 
+    check_peer_args(args, args.parser)
     choice = engine_args.resolve_model(args, args.parser, need_tokenizer=False)
     llm = engine_args.build_llm(
         choice, args, need_tokenizer=False, needed_model_len=args.input_len + args.output_len,
@@ -103,12 +109,16 @@ def run(args: argparse.Namespace) -> int:
         "num_decode_steps": sum(len(t.decode_steps) for t in measured),
         "output_tokens": output_tokens,
         "output_tokens_per_s": output_tokens / total_seconds,
+        # One decode step advances every sequence of the batch by a token.
+        "decode_tokens_per_s": _decode_rate(args.batch_size, measured),
         "num_preemptions": counters.preemptions,
         "peak_memory_bytes": peak_memory_bytes(device),
     }
     if args.per_request:
         results["requests"] = [{"iteration": i, **record} for i, t in enumerate(measured)
                                for record in request_records(t.outputs)]
+    if args.peers:
+        results["peers"] = run_peers(args, llm, batch(0).prompts, results["decode_tokens_per_s"])
     workload_json = {"batch_size": args.batch_size, "input_len": args.input_len, "output_len": args.output_len,
                      "num_iters": args.num_iters, "num_iters_warmup": args.num_iters_warmup, "seed": args.seed,
                      "temperature": args.temperature}
@@ -116,3 +126,25 @@ def run(args: argparse.Namespace) -> int:
                       workload_json, results)
     emit(doc, args.output_json)
     return 0
+
+
+def _decode_rate(batch_size: int, measured) -> float | None:
+    steps = sorted(x for t in measured for x in t.decode_steps)
+    return batch_size / steps[len(steps) // 2] if steps else None
+
+
+def run_peers(args: argparse.Namespace, llm, prompts: list[list[int]], fastgen_rate: float | None) -> list[dict]:
+    """The first measured batch through each --backend peer, decode tokens/s as medians over
+    --num-iters runs; each result carries fastgen's decode rate divided by the peer's."""
+    from fastgen.bench.peers import LlamaCppPeer, TransformersPeer
+
+    peers = []
+    for name in args.peers:
+        if name == "transformers":
+            peer = TransformersPeer(llm.config.model, llm.config.torch_dtype)
+        else:
+            peer = LlamaCppPeer(args.gguf, args.input_len + args.output_len)
+        result = peer.decode_rate(prompts, args.output_len, args.num_iters)
+        speedup = fastgen_rate / result["decode_tokens_per_s"] if fastgen_rate else None
+        peers.append({**result, "fastgen_speedup": speedup})
+    return peers

@@ -14,7 +14,7 @@ import time
 
 from fastgen.cli import arg_types, engine_args
 from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
-from fastgen.cli.bench_common import add_output_args, announce_if_long
+from fastgen.cli.bench_common import add_output_args, add_peer_args, announce_if_long, check_peer_args
 from fastgen.cli.help_format import HelpFormatter
 
 DESCRIPTION = """\
@@ -30,6 +30,9 @@ examples:
   # Qwen3-0.6B shapes on random weights, varied lengths, JSON report
   fastgen bench throughput --model-preset qwen3-0.6b --num-prompts 1000 \\
       --input-len 100:1024 --output-len 100:1024 --output-json qwen3.json
+
+  # the same workload through transformers too (batches of 16), the ratio in the report
+  fastgen bench throughput --num-prompts 32 --input-len 32:160 --output-len 64 --backend transformers
 
   # a shared 512-token prefix, prefix caching off for comparison
   fastgen bench throughput --model ./my-model --prefix-len 512 --no-enable-prefix-caching"""
@@ -48,6 +51,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                            help="load the tokenizer and detokenize outputs as a server would "
                            "(default: token ids only)")
     add_output_args(parser)
+    add_peer_args(parser, batch_size_flag=True)
     engine_args.add_engine_args(parser, max_model_len_default="--prefix-len + max --input-len + max --output-len",
                                 dummy_weights=True)
     parser.set_defaults(run=run, parser=parser)
@@ -80,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from fastgen.bench.runner import EngineCounters, request_records, run_requests, warm_up
     from fastgen.bench.stats import summarize_ms
 
+    check_peer_args(args, args.parser)
     choice = engine_args.resolve_model(args, args.parser, need_tokenizer=args.detokenize)
     spec = spec_from_args(args)
     llm = engine_args.build_llm(
@@ -121,9 +126,24 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.per_request:
         results["requests"] = request_records(outputs)
+    if args.peers:
+        results["peers"] = run_peers(args, llm, workload, results["output_tokens_per_s"])
     workload_json = {**spec.to_json(), "temperature": args.temperature, "warmup": args.warmup,
                      "detokenize": args.detokenize}
     doc = make_report("throughput", args.command_line, environment_info(device), engine_settings(llm, choice),
                       workload_json, results)
     emit(doc, args.output_json)
     return 0
+
+
+def run_peers(args: argparse.Namespace, llm, workload, fastgen_rate: float) -> list[dict]:
+    """The workload through each --backend peer (transformers: check_peer_args kept llama.cpp,
+    which runs batch 1, out); each result carries fastgen's output rate divided by the peer's."""
+    from fastgen.bench.peers import TransformersPeer
+
+    peers = []
+    for _ in args.peers:
+        peer = TransformersPeer(llm.config.model, llm.config.torch_dtype)
+        result = peer.throughput(workload.prompts, workload.output_lens, args.hf_batch_size)
+        peers.append({**result, "fastgen_speedup": fastgen_rate / result["output_tokens_per_s"]})
+    return peers

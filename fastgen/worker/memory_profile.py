@@ -30,7 +30,7 @@ from fastgen.engine.scheduler import SchedulerOutput
 from fastgen.engine.sequence import Sequence
 from fastgen.sampling_params import SamplingParams
 from fastgen.worker.kv_cache import KVCache
-from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
+from fastgen.worker.step_inputs import PrepareMeta, StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +65,13 @@ def worst_prefill_step(config: EngineConfig) -> SchedulerOutput:
     return SchedulerOutput(seqs, chunks, True, [True] * count, [()] * count)
 
 
-def _activation_peaks(config: EngineConfig, run_step: RunStep, graph_batch_size: int | None) -> tuple[int, int]:
+def _activation_peaks(config: EngineConfig, run_step: RunStep, graph_batch_size: int | None,
+                      prepare_meta: PrepareMeta) -> tuple[int, int]:
     """(peak bytes of the worst prefill step, of the largest decode graph's step or 0)."""
     stand_in = KVCache(config, num_blocks=1)
     # A builder of its own: the engine's keeps per-sequence rows that fake sequences must not touch.
     inputs = StepInputBuilder(config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq,
-                              config.block_size, config.torch_device)
+                              config.block_size, config.torch_device, prepare_meta)
     prefill = worst_prefill_step(config)
 
     def run_prefill():
@@ -98,14 +99,16 @@ def _peak_bytes(fn) -> int:
 
 
 @torch.inference_mode()
-def measure_kv_budget(config: EngineConfig, run_step: RunStep, graph_batch_size: int | None) -> int:
+def measure_kv_budget(config: EngineConfig, run_step: RunStep, graph_batch_size: int | None,
+                      prepare_meta: PrepareMeta) -> int:
     """Bytes the KV cache may take on this GPU (see the module docstring); 0 when none are left.
 
     run_step: runs the model on a step's inputs and samples (see RunStep). graph_batch_size: the
-    largest decode graph to reserve for, or None when graphs are off.
+    largest decode graph to reserve for, or None when graphs are off. prepare_meta: the attention
+    backend's `prepare`.
     """
     device = config.torch_device
-    prefill_peak, decode_peak = _activation_peaks(config, run_step, graph_batch_size)
+    prefill_peak, decode_peak = _activation_peaks(config, run_step, graph_batch_size, prepare_meta)
     torch.cuda.empty_cache()  # the stand-in cache and the profiling builder are gone by now
     free, total = torch.cuda.mem_get_info(device)
     in_use = total - free

@@ -146,14 +146,14 @@ class ModelRunner:
 
         check_step_inputs_fit(config)
         self.inputs = StepInputBuilder(config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq,
-                                       config.block_size, self.device)
+                                       config.block_size, self.device, self.backend.prepare)
         sizes = capture_sizes(config) if config.graphs_enabled else None
         budget = None
         if needs_measured_budget(config):
             # A sampler of its own: profiling must not advance the engine's generator.
             profiler = Sampler(mc.vocab_size, self.device, 0, self.ops.sample_tokens)
             budget = measure_kv_budget(config, functools.partial(profile_step, self.model, profiler),
-                                       max(sizes) if sizes else None)
+                                       max(sizes) if sizes else None, self.backend.prepare)
             budget = tp.min_across_ranks(budget, self.device)
         num_blocks = num_blocks_for_budget(config, budget)
         check_fits_one_sequence(config, num_blocks)

@@ -16,6 +16,8 @@ the same way.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +27,8 @@ from fastgen.attention import AttentionMetadata
 from fastgen.engine.scheduler import SchedulerOutput
 from fastgen.worker.block_table import BlockTable
 from fastgen.worker.buffers import CpuGpuBuffer
+
+PrepareMeta = Callable[[AttentionMetadata], AttentionMetadata]
 
 
 @dataclass(frozen=True)
@@ -63,11 +67,13 @@ class StepInputs:
 
 class StepInputBuilder:
     """Sized for the largest step: max_num_seqs rows, max(max_num_tokens, max_num_seqs) tokens and
-    block tables max_blocks_per_seq wide."""
+    block tables max_blocks_per_seq wide. prepare_meta: the attention backend's `prepare`, applied
+    to every step's metadata."""
 
     def __init__(self, max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device):
+                 device: torch.device, prepare_meta: PrepareMeta = lambda meta: meta):
         self.block_size = block_size
+        self.prepare_meta = prepare_meta
         tokens = max(max_num_tokens, max_num_seqs)
         self.input_ids = CpuGpuBuffer((tokens,), torch.int64, device)
         self.positions = CpuGpuBuffer((tokens,), torch.int64, device)
@@ -97,7 +103,7 @@ class StepInputBuilder:
     def _finish(self, inputs: StepInputs) -> StepInputs:
         if self._uploaded is not None:
             self._uploaded.record()
-        return inputs
+        return dataclasses.replace(inputs, meta=self.prepare_meta(inputs.meta))
 
     def build_decode(self, out: SchedulerOutput, pad_to: int | None = None) -> StepInputs:
         """`fill_decode` then `upload`."""

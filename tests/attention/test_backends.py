@@ -45,7 +45,7 @@ def test_prefill_with_cached_history_equals_full_causal_attention(block_size):
     v_cache = torch.zeros_like(k_cache)
     table = torch.randperm(num_blocks)[: -(-total // block_size)].int()
     slots = (table.long()[torch.arange(total) // block_size] * block_size + torch.arange(total) % block_size)
-    be = TorchPagedBackend(EAGER)
+    be = TorchPagedBackend(EAGER, block_size)
     store_kvcache_torch(k[:cached], v[:cached], k_cache, v_cache, slots[:cached])  # an earlier step
     store_kvcache_torch(k[cached:], v[cached:], k_cache, v_cache, slots[cached:])
     new = total - cached

@@ -49,7 +49,7 @@ def test_equals_unfused_torch_path(dtype, qk_norm, heads, kv_heads, head_dim):
     cos_sin = RotaryEmbedding(head_dim, 512, 1e6, None).cos_sin.to(DEVICE)
     weights = (q_w, k_w) if qk_norm else (None, None)
     k_cache_ref, v_cache_ref = k_cache.clone(), v_cache.clone()
-    want_q, want_k = TorchPagedBackend(build_op_set(False)).rope_and_store(
+    want_q, want_k = TorchPagedBackend(build_op_set(False), k_cache.shape[1]).rope_and_store(
         positions, q.clone(), k.clone(), v, cos_sin, *weights, 1e-6, k_cache_ref, v_cache_ref, slots)
 
     got_q, got_k = qk_norm_rope_store(q, k, v, positions, cos_sin, *weights, 1e-6, k_cache, v_cache, slots)
@@ -91,7 +91,7 @@ def test_fused_store_is_cuda_graph_capturable():
         qk_norm_rope_store(*args)
     q.copy_(q0), k.copy_(k0)
     k_cache_ref, v_cache_ref = k_cache.clone(), v_cache.clone()
-    want_q, want_k = TorchPagedBackend(build_op_set(False)).rope_and_store(
+    want_q, want_k = TorchPagedBackend(build_op_set(False), k_cache.shape[1]).rope_and_store(
         positions, q0, k0, v, cos_sin, q_w, k_w, 1e-6, k_cache_ref, v_cache_ref, slots)
     graph.replay()
     torch.cuda.synchronize()

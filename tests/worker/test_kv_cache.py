@@ -90,6 +90,7 @@ def test_memory_profile_runs_the_worst_steps_through_the_model_and_sampler(tiny_
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: peaks[-1])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (6 * gib, 8 * gib))  # 2 GiB in use
-    budget = measure_kv_budget(llm.config, recording_step, graph_batch_size=8)
+    budget = measure_kv_budget(llm.config, recording_step, graph_batch_size=8,
+                               prepare_meta=runner.backend.prepare)
     assert steps == [(256, 8, 1024, True), (8, 8, 0, False)]
     assert budget == int(8 * gib * llm.config.gpu_memory_utilization) - 2 * gib - 100 - 200

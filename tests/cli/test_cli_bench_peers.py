@@ -1,0 +1,60 @@
+"""`fastgen bench --backend PEER`: the same workload through transformers (or llama.cpp) in the
+same run, both recorded with their ratio; peers that cannot run are refused before any load."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from fastgen.cli.main import main
+from tests.bench.report_schema import validate_report
+from tests.cli.conftest import CPU_FLAGS
+
+ENGINE = [*CPU_FLAGS, "--block-size", "16", "--max-num-seqs", "4"]
+
+
+def test_throughput_with_transformers_records_its_run_and_the_ratio(fastgen_cli, tiny_models, tmp_path):
+    out = tmp_path / "report.json"
+    result = fastgen_cli("bench", "throughput", "--model", tiny_models["llama"], "--num-prompts", "5",
+                         "--input-len", "4:12", "--output-len", "3:6", "--backend", "transformers",
+                         "--hf-batch-size", "2", *ENGINE, "--quiet", "--output-json", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    validate_report(doc)
+    r = doc["results"]
+    (peer,) = r["peers"]
+    assert (peer["backend"], peer["batch_size"]) == ("transformers", 2)
+    assert peer["output_tokens"] == r["output_tokens"]  # the same workload, only the asked tokens counted
+    assert math.isclose(peer["output_tokens_per_s"], peer["output_tokens"] / peer["elapsed_s"])
+    assert math.isclose(peer["fastgen_speedup"], r["output_tokens_per_s"] / peer["output_tokens_per_s"])
+    assert "transformers" in result.stdout
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ([], "--backend llama.cpp needs --gguf PATH"),
+    (["--gguf", "model.gguf", "--batch-size", "2"], "runs one sequence"),
+])
+def test_latency_refuses_a_llama_cpp_peer_it_cannot_run(capsys, monkeypatch, tiny_models, extra, message):
+    monkeypatch.setattr("fastgen.bench.peers.llama_cpp_available", lambda: True)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "latency", "--model", tiny_models["llama"], "--backend", "llama.cpp", *extra, *CPU_FLAGS])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_llama_cpp_peer_is_refused_when_the_package_is_missing(capsys, monkeypatch, tiny_models):
+    monkeypatch.setattr("fastgen.bench.peers.llama_cpp_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "latency", "--model", tiny_models["llama"], "--batch-size", "1", "--backend", "llama.cpp",
+              "--gguf", "model.gguf", *CPU_FLAGS])
+    assert exit_info.value.code == 2
+    assert "llama-cpp-python" in capsys.readouterr().err
+
+
+def test_a_peer_needs_real_weights(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "throughput", "--model-preset", "smollm2-135m", "--backend", "transformers", *CPU_FLAGS])
+    assert exit_info.value.code == 2
+    assert "--backend needs real weights" in capsys.readouterr().err
