@@ -118,6 +118,10 @@ class EngineConfig:
     """torch.compile the element-wise ops and the sampler. Default: on CUDA only."""
     seed: int = _knob(0, at_least(0, below=SEED_LIMIT, below_text="2**64"))
     """Seed of the sampler's generator for requests that bring no seed of their own."""
+    max_waiting_requests: int = _knob(1024, at_least(1))
+    """Most requests add_request lets wait for a first schedule; one more is refused at once
+    (EngineOverloaded; HTTP 503 in the server) instead of queueing without bound. Batch
+    LLM.generate calls are not capped."""
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
