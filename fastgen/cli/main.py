@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-from fastgen.cli import bench_latency, bench_throughput, generate
+from fastgen.cli import bench_latency, bench_throughput, generate, serve
 from fastgen.cli.help_format import HelpFormatter
 
 EXIT_USAGE = 2  # argparse's status for bad usage; engine-detected input errors share it
@@ -25,6 +25,7 @@ examples:
   fastgen generate --chat "What is paged attention?"
   fastgen bench throughput --model-preset qwen3-0.6b --num-prompts 256 --input-len 512 --output-len 128
   fastgen bench latency --batch-size 1 --output-len 256 --output-json latency.json
+  fastgen serve --port 8000
 
 Run `fastgen <command> --help` (or `fastgen bench <kind> --help`) for a command's flags."""
 
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  fastgen bench latency --batch-size 1 --output-json latency.json",
     )
     kinds = bench.add_subparsers(title="benchmarks", dest="bench", metavar="KIND", required=True)
-    for leaf in (bench_throughput.add_parser(kinds), bench_latency.add_parser(kinds), generate.add_parser(commands)):
+    for leaf in (bench_throughput.add_parser(kinds), bench_latency.add_parser(kinds), generate.add_parser(commands),
+                 serve.add_parser(commands)):
         leaf.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
                           help="verbosity of the engine's log messages (stderr)")
     return parser

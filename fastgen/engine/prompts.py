@@ -30,3 +30,24 @@ def token_ids_of(prompt: object) -> list[int]:
             raise ValueError(f"prompt token_ids[{i}]={t!r} must be an integer, got {type(t).__name__}")
         token_ids.append(int(t))
     return token_ids
+
+
+def is_conversation(messages: object) -> bool:
+    """Whether `messages` is one conversation (a list of message dicts), not a list of them."""
+    return isinstance(messages, (list, tuple)) and len(messages) > 0 and isinstance(messages[0], dict)
+
+
+def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a conversation as the tokenizer's chat template renders it (rendered to text,
+    then encoded without special tokens: the template writes any BOS itself, and encode() would
+    double it). ValueError for a tokenizer without a template, or a malformed conversation."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("the model's tokenizer has no chat template")
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(f"a conversation must be a non-empty list of messages, got {messages!r}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{i}]={message!r} must be a dict with a 'role' string and a 'content'")
+    rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                             tokenize=False)
+    return tokenizer.encode(rendered, add_special_tokens=False)
