@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-from fastgen.cli import bench_latency, bench_throughput, generate, serve
+from fastgen.cli import bench_latency, bench_serve, bench_throughput, generate, serve
 from fastgen.cli.help_format import HelpFormatter
 
 EXIT_USAGE = 2  # argparse's status for bad usage; engine-detected input errors share it
@@ -43,14 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND", required=True)
 
     bench = commands.add_parser(
-        "bench", help="benchmark the engine (throughput, latency)",
+        "bench", help="benchmark the engine (throughput, latency) or a server (serve)",
         description="Benchmark the engine on a random token-id workload.", formatter_class=HelpFormatter,
         epilog="examples:\n  fastgen bench throughput --model-preset qwen3-0.6b --num-prompts 256\n"
         "  fastgen bench latency --batch-size 1 --output-json latency.json",
     )
     kinds = bench.add_subparsers(title="benchmarks", dest="bench", metavar="KIND", required=True)
-    for leaf in (bench_throughput.add_parser(kinds), bench_latency.add_parser(kinds), generate.add_parser(commands),
-                 serve.add_parser(commands)):
+    for leaf in (bench_throughput.add_parser(kinds), bench_latency.add_parser(kinds), bench_serve.add_parser(kinds),
+                 generate.add_parser(commands), serve.add_parser(commands)):
         leaf.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
                           help="verbosity of the engine's log messages (stderr)")
     return parser

@@ -54,8 +54,10 @@ def build_app(llm, settings: ServerSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        state = ServerState(AsyncLLM(llm), settings.model_name or Path(llm.config.model).name, tokenizer,
-                            llm.config.max_model_len, ResultStore(settings.max_results, settings.result_ttl_s))
+        config = llm.config
+        state = ServerState(AsyncLLM(llm), settings.model_name or Path(config.model).name, tokenizer,
+                            config.max_model_len, config.model_config.vocab_size,
+                            ResultStore(settings.max_results, settings.result_ttl_s))
         app.state.server = state
         try:
             yield

@@ -19,9 +19,9 @@ from fastapi.responses import JSONResponse
 
 from fastgen.engine.requests import EngineOverloaded
 
-# "temperature=-1 must be ...", "stop_token_ids[0]=...", "prompt length 900 + ...": the field
+# "temperature=-1 must be ...", "stop must hold ...", "prompt length 900 + ...": the field
 # a check message starts with.
-_FIELD = re.compile(r"^(?:prompt token_ids|([A-Za-z_]+))(?:\[\d+\])?(?:=| length| holds| is)")
+_FIELD = re.compile(r"^(?:prompt token_ids|([A-Za-z_]+))(?:\[\d+\])?(?:=| length| holds| is| must)")
 
 
 class RequestError(ValueError):

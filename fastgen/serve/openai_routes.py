@@ -27,7 +27,8 @@ def _state(request: Request) -> ServerState:
 async def models(request: Request) -> dict:
     state = _state(request)
     return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": int(time.time()),
-                                        "owned_by": "fastgen", "max_model_len": state.max_model_len}]}
+                                        "owned_by": "fastgen", "max_model_len": state.max_model_len,
+                                        "vocab_size": state.vocab_size}]}
 
 
 def _single_prompt(prompt) -> str | list[int]:

@@ -23,6 +23,7 @@ class ServerState:
     model_name: str
     tokenizer: object  # the server's own copy: the engine's is used by the loop thread
     max_model_len: int
+    vocab_size: int
     results: ResultStore
     metrics: ServerMetrics = field(init=False)
     accepting: bool = True
@@ -53,7 +54,11 @@ class ServerState:
     async def tracked(self, stream: AsyncRequestStream) -> AsyncIterator[RequestOutput]:
         """The stream's outputs, counted in the metrics; the stream is closed (its request
         aborted if unfinished) however the reader stops."""
-        async with stream:
-            async for output in stream:
-                self.metrics.observe(output)
-                yield output
+        try:
+            async with stream:
+                async for output in stream:
+                    self.metrics.observe(output)
+                    yield output
+        finally:
+            if stream.final is None:  # its reader left first (a dropped client): aborted unread
+                self.metrics.finished.labels("abort").inc()
