@@ -22,7 +22,10 @@ _PARAMS = {f.name for f in dataclasses.fields(SamplingParams) if f.init}
 _SAMPLING = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
              "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids")
 # OpenAI's default temperature is 1 and its default max_tokens for completions is 16, as
-# SamplingParams' own defaults.
+# SamplingParams' own defaults. Values that ask for nothing, accepted even by a build whose
+# SamplingParams lacks the field:
+_NEUTRAL = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+            "min_tokens": 0, "min_p": 0.0}
 
 
 def check_fields(request: SamplingFields, endpoint: str) -> None:
@@ -42,7 +45,7 @@ def sampling_params(request: SamplingFields, max_tokens: int | None = None, **ex
     kwargs = {}
     for name in _SAMPLING:
         value = getattr(request, name)
-        if value is None:
+        if value is None or (name not in _PARAMS and _NEUTRAL.get(name, object()) == value):
             continue
         if name not in _PARAMS:
             raise RequestError(f"{name}={value!r} is not supported by this fastgen build", param=name)
