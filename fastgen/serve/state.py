@@ -41,7 +41,7 @@ class ServerState:
         """Queue a request (ValueError: 400; EngineOverloaded or shutting down: 503)."""
         if not self.accepting or not self.llm.running:
             self.metrics.rejected.labels("503").inc()
-            raise EngineOverloaded("the server is shutting down")
+            raise RequestError("the server is shutting down", status=503, kind="service_unavailable")
         try:
             return await self.llm.submit(prompt, params)
         except EngineOverloaded:
