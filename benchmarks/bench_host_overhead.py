@@ -23,6 +23,7 @@ from fastgen import LLM, SamplingParams
 from fastgen.engine.block_manager import BlockManager
 from fastgen.engine.scheduler import Scheduler, SchedulerOutput
 from fastgen.engine.sequence import Sequence
+from fastgen.worker.model_runner import ModelRunnerOutput
 from fastgen.worker.step_inputs import StepInputBuilder
 from tests.tiny_models import build_tokenizer, model_config
 
@@ -234,16 +235,18 @@ class EngineDecodeBatch:
         self.vocab = self.engine.config.model_config.vocab_size
         self.rng = np.random.default_rng(seed)
         self.tokens = fake_tokens(self.rng, self.vocab)
-        self.engine.runner.run = self._run_without_model  # this instance only
+        # This instance only: launch hands its fake tokens straight to collect.
+        self.engine.runner.launch = self._run_without_model
+        self.engine.runner.collect = lambda tokens: tokens
         self.reset()
 
     def _run_without_model(self, out):
         if out.is_prefill:
-            return [7 if out.samples(i) else None for i in range(len(out.seqs))]
+            return ModelRunnerOutput([7 if out.samples(i) else None for i in range(len(out.seqs))])
         self.engine.runner.inputs.build_decode(out)
         tokens = self.tokens[self.steps % len(self.tokens)]
         self.steps += 1
-        return tokens[: len(out.seqs)]
+        return ModelRunnerOutput(tokens[: len(out.seqs)])
 
     def reset(self) -> None:
         for request_id in list(self.engine.requests):

@@ -1,14 +1,19 @@
-"""GPU benchmark, one command: decode-step latency with CUDA graphs and eager at several batch
-sizes, graph capture time and memory, and the throughput workload — on Qwen3-0.6B shapes with
-random (dummy) weights in bf16, so no weights are needed.
+"""GPU benchmark, one command, on Qwen3-0.6B shapes with random (dummy) weights in bf16 (no
+weights needed, no network):
 
-    python3 benchmarks/gpu_decode.py                 # writes benchmarks/results/gpu-decode-<gpu>.json
-    python3 benchmarks/gpu_decode.py --quick         # fewer steps, smaller throughput workload
+    python3 benchmarks/gpu_decode.py [--output-dir DIR] [--sections a,b] [--quick]
 
-It needs only torch, triton, transformers, safetensors and xxhash (run from the repo root; the
-package need not be installed). The decode latency is the whole `LLMEngine.step()` — scheduling,
-input preparation, the forward (graph replay or eager) and sampling — with the GPU synchronised
-after each step, at a context of --context-len tokens per sequence.
+Sections, each written to DIR/gpu-decode-<device>.json as soon as it ends (a failure is
+recorded in its section and the run goes on): `bandwidth` (device-to-device copy), `graphs`
+(start-up: profile, warm-up/JIT and capture times apart; decode steps at batch sizes that are
+and are not capture sizes, at short and 4K contexts: wall time, CUDA-event time, one graph
+replay's GPU time, and the weight-streaming floor beside bs=1), `kernels` (torch.profiler
+kernel counts per decode step, graphs and eager), `eager` (the same steps without graphs),
+`throughput` (`fastgen bench throughput`, 256 prompts, input and output uniform in 100..1024,
+nano-vllm's workload) and `transformers` (that workload through transformers' generate on the
+same GPU) with the ratio of the two. DIR defaults to $FASTGEN_BENCH_DIR or benchmarks/results.
+It needs only torch, triton, transformers, safetensors, numpy, tqdm and xxhash, run from the
+repository root (nothing installed).
 """
 
 from __future__ import annotations
@@ -17,12 +22,11 @@ import argparse
 import gc
 import json
 import os
-import random
 import re
-import statistics
 import subprocess
 import sys
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,137 +35,174 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from fastgen import LLM, SamplingParams  # noqa: E402
-from fastgen.models.presets import preset_model_dir  # noqa: E402
+from benchmarks.gpu_measure import (  # noqa: E402
+    copy_bandwidth, kernels_per_step, streaming_floor_ms, time_decode_steps,
+)
+from fastgen import LLM  # noqa: E402
+from fastgen.bench.workload import WorkloadSpec, build_workload  # noqa: E402
+from fastgen.cli.arg_types import int_range  # noqa: E402
+from fastgen.models.presets import preset_config, preset_model_dir  # noqa: E402
+
+# `kernels` is measured inside the graphs and eager sections, on their engines.
+SECTIONS = ("bandwidth", "graphs", "kernels", "eager", "throughput", "transformers")
+SCHEMA = "fastgen.bench.gpu-decode/2"
 
 
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def build_llm(model_dir: Path, eager: bool, args) -> LLM:
-    budget = dict(gpu_memory_utilization=0.45) if args.device.startswith("cuda") else dict(num_kv_blocks=4096 // args.block_size * max(args.batch_sizes) // 4 + 64)
-    return LLM(
-        str(model_dir), load_format="dummy", skip_tokenizer_init=True, device=args.device,
-        dtype="bfloat16", max_num_seqs=max(args.batch_sizes), max_model_len=args.context_len + args.steps + 64,
-        block_size=args.block_size, enforce_eager=eager, **budget,
-    )
+def build_llm(args, eager: bool) -> LLM:
+    budget = (dict(gpu_memory_utilization=0.85) if args.device.startswith("cuda")  # CPU: smoke runs only
+              else dict(num_kv_blocks=-(-args.max_model_len // args.block_size) * max(args.batch_sizes) + 8))
+    return LLM(str(args.model_dir), load_format="dummy", skip_tokenizer_init=True, device=args.device,
+               dtype=args.dtype, max_num_seqs=max(args.batch_sizes), max_model_len=args.max_model_len,
+               block_size=args.block_size, enforce_eager=eager, **budget)
 
 
-def decode_step_ms(llm: LLM, batch: int, args) -> dict:
-    """Median/p10/p90 of engine.step() for `batch` sequences that are all decoding."""
-    engine = llm.engine
-    rng = random.Random(batch)
-    vocab = engine.config.model_config.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=args.steps + 32, ignore_eos=True)
-    ids = [engine.add_request([rng.randrange(100, vocab - 100) for _ in range(args.context_len)], params)
-           for _ in range(batch)]
-    # Prefill (possibly several chunked steps), then a few decode steps to settle.
-    while len(engine.scheduler.waiting) or any(s.num_output_tokens == 0 for s in engine.scheduler.running):
-        engine.step()
-    for _ in range(3):
-        engine.step()
-    times = []
-    for _ in range(args.steps):
-        sync(args.device)
-        start = time.perf_counter()
-        engine.step()
-        sync(args.device)
-        times.append((time.perf_counter() - start) * 1e3)
-    for request_id in ids:
-        engine.abort(request_id)
-    times.sort()
-    return {
-        "batch_size": batch,
-        "median_ms": statistics.median(times),
-        "p10_ms": times[len(times) // 10],
-        "p90_ms": times[(len(times) * 9) // 10],
-        "steps": len(times),
-    }
+def startup_info(llm: LLM, seconds: float) -> dict:
+    runner = llm.engine.runner
+    info = {"seconds": seconds, "attention_backend": runner.backend.name, "num_kv_blocks": runner.num_kv_blocks,
+            "kv_cache_bytes": runner.kv_cache.num_bytes, "device": llm.config.device}
+    if runner.graphs is not None:
+        info |= {"graph_batch_sizes": runner.graphs.sizes, "graph_warmup_s": runner.graphs.warmup_seconds,
+                 "graph_capture_s": runner.graphs.capture_seconds,
+                 "graph_memory_bytes": runner.graphs.graph_memory_bytes}
+    return info
 
 
-def graph_info(llm: LLM) -> dict | None:
-    graphs = llm.engine.runner.graphs
-    if graphs is None:
-        return None
-    return {"batch_sizes": graphs.sizes, "capture_seconds": graphs.capture_seconds,
-            "graph_memory_bytes": graphs.graph_memory_bytes}
+def decode_sweep(args, eager: bool, report: dict) -> dict:
+    start = time.perf_counter()
+    llm = build_llm(args, eager)
+    section = {"startup": startup_info(llm, time.perf_counter() - start), "steps": []}
+    bandwidth = report.get("bandwidth", {}).get("bytes_per_s")
+    for batch, context in args.points:
+        row = time_decode_steps(llm, batch, context, args.steps, args.device)
+        if batch == 1:
+            row["floor"] = streaming_floor_ms(llm, context, bandwidth)
+        section["steps"].append(row)
+        print(f"{'eager' if eager else 'graphs'} bs={batch} ctx={context}: {row['wall_ms']['median']:.3f} ms",
+              flush=True)
+    if "kernels" in args.sections:
+        report.setdefault("kernels", {})["eager" if eager else "graphs"] = kernels_per_step(llm, 8, args.device)
+    if eager and "graphs" in report and "steps" in report["graphs"]:
+        graphed = {(r["batch_size"], r["context_len"]): r["wall_ms"]["median"] for r in report["graphs"]["steps"]}
+        report["speedup_graphs_over_eager"] = {
+            f"bs{r['batch_size']}-ctx{r['context_len']}": r["wall_ms"]["median"] / graphed[r["batch_size"], r["context_len"]]
+            for r in section["steps"] if (r["batch_size"], r["context_len"]) in graphed}
+    del llm
+    _free()
+    return section
 
 
-def throughput(args, eager: bool) -> dict:
-    """The `fastgen bench throughput` workload, run as the CLI runs it."""
-    out = ROOT / "benchmarks" / "results" / f".throughput-{'eager' if eager else 'graphs'}.json"
+def fastgen_throughput(args) -> dict:
+    """`fastgen bench throughput` as the CLI runs it, in a process of its own."""
+    out = Path(args.output_dir) / ".throughput.json"
     cmd = [sys.executable, "-m", "fastgen", "bench", "throughput", "--load-format", "dummy",
-           "--model-preset", args.preset, "--device", args.device, "--dtype", "bfloat16", "--quiet",
-           "--num-prompts", str(args.num_prompts), "--input-len", args.input_len,
-           "--output-len", args.output_len, "--max-num-seqs", "256", "--output-json", str(out)]
-    if eager:
-        cmd.append("--enforce-eager")
+           "--model-preset", args.preset, "--device", args.device, "--dtype", args.dtype, "--quiet",
+           "--num-prompts", str(args.num_prompts), "--input-len", str(args.input_len),
+           "--output-len", str(args.output_len), "--max-num-seqs", "256", "--output-json", str(out)]
+    if not args.device.startswith("cuda"):
+        cmd += ["--num-kv-blocks", "64", "--block-size", "16"]
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     doc = json.loads(out.read_text())
     out.unlink()
-    return doc
+    return doc["results"]
+
+
+def hf_throughput(args, report: dict) -> dict:
+    from benchmarks.hf_generate import transformers_throughput
+
+    spec = WorkloadSpec(args.num_prompts, args.input_len, args.output_len)
+    workload = build_workload(spec, preset_config(args.preset)["vocab_size"])
+    result = transformers_throughput(str(args.model_dir), workload, args.device, getattr(torch, args.dtype),
+                                     args.hf_batch_size)
+    ours = report.get("throughput", {}).get("output_tokens_per_s")
+    if ours and result.get("output_tokens_per_s"):
+        report["fastgen_over_transformers"] = ours / result["output_tokens_per_s"]
+    return result
+
+
+def run_section(name: str, fn, report: dict, path: Path) -> None:
+    start = time.perf_counter()
+    try:
+        report[name] = fn()
+    except Exception as exc:  # noqa: BLE001 - one section's failure must not lose the others
+        report[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+        print(f"section {name} failed: {exc}", file=sys.stderr, flush=True)
+        _free()
+    report.setdefault("section_seconds", {})[name] = time.perf_counter() - start
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"section {name} done in {report['section_seconds'][name]:.1f}s -> {path}", flush=True)
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda (the point); cpu only smoke-tests this script")
+    p.add_argument("--preset", default="qwen3-0.6b", help="model shape preset (dummy weights)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--batch-sizes", default="1,3,8,50,64,200,256",
+                   help="decode batch sizes at --context-len (3, 50 and 200 are not capture sizes: padding cost)")
+    p.add_argument("--context-len", type=int, default=512, help="tokens per sequence in the batch-size sweep")
+    p.add_argument("--long-context", type=int, default=4096, help="context of the split-policy points")
+    p.add_argument("--long-batch-sizes", default="1,3,8", help="batch sizes at --long-context")
+    p.add_argument("--steps", type=int, default=32, help="timed decode steps per point")
+    p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--input-len", type=int_range(1), default=int_range(1)("100:1024"))
+    p.add_argument("--output-len", type=int_range(1), default=int_range(1)("100:1024"))
+    p.add_argument("--hf-batch-size", type=int, default=64)
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
+    p.add_argument("--quick", action="store_true", help="16 steps a point and a 64-prompt workload")
+    p.add_argument("--output-dir", default=os.environ.get("FASTGEN_BENCH_DIR", str(ROOT / "benchmarks" / "results")))
+    p.add_argument("--output", default=None, help="exact JSON path (overrides --output-dir's file name)")
+    args = p.parse_args(argv)
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    long_sizes = [int(b) for b in args.long_batch_sizes.split(",") if b] if args.long_context else []
+    args.points = [(b, args.context_len) for b in args.batch_sizes] + [(b, args.long_context) for b in long_sizes]
+    args.sections = [s for s in args.sections.split(",") if s]
+    if unknown := set(args.sections) - set(SECTIONS):
+        p.error(f"unknown sections {sorted(unknown)}; known: {list(SECTIONS)}")
+    if args.quick:
+        args.steps, args.num_prompts = 16, 64
+    # At least 4096 on a GPU, so long contexts and the split policy are in play.
+    args.max_model_len = max(4096 if args.device.startswith("cuda") else 0,
+                             max(c for _, c in args.points) + args.steps + 64)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--device cuda but no CUDA GPU is available")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda", help="cuda (the point); cpu only smoke-tests this script")
-    parser.add_argument("--preset", default="qwen3-0.6b", help="model shape preset (dummy weights)")
-    parser.add_argument("--batch-sizes", default="1,8,64,256", help="comma-separated decode batch sizes")
-    parser.add_argument("--context-len", type=int, default=512, help="prompt tokens per sequence before decode")
-    parser.add_argument("--steps", type=int, default=100, help="timed decode steps per batch size")
-    parser.add_argument("--block-size", type=int, default=256)
-    parser.add_argument("--num-prompts", type=int, default=256)
-    parser.add_argument("--input-len", default="100:1024")
-    parser.add_argument("--output-len", default="100:1024")
-    parser.add_argument("--quick", action="store_true", help="30 steps and a 64-prompt throughput run")
-    parser.add_argument("--skip-throughput", action="store_true")
-    parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/gpu-decode-<gpu>.json)")
-    args = parser.parse_args(argv)
-    args.batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
-    if args.quick:
-        args.steps, args.num_prompts = 30, 64
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error("--device cuda but no CUDA GPU is available")
-
+    args = parse_args(argv)
+    args.model_dir = preset_model_dir(args.preset)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    model_dir = preset_model_dir(args.preset)
-    report = {
-        "schema": "fastgen.bench.gpu-decode/1",
-        "timestamp": datetime.now(timezone.utc).isoformat(),
-        "device": gpu,
-        "versions": {"torch": torch.__version__, "triton": _version("triton"), "python": sys.version.split()[0]},
-        "model": {"preset": args.preset, "dtype": "bfloat16", "weights": "dummy"},
-        "settings": {"context_len": args.context_len, "steps": args.steps, "block_size": args.block_size},
-        "decode": {},
-    }
-    for mode in ("graphs", "eager"):
-        llm = build_llm(model_dir, eager=mode == "eager", args=args)
-        report["decode"][mode] = {
-            "attention_backend": llm.engine.runner.backend.name,
-            "graphs": graph_info(llm),
-            "steps": [decode_step_ms(llm, b, args) for b in args.batch_sizes],
-        }
-        for row in report["decode"][mode]["steps"]:
-            print(f"{mode:6s} bs={row['batch_size']:4d} decode step median {row['median_ms']:.3f} ms", flush=True)
-        del llm
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    graphs_rows = {r["batch_size"]: r for r in report["decode"]["graphs"]["steps"]}
-    eager_rows = {r["batch_size"]: r for r in report["decode"]["eager"]["steps"]}
-    report["speedup_graphs_over_eager"] = {
-        str(b): eager_rows[b]["median_ms"] / graphs_rows[b]["median_ms"] for b in args.batch_sizes
-    }
-    if not args.skip_throughput:
-        report["throughput"] = {"graphs": throughput(args, eager=False)["results"]}
     slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
-    path = Path(args.output or ROOT / "benchmarks" / "results" / f"gpu-decode-{slug}.json")
+    path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{slug}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["speedup_graphs_over_eager"], indent=2))
+    args.output_dir = str(path.parent)
+    report = {
+        "schema": SCHEMA, "timestamp": datetime.now(timezone.utc).isoformat(), "device": gpu,
+        "versions": {"torch": torch.__version__, "triton": _version("triton"), "transformers": _version("transformers"),
+                     "python": sys.version.split()[0], "cuda": torch.version.cuda},
+        "model": {"preset": args.preset, "dtype": args.dtype, "weights": "dummy"},
+        "settings": {"steps": args.steps, "block_size": args.block_size, "max_model_len": args.max_model_len,
+                     "points": args.points, "workload": {"num_prompts": args.num_prompts,
+                                                         "input_len": str(args.input_len),
+                                                         "output_len": str(args.output_len)}},
+    }
+    plan = {
+        "bandwidth": lambda: {"bytes_per_s": copy_bandwidth(args.device)},
+        "graphs": lambda: decode_sweep(args, eager=False, report=report),
+        "eager": lambda: decode_sweep(args, eager=True, report=report),
+        "throughput": lambda: fastgen_throughput(args),
+        "transformers": lambda: hf_throughput(args, report),
+    }
+    for name in SECTIONS:
+        if name in args.sections and name in plan:
+            run_section(name, plan[name], report, path)
     print(f"wrote {path}")
     return 0
 

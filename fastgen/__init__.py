@@ -20,6 +20,8 @@ _PUBLIC = {
     "SamplingParams": "fastgen.sampling_params",
     "RequestOutput": "fastgen.outputs",
     "RequestMetrics": "fastgen.outputs",
+    "CompletionOutput": "fastgen.outputs",
+    "Logprob": "fastgen.outputs",
     "EngineConfig": "fastgen.config",
     "LLMEngine": "fastgen.engine.llm_engine",
     "BackgroundEngine": "fastgen.engine.background",

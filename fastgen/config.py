@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from fastgen.checks import boolean, integer, real
 from fastgen.models.config import DTYPE_NAMES, ModelConfig, torch_dtype
+from fastgen.models.hub import resolve_model_path
 from fastgen.sampling_params import SEED_LIMIT
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 LOAD_FORMATS = ("safetensors", "dummy")  # real weights from the folder, or random ones
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 
 # (field name, value) -> the value as the engine keeps it (plain Python types), or ValueError
 # naming the field, the value and the limit.
@@ -78,26 +80,51 @@ def _knob(default, check: Check):
     return field(default=default, metadata={"check": check})
 
 
+def resolve_device(device: str) -> str:
+    """'auto' / 'cuda' / 'cuda:N' / 'cpu' -> 'cpu' or 'cuda:N' (ValueError when CUDA is absent or N
+    is out of range).
+
+    CUDA calls that take a device (`torch.cuda.set_device`, graph capture, memory queries) need
+    its index: torch 2.11 refuses `set_device(torch.device("cuda"))`, so the index is fixed here,
+    once, from the thread's current device.
+    """
+    if device == "cpu":
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
+        if device == "auto":
+            return "cpu"
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine")
+    index = torch.cuda.current_device() if device in ("auto", "cuda") else int(device.split(":")[1])
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"device={device!r} but this machine has {count} CUDA device(s)")
+    return f"cuda:{index}"
+
+
 @dataclass
 class EngineConfig:
     """Everything that shapes one engine instance (see each field's docstring)."""
 
     model: str
-    """Path of a Hugging Face model folder."""
+    """A Hugging Face model folder, or a model id found in the local Hugging Face cache."""
     max_num_seqs: int = _knob(256, at_least(1))
     """Most sequences in one step (the decode batch)."""
     max_num_batched_tokens: int = _knob(8192, at_least(1))
     """Most prompt tokens computed in one prefill step; longer prompts are split into chunks of at
     most this many tokens."""
     max_model_len: int | None = _knob(None, optional(at_least(2)))
-    """Longest sequence, prompt + output. Default: the model's max_position_embeddings."""
+    """Longest sequence, prompt + output. Default: the model's length limit (config.json's
+    max_position_embeddings; n_positions for GPT-2)."""
     block_size: int = _knob(256, at_least(1))
     """Tokens per KV-cache block (any positive value)."""
     dtype: str = _knob("auto", one_of(DTYPE_CHOICES))
     """Weight and activation dtype. auto: the model's own on CUDA, float32 on CPU (where most
     processors have no fast half-precision matmul)."""
     device: str = _knob("auto", device_name)
-    """auto (CUDA when present), cpu, cuda or cuda:N."""
+    """auto (CUDA when present), cpu, cuda or cuda:N. Resolved once, at construction, to cpu or
+    cuda:N ("cuda" and "auto" take the current CUDA device), so every later use names its index."""
     gpu_memory_utilization: float = _knob(0.9, fraction)
     """Share of the GPU's memory the engine may use in total (CUDA)."""
     kv_cache_memory_bytes: int | None = _knob(None, optional(at_least(1)))
@@ -105,6 +132,9 @@ class EngineConfig:
     1 GiB on CPU."""
     num_kv_blocks: int | None = _knob(None, optional(at_least(1)))
     """Explicit number of KV-cache blocks; wins over both budgets."""
+    attention_backend: str = _knob("auto", one_of(ATTENTION_BACKENDS))
+    """auto: torch on CPU; on CUDA flash-attn when installed, else triton (fastgen's kernels).
+    triton on a CPU runs only under TRITON_INTERPRET=1 (tests)."""
     enable_prefix_caching: bool = _knob(True, boolean)
     """Share full KV blocks between requests with a common prefix."""
     enforce_eager: bool = _knob(False, boolean)
@@ -118,6 +148,8 @@ class EngineConfig:
     """torch.compile the element-wise ops and the sampler. Default: on CUDA only."""
     seed: int = _knob(0, at_least(0, below=SEED_LIMIT, below_text="2**64"))
     """Seed of the sampler's generator for requests that bring no seed of their own."""
+    max_logprobs: int = _knob(20, at_least(0))
+    """Most logprobs (and prompt_logprobs) a request may ask for per token, as in vLLM."""
     max_waiting_requests: int = _knob(1024, at_least(1))
     """Most requests add_request lets wait for a first schedule; one more is refused at once
     (EngineOverloaded; HTTP 503 in the server) instead of queueing without bound. Batch
@@ -125,7 +157,7 @@ class EngineConfig:
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.model = str(self.model)
+        self.model = resolve_model_path(str(self.model))
         self.model_config = ModelConfig.from_folder(self.model)
         if type(self.device).__module__ == "torch":  # a torch.device
             self.device = str(self.device)
@@ -137,26 +169,27 @@ class EngineConfig:
             self.max_model_len = limit
         if self.max_model_len > limit:
             raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's "
-                f"max_position_embeddings={limit}"
+                f"max_model_len={self.max_model_len} exceeds the model's {self.model_config.max_len_limit}"
             )
-        if self.device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(f"device={self.device!r} but CUDA is not available on this machine")
-            count = torch.cuda.device_count()
-            if self.torch_device.index is not None and self.torch_device.index >= count:
-                raise ValueError(f"device={self.device!r} but this machine has {count} CUDA device(s)")
+        self.device = resolve_device(self.device)
+        self._check_attention_backend()
         if self.cuda_graph_batch_sizes is not None:
             self.cuda_graph_batch_sizes = sorted(set(self.cuda_graph_batch_sizes))
 
+    def _check_attention_backend(self) -> None:
+        import os
+
+        name, on_cuda = self.attention_backend, self.device.startswith("cuda")
+        if name == "flash-attn" and not on_cuda:
+            raise ValueError(f"attention_backend='flash-attn' needs a CUDA device, got device={self.device!r}")
+        if name == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"attention_backend='triton' on device={self.device!r} runs only under TRITON_INTERPRET=1")
+
     @property
     def torch_device(self) -> torch.device:
+        """The resolved device: `cpu` or `cuda:N`, always with its index on CUDA."""
         import torch
 
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
     @property

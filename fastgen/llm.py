@@ -13,7 +13,7 @@ from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.llm_engine import LLMEngine
 from fastgen.engine.output_stream import EngineStream
-from fastgen.engine.prompts import Prompt, is_token_ids
+from fastgen.engine.prompts import Prompt, chat_token_ids, is_conversation, is_token_ids
 from fastgen.engine.run_loop import run_to_completion
 from fastgen.outputs import RequestOutput
 from fastgen.sampling_params import SamplingParams
@@ -86,6 +86,32 @@ class LLM:
                 bar.update(sum(1 for o in step.outputs if o.finished and o.request_id in mine))
 
             return run_to_completion(self.engine, states, on_step=count_finished if use_tqdm else None)
+
+    def chat(
+        self,
+        messages: list[dict] | Seq[list[dict]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Reply to one conversation (a list of {"role": ..., "content": ...} dicts) or to each
+        of a list of them: each is rendered by the model's chat template (the tokenizer's
+        `apply_chat_template`, with `add_generation_prompt` as given) and run as `generate` runs
+        its prompts; one RequestOutput per conversation, in order.
+
+        ValueError when the engine has no tokenizer or the tokenizer no chat template, or for a
+        malformed conversation; nothing runs then.
+        """
+        if self.tokenizer is None:
+            raise ValueError("LLM.chat needs the model's tokenizer (this LLM was started with skip_tokenizer_init=True)")
+        if not isinstance(add_generation_prompt, bool):
+            raise ValueError(f"add_generation_prompt must be True or False, got {add_generation_prompt!r}")
+        conversations = [messages] if is_conversation(messages) else messages
+        if not isinstance(conversations, (list, tuple)) or not conversations:
+            raise ValueError(f"messages must be a conversation (a list of message dicts) or a non-empty list of "
+                             f"conversations, got {messages!r}")
+        prompts = [chat_token_ids(self.tokenizer, c, add_generation_prompt) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> EngineStream:
         """Return an iterator over one request's outputs as they come (new_token_ids / new_text

@@ -3,7 +3,7 @@ step, what it did."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -39,6 +39,47 @@ class RequestMetrics:
 
 
 @dataclass
+class Logprob:
+    """A token's log-probability under the model's raw distribution (vLLM's shape): `rank` is its
+    1-based place among the vocabulary (ties share the lowest place), `decoded_token` its text
+    on its own (None without a tokenizer)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per position: the chosen token (sampled, or the prompt's own) and the top-k, by token id.
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
+class CompletionOutput:
+    """One of a request's `n` completions (vLLM's shape).
+
+    index: its place in RequestOutput.outputs. text / token_ids: everything it generated so far
+    (stop string cut from text); new_text / new_token_ids: what this output adds to the previous
+    one. logprobs: one dict per token in token_ids when the request asked for them (else None),
+    new_logprobs the ones for new_token_ids; cumulative_logprob: the sum of the chosen tokens'.
+    finish_reason: "stop", "length" or "abort" once this completion has finished.
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None
+    new_text: str = ""
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[PositionLogprobs] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
 class RequestOutput:
     """A request's state after a step.
 
@@ -49,6 +90,12 @@ class RequestOutput:
     stop string, even one completed by the last allowed token), "length" (max_tokens or
     max_model_len), "abort" (aborted) or "error" (a step failed on this request alone; `error`
     says how).
+
+    outputs: the request's `n` completions, each with its own text, tokens, deltas, logprobs
+    and finish_reason; text, token_ids, new_text, new_token_ids and finish_reason above are
+    outputs[0]'s, and `finished` means every completion has. prompt_logprobs: one entry per
+    prompt token when asked for (the first None), else None. With n > 1, metrics cover all
+    completions (num_output_tokens is their sum).
     """
 
     request_id: str
@@ -61,6 +108,8 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     metrics: RequestMetrics
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
     error: str | None = None
 
 
@@ -69,10 +118,12 @@ class StepResult:
     """What one `run_step` did. outputs: every output made since the previous step (this step's,
     and final outputs of requests aborted in between), whichever consumer they are for.
     is_prefill: the kind of step (None when there was nothing to run). num_seqs / num_tokens:
-    the batch it computed. started_at: perf_counter time the step began."""
+    the batch it computed. num_sampled: output tokens it produced. started_at: perf_counter
+    time the step began."""
 
     outputs: list[RequestOutput]
     is_prefill: bool | None
     num_seqs: int
     num_tokens: int
+    num_sampled: int
     started_at: float

@@ -29,6 +29,23 @@ class SamplingParams:
     stop_token_ids: extra token ids that end the request (the token is kept in the output).
     stop: strings that end the request; the matched string is cut from the text.
 
+    vLLM's further fields, with vLLM's meanings:
+    n: completions of the prompt, sampled independently (one prefill; see RequestOutput.outputs).
+        With a seed, completion i samples with seed + i.
+    logprobs: per generated token, return the log-probabilities of the sampled token and of the
+        `logprobs` most likely tokens (None: none). From the model's raw log-softmax, before
+        temperature, penalties and filtering. At most the engine's max_logprobs.
+    prompt_logprobs: the same for every prompt token (the first has none). Such a request
+        computes its whole prompt (it does not read the prefix cache).
+    presence_penalty: subtracted from the logit of every token already generated, in [-2, 2].
+    frequency_penalty: subtracted once per time a token was generated, in [-2, 2].
+    repetition_penalty: divides the positive logits (multiplies the negative ones) of every token
+        in the prompt or generated so far, in (0, 2]; 1 is off (transformers' and vLLM's rule).
+    min_tokens: generate at least this many tokens: until then end-of-sequence and stop_token_ids
+        cannot be sampled and stop strings are not matched. At most max_tokens.
+    min_p: drop tokens whose probability is below min_p times the most likely one's (after
+        temperature), in [0, 1]; 0 is off.
+
     A request keeps its own validated copy (`validated_copy`): changing this object after the
     request was added changes nothing in it.
     """
@@ -41,6 +58,14 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
+    n: int = 1
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -83,4 +108,32 @@ class SamplingParams:
         for text in self.stop:
             if not isinstance(text, str) or not text:
                 raise ValueError(f"stop must hold non-empty strings, got {text!r}")
+        self._validate_vllm_fields()
 
+    # ---- vLLM's further fields ---------------------------------------------------------------
+    @property
+    def has_penalties(self) -> bool:
+        """Whether any of the three penalties is on (the sampler then keeps this request's token counts)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def _validate_vllm_fields(self) -> None:
+        self.n = integer("n", self.n, minimum=1)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                setattr(self, name, integer(name, getattr(self, name), minimum=0))
+        self.presence_penalty = real("presence_penalty", self.presence_penalty, "in [-2, 2]", low=-2.0, high=2.0)
+        self.frequency_penalty = real("frequency_penalty", self.frequency_penalty, "in [-2, 2]", low=-2.0, high=2.0)
+        self.repetition_penalty = real("repetition_penalty", self.repetition_penalty, "in (0, 2]", low=0.0, high=2.0,
+                                       low_open=True)
+        self.min_p = real("min_p", self.min_p, "in [0, 1]", low=0.0, high=1.0)
+        self.min_tokens = integer("min_tokens", self.min_tokens, minimum=0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens} must be <= max_tokens={self.max_tokens}")
+
+    def check_logprobs_limit(self, limit: int) -> None:
+        """ValueError unless logprobs and prompt_logprobs are at most `limit` (the engine's)."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value > limit:
+                raise ValueError(f"{name}={value} must be <= {limit} (the engine's max_logprobs, capped at the "
+                                 f"vocabulary size)")

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 
-def _check_args(key, value, k_cache, v_cache, slot_mapping) -> None:
+def check_store_args(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Validate shapes and dtypes at the boundary (cheap: no device sync)."""
     if key.dim() != 3 or key.shape != value.shape:
         raise ValueError(
@@ -97,7 +97,7 @@ def store_kvcache(
     The launch depends only on shapes (one program per token), never on slot values, so it
     can be captured in a CUDA graph.
     """
-    _check_args(key, value, k_cache, v_cache, slot_mapping)
+    check_store_args(key, value, k_cache, v_cache, slot_mapping)
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
@@ -122,7 +122,7 @@ def store_kvcache_torch(
 
     Not graph-capturable: the -1 filter gives a data-dependent shape.
     """
-    _check_args(key, value, k_cache, v_cache, slot_mapping)
+    check_store_args(key, value, k_cache, v_cache, slot_mapping)
     num_kv_heads, head_dim = key.shape[1:]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()

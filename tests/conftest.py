@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 from tests.markers import skip_cuda_tests_without_gpu  # noqa: E402
 from tests.tiny_models import VOCAB_SIZE, build_tiny_model, hf_greedy  # noqa: E402
 
-FAMILIES = ("qwen3", "qwen2", "llama")
+FAMILIES = ("qwen3", "qwen2", "llama", "gpt2")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -36,6 +36,19 @@ def llm(tiny_models):
         (dict(temperature=float("nan")), r"temperature=nan must be a finite number"),
         (dict(temperature=float("inf")), r"temperature=inf must be a finite number"),
         (dict(temperature=True), r"temperature=True must be a finite number"),
+        (dict(n=0), r"n=0 must be >= 1"),
+        (dict(n=2.0), r"n=2.0 must be an integer >= 1"),
+        (dict(logprobs=-1), r"logprobs=-1 must be >= 0"),
+        (dict(prompt_logprobs=True), r"prompt_logprobs=True must be an integer >= 0"),
+        (dict(presence_penalty=2.5), r"presence_penalty=2.5 must be in \[-2, 2\]"),
+        (dict(frequency_penalty=-2.01), r"frequency_penalty=-2.01 must be in \[-2, 2\]"),
+        (dict(frequency_penalty=float("nan")), r"frequency_penalty=nan must be in \[-2, 2\]"),
+        (dict(repetition_penalty=0.0), r"repetition_penalty=0.0 must be in \(0, 2\]"),
+        (dict(repetition_penalty=3), r"repetition_penalty=3 must be in \(0, 2\]"),
+        (dict(min_p=1.5), r"min_p=1.5 must be in \[0, 1\]"),
+        (dict(min_p="0.1"), r"min_p='0.1' must be in \[0, 1\]"),
+        (dict(min_tokens=-1), r"min_tokens=-1 must be >= 0"),
+        (dict(min_tokens=17, max_tokens=16), r"min_tokens=17 must be <= max_tokens=16"),
     ],
 )
 def test_sampling_params_bounds(kwargs, message):
@@ -116,12 +129,12 @@ def test_unknown_engine_argument(tiny_models):
 
 
 def test_unknown_architecture(tiny_models, tmp_path):
-    folder = tmp_path / "gpt2ish"
+    folder = tmp_path / "mambaish"
     shutil.copytree(tiny_models["qwen3"], folder)
     config = json.loads((folder / "config.json").read_text())
-    config["architectures"] = ["GPT2LMHeadModel"]
+    config["architectures"] = ["MambaForCausalLM"]
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"architectures=\['GPT2LMHeadModel'\].*not supported; supported: \["):
+    with pytest.raises(ValueError, match=r"architectures=\['MambaForCausalLM'\].*not supported; supported: \["):
         LLM(str(folder))
 
 
@@ -218,3 +231,24 @@ def test_a_caller_chosen_request_id_never_collides_with_generated_ones(llm):
 def test_stream_validates_when_called_not_when_iterated(llm):
     with pytest.raises(ValueError, match=r"is empty"):
         llm.stream([], GREEDY)
+
+
+def test_logprobs_above_the_engines_limit(llm, tiny_models):
+    with pytest.raises(ValueError, match=r"logprobs=21 must be <= 20 \(the engine's max_logprobs"):
+        llm.generate([[1, 2]], SamplingParams(max_tokens=2, logprobs=21))
+    with pytest.raises(ValueError, match=r"prompt_logprobs=50 must be <= 20 "):
+        llm.generate([[1, 2]], SamplingParams(max_tokens=2, prompt_logprobs=50))
+    assert not llm.engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match=r"max_logprobs=-1 must be >= 0"):
+        EngineConfig(model=tiny_models["qwen3"], max_logprobs=-1)
+
+
+def test_a_request_id_in_use_by_an_n_request(llm):
+    engine = llm.engine
+    request_id = engine.add_request([1, 2, 3], SamplingParams(n=2, max_tokens=2), request_id="twins")
+    with pytest.raises(ValueError, match=r"request_id='twins' is already in use"):
+        engine.add_request([1, 2, 3], GREEDY, request_id="twins")
+    assert engine.abort(request_id)
+    (final,) = engine.step()
+    assert final.request_id == "twins" and [c.finish_reason for c in final.outputs] == ["abort"] * 2
+    assert not engine.has_unfinished_requests()

@@ -1,4 +1,4 @@
-"""Tiny random-weight Qwen3, Qwen2 and Llama models built with transformers, plus a small
+"""Tiny random-weight Qwen3, Qwen2, Llama and GPT-2 models built with transformers, plus a small
 byte-level BPE tokenizer trained on the spot, so tests need no model hub."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config,
+)
 
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 384
@@ -70,12 +72,22 @@ def model_config(family: str):
             },
             eos_token_id=eos_id,
         )
+    if family == "gpt2":
+        return GPT2Config(
+            vocab_size=VOCAB_SIZE, n_embd=_SHAPES["hidden_size"], n_inner=_SHAPES["intermediate_size"],
+            n_layer=_SHAPES["num_hidden_layers"], n_head=_SHAPES["num_attention_heads"],
+            n_positions=_SHAPES["max_position_embeddings"], initializer_range=_SHAPES["initializer_range"],
+            bos_token_id=eos_id, eos_token_id=eos_id,
+        )
     raise ValueError(family)
 
 
-def build_tiny_model(family: str, out_dir: Path, seed: int = 0) -> Path:
+def build_tiny_model(family: str, out_dir: Path, seed: int = 0, **overrides) -> Path:
+    """overrides: config attributes set on top of the family's tiny config."""
     torch.manual_seed(seed)
     config = model_config(family)
+    for key, value in overrides.items():
+        setattr(config, key, value)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out_dir)
     build_tokenizer().save_pretrained(out_dir)
@@ -83,18 +95,19 @@ def build_tiny_model(family: str, out_dir: Path, seed: int = 0) -> Path:
 
 
 def hf_greedy(
-    model_dir: Path, prompts: list[list[int]], max_new_tokens: int, dtype: torch.dtype = torch.float32
+    model_dir: Path, prompts: list[list[int]], max_new_tokens: int, dtype: torch.dtype = torch.float32,
+    **generate_kwargs,
 ) -> list[list[int]]:
     """transformers' own greedy continuation of each prompt (one at a time: no padding), never
-    stopping early at EOS."""
+    stopping early at EOS unless `generate_kwargs` names an eos_token_id (other generate()
+    arguments, such as repetition_penalty or min_new_tokens, go through too)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
+    kwargs = {"min_new_tokens": 0, **generate_kwargs}
     results = []
     with torch.no_grad():
         for ids in prompts:
-            out = model.generate(
-                torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0
-            )
+            out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
             results.append(out[0, len(ids) :].tolist())
     return results

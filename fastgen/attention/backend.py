@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from fastgen.attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from fastgen.compile import OpSet
 
 logger = logging.getLogger(__name__)
 
@@ -17,15 +20,25 @@ FLASH_ATTN_BLOCK_MULTIPLE = 256
 
 
 class AttentionBackend(Protocol):
-    """Writes new K/V into a layer's paged cache and attends over it.
+    """Prepares q/k, writes new K/V into a layer's paged cache and attends over it.
 
     q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim];
-    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]. Returns [T, num_heads, head_dim].
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]. Attention returns
+    [T, num_heads, head_dim].
     """
 
     name: str
 
-    def store(self, k, v, k_cache, v_cache, slot_mapping) -> None: ...
+    def rope_and_store(self, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
+                       k_cache, v_cache, slot_mapping) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMS-normalise q and k per head (when the weights are given, Qwen3), rotate them
+        (cos_sin: float32 [max_positions, head_dim], cos | sin), store k and v at slot_mapping
+        (-1: nothing). Returns the new (q, k); a backend may rewrite q and k in place."""
+        ...
+
+    def store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        """Store k and v at slot_mapping (-1: nothing), for models without rotary embedding."""
+        ...
 
     def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor: ...
 
@@ -36,13 +49,23 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def select_backend(device: torch.device, block_size: int) -> AttentionBackend:
-    """CPU: plain torch. CUDA: flash-attn when installed, else fastgen's Triton kernels."""
-    from fastgen.attention.torch_paged import TorchPagedBackend
-
+def resolve_backend_name(name: str, device: torch.device) -> str:
+    """'auto' -> torch on CPU; on CUDA flash-attn when installed, else triton."""
+    if name != "auto":
+        return name
     if device.type != "cuda":
-        return TorchPagedBackend()
-    if flash_attn_available():
+        return "torch"
+    return "flash-attn" if flash_attn_available() else "triton"
+
+
+def select_backend(device: torch.device, block_size: int, ops: OpSet, name: str = "auto") -> AttentionBackend:
+    """The backend for this engine (the config checked the name against the device)."""
+    name = resolve_backend_name(name, device)
+    if name == "torch":
+        from fastgen.attention.torch_paged import TorchPagedBackend
+
+        return TorchPagedBackend(ops)
+    if name == "flash-attn":
         if block_size % FLASH_ATTN_BLOCK_MULTIPLE != 0:
             raise ValueError(
                 f"block_size={block_size} must be a multiple of {FLASH_ATTN_BLOCK_MULTIPLE} "

@@ -1,5 +1,5 @@
 """CUDA with flash-attn installed: its paged varlen kernel for prefill and its KV-cache kernel
-for decode; the KV store is still fastgen's Triton kernel (it skips slot -1)."""
+for decode; q/k preparation and the KV store are fastgen's fused Triton kernel (it skips slot -1)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,11 @@ import torch.nn.functional as F
 from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
 from fastgen.attention.metadata import AttentionMetadata
-from fastgen.kernels import store_kvcache
+from fastgen.attention.triton_paged import TritonPagedBackend
 
 
-class FlashAttnBackend:
+class FlashAttnBackend(TritonPagedBackend):
     name = "flash-attn"
-
-    def store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        store_kvcache(k, v, k_cache, v_cache, slot_mapping)
 
     def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         # Everything the queries see is in the cache by now (new K/V were stored first), so one

@@ -19,21 +19,22 @@ class AttentionMetadata:
         -1 for a token whose K/V must not be written (padding rows, prefix-cached tokens).
     block_tables: int32 [B, W], each sequence's blocks in order, padded with -1.
     context_lens: int32 [B], tokens each sequence attends to, the new ones included.
-    query_start_loc: int32 [B + 1], offsets of each sequence's new tokens in the T tokens.
+    query_start_loc: int32 [B + 1], offsets of each sequence's new tokens in the T tokens
+        (prefill only: None in decode, where sequence i's token is row i).
     max_query_len, max_context_len: host-side maxima of the two (sizes for kernels).
     query_lens_host, context_lens_host: host copies used by the eager prefill loop (empty in
         decode, where nothing may read the host during graph replay).
     logits_indices: int64 [S], which of the T hidden states feed the LM head (the last token of
-        each sequence that samples this step).
+        each sequence that samples this step); None in decode, where every row does.
     """
 
     is_prefill: bool
     slot_mapping: torch.Tensor
     block_tables: torch.Tensor
     context_lens: torch.Tensor
-    query_start_loc: torch.Tensor
+    query_start_loc: torch.Tensor | None
     max_query_len: int
     max_context_len: int
-    logits_indices: torch.Tensor
+    logits_indices: torch.Tensor | None
     query_lens_host: tuple[int, ...] = ()
     context_lens_host: tuple[int, ...] = ()

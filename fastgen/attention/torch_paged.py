@@ -1,12 +1,17 @@
-"""Plain-torch paged attention: the CPU path, and the CUDA prefill path without flash-attn."""
+"""Plain-torch paged attention: the CPU path."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.kernels import store_kvcache_torch
+
+if TYPE_CHECKING:
+    from fastgen.compile import OpSet
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -18,7 +23,21 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
 
 
 class TorchPagedBackend:
+    """ops: the (possibly compiled) element-wise op set the q/k preparation runs on."""
+
     name = "torch"
+
+    def __init__(self, ops: OpSet):
+        self.ops = ops
+
+    def rope_and_store(self, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
+                       k_cache, v_cache, slot_mapping):
+        if q_norm_weight is not None:
+            q = self.ops.rms_norm(q, q_norm_weight, norm_eps)
+            k = self.ops.rms_norm(k, k_norm_weight, norm_eps)
+        q, k = self.ops.apply_rope(positions, q, k, cos_sin)
+        store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping)
+        return q, k
 
     def store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping)

@@ -1,20 +1,33 @@
-"""CUDA without flash-attn: fastgen's Triton kernels for the KV store and decode attention;
-prefill stays the eager torch SDPA path over the paged history (prefix caching still works)."""
+"""CUDA without flash-attn: fastgen's Triton kernels for every step.
+
+q/k-norm + RoPE + KV store is one fused launch a layer; prefill (fresh prompts, later chunks
+and prefix-cache hits alike) reads K/V straight from the paged cache with bounded memory; decode
+is split-KV attention whose splits follow the batch's lengths.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from fastgen.attention.metadata import AttentionMetadata
-from fastgen.attention.torch_paged import TorchPagedBackend
-from fastgen.kernels import paged_decode_attention, store_kvcache
+from fastgen.kernels import paged_decode_attention, paged_prefill_attention, qk_norm_rope_store, store_kvcache
 
 
-class TritonPagedBackend(TorchPagedBackend):
+class TritonPagedBackend:
     name = "triton"
+
+    def rope_and_store(self, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
+                       k_cache, v_cache, slot_mapping):
+        return qk_norm_rope_store(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
+                                  k_cache, v_cache, slot_mapping)
 
     def store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         store_kvcache(k, v, k_cache, v_cache, slot_mapping)
+
+    def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        # The new tokens' K/V were stored by rope_and_store: everything the chunk sees is in the cache.
+        return paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
+                                       meta.context_lens, meta.max_query_len, scale)
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)

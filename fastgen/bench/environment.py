@@ -6,11 +6,14 @@ can be told apart (another GPU, another torch, CUDA graphs off).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import resource
+import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import torch
 
@@ -50,7 +53,24 @@ def environment_info(device: torch.device) -> dict:
         "triton_version": _version("triton"),
         "transformers_version": _version("transformers"),
         "fastgen_version": fastgen.__version__,
+        **git_revision(),
     }
+
+
+def git_revision() -> dict:
+    """The commit of the fastgen source that ran (`git_revision`) and whether it had local
+    changes (`git_dirty`), when it runs from a git checkout; both None otherwise."""
+    source = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        status = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return {"git_revision": None, "git_dirty": None}
+    if head.returncode != 0 or status.returncode != 0:
+        return {"git_revision": None, "git_dirty": None}
+    return {"git_revision": head.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -103,4 +123,6 @@ def engine_settings(llm, choice) -> dict:
         "torch_compile": config.compile_enabled,
         "attention_backend": runner.backend.name,
         "seed": config.seed,
+        # Every EngineConfig field (defaults applied), so the engine of a run can be rebuilt.
+        "config": {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init},
     }

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from fastgen.sampling_params import SamplingParams
 
 # Special tokens sit at the ends of the vocabulary in the families served: SmolLM2's are its
@@ -89,6 +87,8 @@ def token_id_range(vocab_size: int) -> tuple[int, int]:
 
 def build_workload(spec: WorkloadSpec, vocab_size: int) -> Workload:
     """Draw the workload's prompts and output lengths (numpy PCG64 seeded with spec.seed)."""
+    import numpy as np  # here, not at the top: `fastgen --help` reads this module's IntRange
+
     if vocab_size < 1:
         raise ValueError(f"vocab_size={vocab_size} must be >= 1")
     rng = np.random.default_rng(spec.seed)

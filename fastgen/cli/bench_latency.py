@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from dataclasses import dataclass, field
 
 from fastgen.cli import arg_types, engine_args
-from fastgen.cli.bench_common import EngineCounters, add_output_args, run_requests, warm_up
-from fastgen.bench.environment import engine_settings, environment_info, peak_memory_bytes, reset_peak_memory, synchronize
-from fastgen.cli.help_format import HelpFormatter
-from fastgen.bench.report import emit, make_report
-from fastgen.bench.stats import summarize_ms
 from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
+from fastgen.cli.bench_common import add_output_args, announce_if_long
+from fastgen.cli.help_format import HelpFormatter
 
 DESCRIPTION = """\
 Measure the latency of one batch: run the same-shaped batch of requests to completion several
@@ -53,43 +48,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     group.add_argument("--temperature", metavar="T", type=arg_types.non_negative_float, default=0.0,
                        help="sampling temperature of every request; 0 is greedy")
     add_output_args(parser)
-    engine_args.add_engine_args(parser, max_model_len_default="--input-len + --output-len")
+    engine_args.add_engine_args(parser, max_model_len_default="--input-len + --output-len", dummy_weights=True)
     parser.set_defaults(run=run, parser=parser)
     return parser
 
 
-@dataclass
-class IterationTimes:
-    """Seconds, host clock, GPU synchronized after each step."""
-
-    total: float = 0.0
-    prefill_steps: list[float] = field(default_factory=list)
-    decode_steps: list[float] = field(default_factory=list)
-    ttfts: list[float] = field(default_factory=list)
-    tpots: list[float | None] = field(default_factory=list)
-    output_tokens: int = 0
-
-
-def run_iteration(engine, workload, temperature: float, device) -> IterationTimes:
-    times = IterationTimes()
-
-    def time_step(step) -> None:
-        synchronize(device)
-        if step.is_prefill is not None:
-            kind = times.prefill_steps if step.is_prefill else times.decode_steps
-            kind.append(time.perf_counter() - step.started_at)
-
-    synchronize(device)
-    start = time.perf_counter()
-    outputs = run_requests(engine, workload, temperature, on_step=time_step)
-    times.total = time.perf_counter() - start
-    times.ttfts = [o.metrics.time_to_first_token for o in outputs]
-    times.tpots = [o.metrics.time_per_output_token for o in outputs]
-    times.output_tokens = sum(len(o.token_ids) for o in outputs)
-    return times
-
-
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: `fastgen --help` must not pay for torch.
+    from fastgen.bench.environment import (
+        engine_settings, environment_info, peak_memory_bytes, reset_peak_memory,
+    )
+    from fastgen.bench.report import emit, make_report
+    from fastgen.bench.runner import EngineCounters, IterationTimes, request_records, run_iteration, warm_up
+    from fastgen.bench.stats import summarize_ms
+
     choice = engine_args.resolve_model(args, args.parser, need_tokenizer=False)
     llm = engine_args.build_llm(
         choice, args, need_tokenizer=False, needed_model_len=args.input_len + args.output_len,
@@ -104,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         return build_workload(spec, vocab)
 
     measured: list[IterationTimes] = []
-    warm_up(engine, llm.config.max_model_len)
+    warm = warm_up(engine, llm.config.max_model_len)
+    iterations = args.num_iters_warmup + args.num_iters
+    announce_if_long(iterations * warm.estimate_seconds(batch(0), llm.config.max_num_seqs), device.type)
     for i in range(args.num_iters_warmup):
         run_iteration(engine, batch(i), args.temperature, device)
     reset_peak_memory(device)
@@ -121,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
     results = {
         "iteration_latency_ms": summarize_ms(t.total for t in measured),
         "iteration_latencies_ms": [t.total * 1000.0 for t in measured],
-        "ttft_ms": summarize_ms(x for t in measured for x in t.ttfts),
-        "tpot_ms": summarize_ms(x for t in measured for x in t.tpots),
+        "ttft_ms": summarize_ms(o.metrics.time_to_first_token for t in measured for o in t.outputs),
+        "tpot_ms": summarize_ms(o.metrics.time_per_output_token for t in measured for o in t.outputs),
         "prefill_step_ms": summarize_ms(x for t in measured for x in t.prefill_steps),
         "decode_step_ms": summarize_ms(x for t in measured for x in t.decode_steps),
         "num_prefill_steps": sum(len(t.prefill_steps) for t in measured),
@@ -132,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         "num_preemptions": counters.preemptions,
         "peak_memory_bytes": peak_memory_bytes(device),
     }
+    if args.per_request:
+        results["requests"] = [{"iteration": i, **record} for i, t in enumerate(measured)
+                               for record in request_records(t.outputs)]
     workload_json = {"batch_size": args.batch_size, "input_len": args.input_len, "output_len": args.output_len,
                      "num_iters": args.num_iters, "num_iters_warmup": args.num_iters_warmup, "seed": args.seed,
                      "temperature": args.temperature}

@@ -15,15 +15,14 @@ import math
 import sys
 import time
 
-import httpx
-import numpy as np
+from typing import TYPE_CHECKING
 
-from fastgen.bench.serve_client import RequestTiming, stream_completion
-from fastgen.bench.stats import summarize_ms
-from fastgen.bench.workload import WorkloadSpec, build_workload
 from fastgen.cli import arg_types
 from fastgen.cli.bench_common import add_output_args
 from fastgen.cli.help_format import HelpFormatter
+
+if TYPE_CHECKING:  # numpy and httpx load when the benchmark runs, not for --help
+    from fastgen.bench.serve_client import RequestTiming
 
 DESCRIPTION = """\
 Benchmark a running OpenAI-compatible server (fastgen's own, or another engine's): send streamed
@@ -84,6 +83,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _served_model(base_url: str, model: str | None, vocab_size: int | None) -> tuple[str, int]:
+    import httpx
+
     models = httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"]
     entry = next((m for m in models if model is None or m["id"] == model), None)
     if entry is None:
@@ -95,6 +96,11 @@ def _served_model(base_url: str, model: str | None, vocab_size: int | None) -> t
 
 
 async def _run_all(args, url: str, model: str, prompts: list[list[int]], output_lens: list[int]) -> list[RequestTiming]:
+    import httpx
+    import numpy as np
+
+    from fastgen.bench.serve_client import stream_completion
+
     rng = np.random.default_rng(args.seed)
     limit = asyncio.Semaphore(args.max_concurrency or len(prompts))
     limits = httpx.Limits(max_connections=args.max_concurrency or len(prompts), max_keepalive_connections=None)
@@ -117,6 +123,8 @@ def _meets(t: RequestTiming, slo: dict[str, float]) -> bool:
 
 
 def results_of(timings: list[RequestTiming], elapsed: float, slo: dict | None) -> dict:
+    from fastgen.bench.stats import summarize_ms
+
     ok = [t for t in timings if t.ok]
     prompt_tokens = sum(t.prompt_len for t in ok)
     output_tokens = sum(t.output_tokens for t in ok)
@@ -141,10 +149,12 @@ def results_of(timings: list[RequestTiming], elapsed: float, slo: dict | None) -
 
 
 def run(args: argparse.Namespace) -> int:
+    import httpx
+    import torch
+
     from fastgen.bench.environment import environment_info
     from fastgen.bench.report import emit, make_report
-
-    import torch
+    from fastgen.bench.workload import WorkloadSpec, build_workload
 
     base_url = args.base_url.rstrip("/")
     try:

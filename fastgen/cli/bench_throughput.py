@@ -13,12 +13,9 @@ import argparse
 import time
 
 from fastgen.cli import arg_types, engine_args
-from fastgen.cli.bench_common import EngineCounters, add_output_args, run_requests, warm_up
-from fastgen.bench.environment import engine_settings, environment_info, peak_memory_bytes, reset_peak_memory, synchronize
-from fastgen.cli.help_format import HelpFormatter
-from fastgen.bench.report import emit, make_report
-from fastgen.bench.stats import summarize_ms
 from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
+from fastgen.cli.bench_common import add_output_args, announce_if_long
+from fastgen.cli.help_format import HelpFormatter
 
 DESCRIPTION = """\
 Measure offline throughput: build a random token-id workload, submit every request at once and
@@ -51,7 +48,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                            help="load the tokenizer and detokenize outputs as a server would "
                            "(default: token ids only)")
     add_output_args(parser)
-    engine_args.add_engine_args(parser, max_model_len_default="--prefix-len + max --input-len + max --output-len")
+    engine_args.add_engine_args(parser, max_model_len_default="--prefix-len + max --input-len + max --output-len",
+                                dummy_weights=True)
     parser.set_defaults(run=run, parser=parser)
     return parser
 
@@ -74,6 +72,14 @@ def spec_from_args(args: argparse.Namespace) -> WorkloadSpec:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: `fastgen --help` must not pay for torch.
+    from fastgen.bench.environment import (
+        engine_settings, environment_info, peak_memory_bytes, reset_peak_memory, synchronize,
+    )
+    from fastgen.bench.report import emit, make_report
+    from fastgen.bench.runner import EngineCounters, request_records, run_requests, warm_up
+    from fastgen.bench.stats import summarize_ms
+
     choice = engine_args.resolve_model(args, args.parser, need_tokenizer=args.detokenize)
     spec = spec_from_args(args)
     llm = engine_args.build_llm(
@@ -83,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     engine, device = llm.engine, llm.engine.runner.device
     workload = build_workload(spec, llm.config.model_config.vocab_size)
     if args.warmup:
-        warm_up(engine, llm.config.max_model_len)
+        warm = warm_up(engine, llm.config.max_model_len)
+        announce_if_long(warm.estimate_seconds(workload, llm.config.max_num_seqs), device.type)
     synchronize(device)
     reset_peak_memory(device)
     before = EngineCounters.read(engine)
@@ -112,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         "num_preemptions": counters.preemptions,
         "peak_memory_bytes": peak_memory_bytes(device),
     }
+    if args.per_request:
+        results["requests"] = request_records(outputs)
     workload_json = {**spec.to_json(), "temperature": args.temperature, "warmup": args.warmup,
                      "detokenize": args.detokenize}
     doc = make_report("throughput", args.command_line, environment_info(device), engine_settings(llm, choice),

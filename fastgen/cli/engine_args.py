@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+import time
 import types
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastgen.cli import arg_types
 from fastgen.config import DTYPE_CHOICES, LOAD_FORMATS, EngineConfig, field_docs
+from fastgen.models.hub import resolve_model_path
 from fastgen.models.presets import preset_names
 
 _NOT_FLAGS = {"model"}
@@ -73,25 +75,19 @@ def _converter(f: dataclasses.Field):
     return convert
 
 
-def add_engine_args(parser: argparse.ArgumentParser, max_model_len_default: str) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, max_model_len_default: str, dummy_weights: bool) -> None:
     """Add the model and engine flags as two groups. `max_model_len_default` describes, for
-    --help, what an absent --max-model-len means in this subcommand."""
+    --help, what an absent --max-model-len means in this subcommand; `dummy_weights` adds
+    --model-preset and --load-format (for commands that can run on random weights)."""
     model = parser.add_argument_group("model")
     model.add_argument(
-        "--model", metavar="PATH", default=None,
-        help="Hugging Face model folder (config.json, *.safetensors, tokenizer files). "
+        "--model", metavar="PATH_OR_ID", default=None,
+        help="Hugging Face model folder (config.json, *.safetensors, tokenizer files), or a model id "
+        "such as HuggingFaceTB/SmolLM2-135M-Instruct found in the local Hugging Face cache. "
         "Default: SmolLM2-135M-Instruct, converted once into $FASTGEN_CACHE (~/.cache/fastgen).",
     )
-    model.add_argument(
-        "--model-preset", metavar="NAME", choices=preset_names(), default=None,
-        help=f"benchmark the shapes of a known model on random weights (implies --load-format dummy); "
-        f"one of: {', '.join(preset_names())}",
-    )
-    model.add_argument(
-        "--load-format", choices=LOAD_FORMATS, default=None,
-        help="safetensors: real weights from the folder; dummy: random weights, only config.json "
-        "needed. Default: dummy with --model-preset, else safetensors.",
-    )
+    if dummy_weights:
+        _add_dummy_weight_args(model)
     engine = parser.add_argument_group("engine")
     docs = field_docs()
     for f in engine_fields():
@@ -110,6 +106,19 @@ def add_engine_args(parser: argparse.ArgumentParser, max_model_len_default: str)
                                 metavar=f.name.rsplit("_", 1)[-1].upper(), help=doc)
 
 
+def _add_dummy_weight_args(model: argparse._ArgumentGroup) -> None:
+    model.add_argument(
+        "--model-preset", metavar="NAME", choices=preset_names(), default=None,
+        help=f"benchmark the shapes of a known model on random weights (implies --load-format dummy); "
+        f"one of: {', '.join(preset_names())}",
+    )
+    model.add_argument(
+        "--load-format", choices=LOAD_FORMATS, default=None,
+        help="safetensors: real weights from the folder; dummy: random weights, only config.json "
+        "needed. Default: dummy with --model-preset, else safetensors.",
+    )
+
+
 def engine_kwargs(args: argparse.Namespace, max_model_len: int | None) -> dict:
     """The EngineConfig fields the flags set (max_model_len: the flag's value, else this)."""
     kwargs = {f.name: getattr(args, f.name) for f in engine_fields()}
@@ -120,11 +129,11 @@ def engine_kwargs(args: argparse.Namespace, max_model_len: int | None) -> dict:
 
 def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser, need_tokenizer: bool) -> ModelChoice:
     """Check the model flags against each other (parser.error, exit 2, on a bad mix)."""
-    preset = args.model_preset
+    preset = getattr(args, "model_preset", None)
     if preset is not None and args.model is not None:
         parser.error(f"argument --model-preset: {preset!r} cannot be combined with --model {args.model!r}")
     if preset is not None:
-        if args.load_format == "safetensors":
+        if getattr(args, "load_format", None) == "safetensors":
             parser.error(f"argument --load-format: 'safetensors' needs real weights, "
                          f"but --model-preset {preset!r} has none; use --load-format dummy")
         if need_tokenizer:
@@ -133,13 +142,17 @@ def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser, nee
         from fastgen.models.presets import preset_model_dir
 
         return ModelChoice(str(preset_model_dir(preset)), "dummy", preset)
-    load_format = args.load_format or "safetensors"
+    load_format = getattr(args, "load_format", None) or "safetensors"
     if load_format == "dummy" and args.model is None:
         parser.error("argument --load-format: 'dummy' needs --model-preset NAME or --model PATH "
                      "(a folder with a config.json)")
-    if args.model is not None and not Path(args.model).is_dir():
-        parser.error(f"argument --model: {args.model!r} is not a directory")
-    return ModelChoice(args.model, load_format, None)
+    path = None
+    if args.model is not None:
+        try:
+            path = resolve_model_path(args.model)
+        except ValueError as exc:
+            parser.error(f"argument --model: {exc}")
+    return ModelChoice(path, load_format, None)
 
 
 def build_llm(choice: ModelChoice, args: argparse.Namespace, *, need_tokenizer: bool,
@@ -160,9 +173,20 @@ def build_llm(choice: ModelChoice, args: argparse.Namespace, *, need_tokenizer: 
 
         path = str(default_model_path())
     if needed_model_len is not None and args.max_model_len is None:
-        limit = ModelConfig.from_folder(path).max_position_embeddings
-        if needed_model_len > limit:
+        model_config = ModelConfig.from_folder(path)
+        if needed_model_len > model_config.max_position_embeddings:
             raise ValueError(f"{needed_by} = {needed_model_len} tokens exceeds the model's "
-                             f"max_position_embeddings={limit}")
-    return LLM(path, load_format=choice.load_format, skip_tokenizer_init=not need_tokenizer,
-               **engine_kwargs(args, needed_model_len))
+                             f"{model_config.max_len_limit}")
+    status(f"loading {choice.preset or path} ({choice.load_format} weights)")
+    start = time.perf_counter()
+    llm = LLM(path, load_format=choice.load_format, skip_tokenizer_init=not need_tokenizer,
+              **engine_kwargs(args, needed_model_len))
+    status(f"ready in {time.perf_counter() - start:.1f} s: {llm.config.model_config.architecture} on "
+           f"{llm.engine.runner.device}, {llm.config.dtype_name}, {llm.engine.runner.num_kv_blocks} KV blocks")
+    return llm
+
+
+def status(message: str) -> None:
+    """A progress line for a person at a terminal (stderr, and only when it is one)."""
+    if sys.stderr.isatty():
+        print(f"fastgen: {message}", file=sys.stderr, flush=True)

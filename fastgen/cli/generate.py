@@ -16,6 +16,7 @@ EPILOG = """\
 examples:
   fastgen generate "The capital of France is"
   fastgen generate --chat "Write a haiku about the sea." --temperature 0.7 --top-p 0.9 --stream
+  fastgen generate --n 3 --temperature 1 --presence-penalty 0.5 "A name for a cat:"
   fastgen generate --model ./Qwen3-0.6B --max-tokens 64 "Once upon a time" "def fib(n):"
   echo "Tell me a joke." | fastgen generate --chat -"""
 
@@ -40,10 +41,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     group.add_argument("--stop", action="append", metavar="TEXT", default=None,
                        help="end the completion before this text (repeatable)")
     group.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    group.add_argument("--n", metavar="N", type=arg_types.positive_int, default=1,
+                       help="completions of each prompt, printed one after another")
+    group.add_argument("--presence-penalty", metavar="P", type=float, default=0.0,
+                       help="subtract P from the logit of every token already generated, in [-2, 2]")
+    group.add_argument("--frequency-penalty", metavar="F", type=float, default=0.0,
+                       help="subtract F per time a token was generated, in [-2, 2]")
+    group.add_argument("--repetition-penalty", metavar="R", type=float, default=1.0,
+                       help="divide positive (multiply negative) logits of prompt and generated tokens, in (0, 2]")
+    group.add_argument("--min-tokens", metavar="N", type=arg_types.non_negative_int, default=0,
+                       help="generate at least N tokens before end-of-sequence or a stop")
+    group.add_argument("--min-p", metavar="P", type=float, default=0.0,
+                       help="drop tokens below P times the most likely one's probability, in [0, 1]")
     group.add_argument("--stream", action="store_true", help="print tokens as they are generated (one prompt)")
     group.add_argument("--stats", action="store_true",
                        help="print token counts, TTFT and decode speed to stderr")
-    engine_args.add_engine_args(parser, max_model_len_default="the model's max_position_embeddings")
+    engine_args.add_engine_args(parser, dummy_weights=False,
+                                max_model_len_default="the model's max_position_embeddings (n_positions for GPT-2)")
     parser.set_defaults(run=run, parser=parser)
     return parser
 
@@ -51,19 +65,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def chat_prompt(tokenizer, text: str, system: str | None) -> list[int]:
     """Token ids of `text` as a user turn (after an optional system turn), ready for the
     assistant's reply. Raises ValueError when the tokenizer has no chat template."""
+    from fastgen.engine.prompts import chat_token_ids
+
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("--chat: the model's tokenizer has no chat template; drop --chat to send raw text")
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": text})
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    # The template writes any BOS itself; letting encode() add another would double it.
-    return tokenizer.encode(rendered, add_special_tokens=False)
+    return chat_token_ids(tokenizer, messages, add_generation_prompt=True)
 
 
 def run(args: argparse.Namespace) -> int:
     parser = args.parser
     if args.stream and len(args.prompts) > 1:
         parser.error(f"argument --stream: streams one prompt, got {len(args.prompts)}")
+    if args.stream and args.n > 1:
+        parser.error(f"argument --stream: streams one completion, got --n {args.n}")
     if args.system is not None and not args.chat:
         parser.error("argument --system: needs --chat")
     if args.prompts.count("-") > 1:
@@ -75,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
 
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,
-        ignore_eos=args.ignore_eos, stop=args.stop or [],
+        ignore_eos=args.ignore_eos, stop=args.stop or [], n=args.n,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty, min_tokens=args.min_tokens, min_p=args.min_p,
     )
     llm = engine_args.build_llm(choice, args, need_tokenizer=True)
     prompts = [chat_prompt(llm.tokenizer, t, args.system) for t in texts] if args.chat else texts
@@ -93,7 +111,10 @@ def run(args: argparse.Namespace) -> int:
         for i, output in enumerate(outputs):
             if len(outputs) > 1:
                 print(f"=== {i + 1}/{len(outputs)} ===")
-            print(output.text)
+            for completion in output.outputs:
+                if args.n > 1:
+                    print(f"--- completion {completion.index + 1}/{args.n} ---")
+                print(completion.text)
     if args.stats:
         for output in outputs:
             print(_stats_line(output), file=sys.stderr)

@@ -39,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help="Retry-After seconds of a 503 (beyond --max-waiting-requests)")
     group.add_argument("--shutdown-timeout", metavar="S", type=arg_types.non_negative_float, default=5.0,
                        help="seconds in-flight requests may finish after SIGINT / SIGTERM")
-    engine_args.add_engine_args(parser, max_model_len_default="the model's max_position_embeddings")
+    engine_args.add_engine_args(parser, max_model_len_default="the model's max_position_embeddings",
+                                dummy_weights=False)
     parser.set_defaults(run=run, parser=parser)
     return parser
 

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 import torch
 
 from fastgen.compile import ops
+from fastgen.worker.penalties import apply_penalties
 from fastgen.worker.sampler import sample_tokens
 
 
 @dataclass(frozen=True)
 class OpSet:
-    """The element-wise pieces of a decoder step and the sampler's arithmetic. With `compiled`,
+    """The element-wise pieces of a decoder step (RMSNorm, RoPE and SwiGLU for the Llama family;
+    LayerNorm and GELU for GPT-2) and the sampler's arithmetic (penalties, then sampling). With `compiled`,
     each is a torch.compile'd function (Inductor fuses its element-wise work into few kernels);
     otherwise the plain eager functions."""
 
@@ -21,7 +23,11 @@ class OpSet:
     add_rms_norm: Callable
     apply_rope: Callable
     silu_and_mul: Callable
+    layer_norm: Callable
+    add_layer_norm: Callable
+    gelu_tanh: Callable
     sample_tokens: Callable
+    apply_penalties: Callable
     compiled: bool
 
 
@@ -38,6 +44,10 @@ def build_op_set(compiled: bool) -> OpSet:
         add_rms_norm=wrap(ops.add_rms_norm),
         apply_rope=wrap(ops.apply_rope),
         silu_and_mul=wrap(ops.silu_and_mul),
+        layer_norm=wrap(ops.layer_norm),
+        add_layer_norm=wrap(ops.add_layer_norm),
+        gelu_tanh=wrap(ops.gelu_tanh),
         sample_tokens=wrap(sample_tokens),
+        apply_penalties=wrap(apply_penalties),
         compiled=compiled,
     )

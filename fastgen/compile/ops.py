@@ -6,6 +6,8 @@ Each follows transformers' arithmetic order and dtype casts, so greedy outputs m
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -50,3 +52,25 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU on a merged [.., 2 * I] gate-up projection: silu(gate) * up."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm with weight and bias over the last dim: the very call nn.LayerNorm makes."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then LayerNorm; returns (normed, new residual)."""
+    residual = x + residual
+    return layer_norm(residual, weight, bias, eps), residual
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation, written out as transformers' `gelu_new` (GPT-2) is:
+    F.gelu(approximate="tanh") rounds differently, and greedy parity needs the same bits."""
+    return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))

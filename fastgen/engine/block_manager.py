@@ -82,8 +82,13 @@ class BlockManager:
         return hashes
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids holding the longest cached prefix of the sequence (verified token by token)."""
+        """Block ids holding the longest cached prefix of the sequence (verified token by token).
+
+        Nothing for a request that wants its prompt's logprobs and has no output yet: they come
+        from computing the prompt, so it reads no cached block (as in vLLM; it still keys its own)."""
         if not self.enable_prefix_caching:
+            return []
+        if seq.params.prompt_logprobs is not None and seq.num_output_tokens == 0:
             return []
         hits = []
         for i, key in enumerate(self._full_block_hashes(seq)):
@@ -135,6 +140,29 @@ class BlockManager:
             seq.block_table.extend(appended)
         assert len(seq.block_table) == self.blocks_needed(len(seq))
         return appended
+
+    def can_fork(self, parent: Sequence) -> bool:
+        return len(parent) % self.block_size == 0 or self.num_free_blocks > 0
+
+    def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None:
+        """Start `child` (the same prompt as `parent`, whose prompt this step computes) from the
+        parent's blocks: the full ones shared (reference-counted; keyed by the parent), the
+        partial last one, if any, a fresh block that the worker fills by copying the parent's
+        after the step. Returns that copy as (source, destination), or None."""
+        assert not child.block_table and len(child) == len(parent) == parent.num_prompt_tokens
+        num_full = len(parent) // self.block_size
+        for block_id in parent.block_table[:num_full]:
+            self._take(block_id)
+            child.block_table.append(block_id)
+        copy = None
+        if len(parent) % self.block_size:
+            copy = (parent.block_table[num_full], self._take_fresh())
+            child.block_table.append(copy[1])
+        child.block_hashes = list(parent.block_hashes[:num_full])
+        child.num_keyed_blocks = num_full
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.num_computed_tokens = len(child)  # once this step (and the copy) ran
+        return copy
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Key the sequence's blocks whose tokens are now all in the cache."""

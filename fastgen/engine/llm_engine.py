@@ -12,6 +12,10 @@ the engine when they were made; `LLM.generate` and `LLM.stream` claim their requ
 their own. A failed step never escapes `step()`: its batch is retried one sequence at a time
 (`Scheduler.isolate`), so only the requests that fail alone end with "error".
 
+A request with n > 1 completions is n sequences inside, one child request each, forked from the
+first once its prompt is computed; their outputs are folded into one output of the request
+before they reach the outbox (`parallel_sampling`).
+
 An engine is not thread-safe: one thread drives it (see `fastgen.engine.background` for the loop
 that lets many threads submit and stream; while it runs, other threads are refused).
 """
@@ -26,7 +30,9 @@ from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.block_manager import BlockManager
 from fastgen.engine.driver import Driver
+from fastgen.engine.logprobs import TokenTexts
 from fastgen.engine.outbox import Outbox
+from fastgen.engine.parallel_sampling import ChildId, ParentRequest, child_params, merge_outputs
 from fastgen.engine.prompts import Prompt
 from fastgen.engine.request_state import RequestState, now
 from fastgen.engine.requests import EngineOverloaded, check_request_id, prompt_token_ids
@@ -49,7 +55,8 @@ class LLMEngine:
 
         skip_tokenizer_init = boolean("skip_tokenizer_init", skip_tokenizer_init)
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(config.model)
-        self.runner = ModelRunner(config, load_format=load_format)
+        eos = eos_token_ids(config.model, config.model_config, self.tokenizer)
+        self.runner = ModelRunner(config, load_format=load_format, eos_token_ids=eos)
         self.block_manager = BlockManager(
             self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -58,24 +65,26 @@ class LLMEngine:
             config.max_num_seqs,
             config.max_num_batched_tokens,
             config.max_model_len,
-            eos_token_ids(config.model, config.model_config, self.tokenizer),
+            eos,
         )
-        self.requests: dict[str, RequestState] = {}
+        self.requests: dict[str | ChildId, RequestState] = {}
+        self.parents: dict[str, ParentRequest] = {}  # requests with n > 1, by id (their children are in `requests`)
         self._by_seq: dict[int, RequestState] = {}
         self.outbox = Outbox()
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self.num_steps = 0
+        self.token_texts = TokenTexts(self.tokenizer)
         self.driver = Driver()  # which thread may drive the engine
 
     # ---- requests in -----------------------------------------------------------------------
     def prepare(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
-                final_only: bool = False) -> RequestState:
+                final_only: bool = False) -> RequestState | ParentRequest:
         """Validate and tokenize a request without queueing it (raises ValueError).
 
         The request keeps its own validated copy of `params`. request_id: a non-empty string,
         or None for a fresh one. final_only: the request is reported once, when it finishes,
-        instead of every step.
+        instead of every step. A request with n > 1 is prepared as a `ParentRequest`.
         """
         self.driver.check()
         if not isinstance(params, SamplingParams):
@@ -83,28 +92,60 @@ class LLMEngine:
         params = params.validated_copy()
         final_only = boolean("final_only", final_only)
         text, token_ids = prompt_token_ids(prompt, params, self.tokenizer, self.config)
+        params.check_logprobs_limit(min(self.config.max_logprobs, self.config.model_config.vocab_size))
         if request_id is None:
             # Skipping ids a caller chose for requests of its own.
-            request_id = next(i for i in map(str, self._request_ids) if i not in self.requests)
-        elif check_request_id(request_id) in self.requests:
+            request_id = next(i for i in map(str, self._request_ids) if not self.has_request(i))
+        elif self.has_request(check_request_id(request_id)):
             raise ValueError(f"request_id={request_id!r} is already in use")
+        if params.n > 1:
+            return self._prepare_parent(request_id, text, token_ids, params, final_only)
         seq = Sequence(next(self._seq_ids), token_ids, params)
-        return RequestState(request_id, seq, text, self.tokenizer, now(), final_only=final_only)
+        return RequestState(request_id, seq, text, self.tokenizer, now(), final_only=final_only,
+                            token_texts=self.token_texts)
 
-    def enqueue(self, state: RequestState, claimed: bool = False) -> str:
+    def _prepare_parent(self, request_id: str, text: str | None, token_ids: list[int], params: SamplingParams,
+                        final_only: bool) -> ParentRequest:
+        arrival = now()
+        children = [
+            RequestState(ChildId(request_id, i), Sequence(next(self._seq_ids), list(token_ids), child_params(params, i)),
+                         text, self.tokenizer, arrival, final_only=final_only, token_texts=self.token_texts)
+            for i in range(params.n)
+        ]
+        return ParentRequest(request_id, children, final_only)
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether a request (of any n) with this id is queued or running."""
+        return request_id in self.requests or request_id in self.parents
+
+    def enqueue(self, state: RequestState | ParentRequest, claimed: bool = False) -> str:
         """Queue a prepared request. claimed: its outputs go to its own mailbox (`take_output`),
         not to `step()`."""
         self.driver.check()
         self._release_abandoned()
-        if state.request_id in self.requests:
+        if self.has_request(state.request_id):
             raise ValueError(f"request_id={state.request_id!r} is already in use")
-        state.claimed = boolean("claimed", claimed)
-        if claimed:
+        if boolean("claimed", claimed):
             self.outbox.open(state.request_id)
+        if isinstance(state, ParentRequest):
+            self._enqueue_parent(state)
+        else:
+            self._register(state)
+            self.scheduler.add(state.seq)
+        return state.request_id
+
+    def _enqueue_parent(self, parent: ParentRequest) -> None:
+        """Queue the first child; the others wait to fork from it once its prompt is computed."""
+        self.parents[parent.request_id] = parent
+        for child in parent.children:
+            self._register(child)
+        first, *others = parent.children
+        self.scheduler.add(first.seq)
+        self.scheduler.add_forks(first.seq, [child.seq for child in others])
+
+    def _register(self, state: RequestState) -> None:
         self.requests[state.request_id] = state
         self._by_seq[state.seq.seq_id] = state
-        self.scheduler.add(state.seq)
-        return state.request_id
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
         """Queue a request whose outputs `step()` returns; return its id (a string). Raises
@@ -117,14 +158,22 @@ class LLMEngine:
         return self.enqueue(state)
 
     def abort(self, request_id: str) -> bool:
-        """Finish a request now and free its blocks; its consumer gets a final output with
-        finish_reason "abort". False when no unfinished request has this id; ValueError when
-        the id is not a string."""
+        """Finish a request (every completion of an n > 1 one) now and free its blocks; its
+        consumer gets one final output with finish_reason "abort". False when no unfinished
+        request has this id; ValueError when the id is not a string."""
         self.driver.check()
-        state = self.requests.get(check_request_id(request_id))
+        request_id = check_request_id(request_id)
+        parent = self.parents.get(request_id)
+        if parent is not None:
+            # The waiting children first, so that none is left to start on its own.
+            live = [child for child in reversed(parent.children) if child.request_id in self.requests]
+            outputs = [self._finish_now(child, FinishReason.ABORT) for child in live]
+            self.outbox.between_steps += self._deliver(outputs[::-1])
+            return True
+        state = self.requests.get(request_id)
         if state is None:
             return False
-        self.outbox.between_steps.append(self._finish_now(state, FinishReason.ABORT))
+        self.outbox.between_steps += self._deliver([self._finish_now(state, FinishReason.ABORT)])
         return True
 
     def take_output(self, request_id: str) -> RequestOutput | None:
@@ -198,27 +247,34 @@ class LLMEngine:
             out = self.scheduler.schedule()
             if out is None:
                 self.runner.forget(*self.scheduler.pop_facts())
-                return StepResult(outputs, None, 0, 0, started)
-            outputs += self._run(out, started)
+                return StepResult(outputs, None, 0, 0, 0, started)
+            made, num_sampled = self._run(out, started)
         except Exception as exc:  # noqa: BLE001 - outside the model: the engine's own books failed
             logger.exception("engine step failed outside the model run; failing every request")
-            outputs += self._fail_all(exc)
-            return StepResult(outputs, None, 0, 0, started)
+            outputs += self._deliver(self._fail_all(exc))
+            return StepResult(outputs, None, 0, 0, 0, started)
+        outputs += self._deliver(made)
         self.num_steps += 1
-        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, started)
+        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started)
 
-    def _run(self, out: SchedulerOutput, started: float) -> list[RequestOutput]:
-        states = [self._by_seq[seq.seq_id] for seq in out.seqs]
-        for state in states:
-            state.on_scheduled(started)
+    def _run(self, out: SchedulerOutput, started: float) -> tuple[list[RequestOutput], int]:
+        """Run a scheduled step; its requests' outputs (not yet delivered) and the number of
+        tokens it sampled."""
+        states = [self._by_seq[seq.seq_id] for seq in (*out.seqs, *out.forked_seqs)]
         try:
-            sampled = self.runner.run(out)
+            launched = self.runner.launch(out)
+            # Host work that needs no token runs while the GPU computes the step.
+            for state in states:
+                state.on_scheduled(started)
+            result = self.runner.collect(launched)
         except BaseException as exc:
             self.runner.recover(out)
             if not isinstance(exc, Exception):  # KeyboardInterrupt and friends: the caller's
                 raise
-            return self._on_failed_run(out, states, exc)
+            return self._on_failed_run(out, states, exc), 0
+        sampled = result.sampled
         self.scheduler.postprocess(out, sampled)
+        self._take_logprobs(states, result)
         t = now()
         outputs = []
         for state, token in zip(states, sampled):
@@ -231,7 +287,16 @@ class LLMEngine:
                 output = self._finish_now(state, FinishReason.ERROR, _describe(exc))
             if output is not None:
                 outputs.append(output)
-        return outputs
+        return outputs, sum(token is not None for token in sampled)
+
+    def _take_logprobs(self, states: list[RequestState], result) -> None:
+        """Hand the step's logprobs (a ModelRunnerOutput's) to their requests."""
+        if result.logprobs is not None:
+            for state, top in zip(states, result.logprobs):
+                if top is not None:
+                    state.add_logprobs(top)
+        for seq_id, (start, tops) in result.prompt_logprobs.items():
+            self._by_seq[seq_id].add_prompt_logprobs(start, tops)
 
     def _advance(self, state: RequestState, t: float) -> RequestOutput | None:
         seq = state.seq
@@ -241,11 +306,18 @@ class LLMEngine:
             else:
                 self.scheduler.finish(seq, FinishReason.STOP)
         output = state.make_output(t)
-        if output is not None:
-            self.outbox.put(output, state.claimed)
         if seq.is_finished:
             self._forget(state)
         return output
+
+    def _deliver(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Fold the completions of n > 1 requests into one output each and hand every output to
+        its consumer (the outbox); return what was delivered."""
+        if self.parents:
+            outputs = merge_outputs(outputs, self.parents)
+        for output in outputs:
+            self.outbox.put(output)
+        return outputs
 
     def _on_failed_run(self, out: SchedulerOutput, states: list[RequestState], exc: Exception) -> list[RequestOutput]:
         """A step failed in the model or the sampler: it is one request's failure when that request
@@ -254,11 +326,12 @@ class LLMEngine:
             logger.warning("step of request %r failed: %s", states[0].request_id, _describe(exc))
             return [self._finish_now(states[0], FinishReason.ERROR, _describe(exc))]
         logger.warning("step of %d sequences failed (%s); retrying them one at a time", len(states), _describe(exc))
-        self.scheduler.isolate(out.seqs)
+        self.scheduler.isolate([state.seq for state in states])
         return []
 
     def _finish_now(self, state: RequestState, reason: FinishReason, error: str | None = None) -> RequestOutput:
-        """End a request outside the normal flow (abort, failure) and deliver its final output."""
+        """End a request outside the normal flow (abort, failure); its final output, not yet
+        delivered."""
         self.scheduler.finish(state.seq, reason)
         state.error = error
         t = now()
@@ -266,7 +339,6 @@ class LLMEngine:
             output = state.final_output(t) if error is None else state.make_output(t)
         except Exception:  # noqa: BLE001 - the text is what failed: report the text there is
             output = state.make_output(t)
-        self.outbox.put(output, state.claimed)
         self._forget(state)
         return output
 

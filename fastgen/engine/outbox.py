@@ -25,19 +25,26 @@ class Outbox:
     def __init__(self):
         self.for_step: list[RequestOutput] = []
         self.mailboxes: dict[str, deque[RequestOutput]] = {}
+        self.claimed: set[str] = set()  # claimed requests whose final output is not yet put
         # Outputs made outside a step (aborts), which the next step result also reports.
         self.between_steps: list[RequestOutput] = []
         self.abandoned: deque[str] = deque()
 
     def open(self, request_id: str) -> None:
         """Claim a request: its outputs go to its mailbox, not to step()."""
+        self.claimed.add(request_id)
         self.mailboxes[request_id] = deque()
 
-    def put(self, output: RequestOutput, claimed: bool) -> None:
-        if not claimed:
+    def put(self, output: RequestOutput) -> None:
+        """Hand an output to its consumer: a claimed request's mailbox (dropped when its reader
+        has left), else the list `step()` returns."""
+        request_id = output.request_id
+        if request_id not in self.claimed:
             self.for_step.append(output)
             return
-        mailbox = self.mailboxes.get(output.request_id)
+        if output.finished:
+            self.claimed.discard(request_id)
+        mailbox = self.mailboxes.get(request_id)
         if mailbox is not None:
             mailbox.append(output)
 

@@ -94,7 +94,7 @@ class EngineStream(OutputStream):
             output = self._engine.take_output(self.request_id)
             if output is not None:
                 return output
-            if self.request_id not in self._engine.requests:  # a request's final output precedes its leaving
+            if not self._engine.has_request(self.request_id):  # a request's final output precedes its leaving
                 raise RuntimeError(f"request {self.request_id!r} left the engine without a final output")
             self._engine.run_step()
 

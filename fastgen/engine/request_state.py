@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from fastgen.engine.detokenizer import IncrementalDetokenizer
-from fastgen.outputs import RequestMetrics, RequestOutput
+from fastgen.engine.logprobs import TokenTexts, position_logprobs
+from fastgen.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from fastgen.engine.sequence import FinishReason, Sequence
+
+if TYPE_CHECKING:
+    from fastgen.worker.logprobs import TopLogprobs
 
 
 class RequestState:
@@ -20,16 +25,18 @@ class RequestState:
     final_only: emit one output, when the request finishes (what a batch `generate` needs). Such a
     request without stop strings also skips per-step detokenization: its text is decoded once
     at the end, by the same detokenizer, so it is the same text.
+
+    Logprobs (when the request asks): the worker's numbers become vLLM's dicts as they arrive
+    (`add_logprobs`, `add_prompt_logprobs`), decoded tokens from `token_texts`.
     """
 
     def __init__(self, request_id: str, seq: Sequence, prompt: str | None, tokenizer, arrival_time: float,
-                 final_only: bool = False):
+                 final_only: bool = False, token_texts: TokenTexts | None = None):
         self.request_id = request_id
         self.seq = seq
         self.prompt = prompt
         self.prompt_token_ids = seq.token_ids[: seq.num_prompt_tokens]  # shared by every output
         self.final_only = final_only
-        self.claimed = False  # its outputs go to its own reader's mailbox, not to step()
         self.error: str | None = None  # why it finished with reason "error"
         self.detokenizer = (
             IncrementalDetokenizer(tokenizer, self.prompt_token_ids) if tokenizer is not None else None
@@ -41,6 +48,21 @@ class RequestState:
         self.num_tokens_seen = 0
         self.sent_text_len = 0
         self.sent_tokens = 0
+        params = seq.params
+        self.token_texts = token_texts or TokenTexts(tokenizer)
+        self.logprobs = None if params.logprobs is None else []
+        self.cumulative_logprob = None if params.logprobs is None else 0.0
+        self.prompt_logprobs = None if params.prompt_logprobs is None else [None] * seq.num_prompt_tokens
+
+    def add_logprobs(self, top: "TopLogprobs") -> None:
+        """The logprobs of the token just sampled."""
+        self.logprobs.append(position_logprobs(top, self.token_texts))
+        self.cumulative_logprob += top.logprobs[0]
+
+    def add_prompt_logprobs(self, start: int, tops: list["TopLogprobs"]) -> None:
+        """Logprobs of prompt tokens start, start + 1, ... (a recomputed chunk overwrites)."""
+        for position, top in enumerate(tops, start):
+            self.prompt_logprobs[position] = position_logprobs(top, self.token_texts)
 
     def on_scheduled(self, now: float) -> None:
         if self.metrics.first_scheduled_time is None:
@@ -81,7 +103,7 @@ class RequestState:
         return self.make_output(now)
 
     def _cut_stop_string(self, searched_up_to: int) -> bool:
-        if not self.stop:
+        if not self.stop or self.seq.num_output_tokens <= self.seq.params.min_tokens:
             return False
         start = max(0, searched_up_to - self.hold_back)
         hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
@@ -104,9 +126,10 @@ class RequestState:
             return None
         new_text = self.text[self.sent_text_len : visible]
         new_ids = token_ids[self.sent_tokens :]
+        sent_before = self.sent_tokens
         self.sent_text_len, self.sent_tokens = visible, len(token_ids)
         reason = seq.finish_reason
-        return RequestOutput(
+        output = RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
@@ -118,6 +141,19 @@ class RequestState:
             finish_reason=reason.value if isinstance(reason, FinishReason) else None,
             metrics=self.metrics,
             error=self.error,
+        )
+        output.outputs = [self._completion(output, sent_before)]
+        output.prompt_logprobs = self.prompt_logprobs
+        return output
+
+    def _completion(self, output: RequestOutput, sent_before: int) -> CompletionOutput:
+        """This sequence's completion, sharing the output's lists (`sent_before`: tokens sent in
+        earlier outputs)."""
+        logprobs = None if self.logprobs is None else self.logprobs[: len(output.token_ids)]
+        return CompletionOutput(
+            index=0, text=output.text, token_ids=output.token_ids, finish_reason=output.finish_reason,
+            logprobs=logprobs, cumulative_logprob=self.cumulative_logprob, new_text=output.new_text,
+            new_token_ids=output.new_token_ids, new_logprobs=None if logprobs is None else logprobs[sent_before:],
         )
 
 

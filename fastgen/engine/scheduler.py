@@ -8,6 +8,9 @@ sequence needs a new block and none is free, the newest running sequence is pree
 are freed and it goes back to the front of the queue, to be recomputed later (its full blocks often
 come straight back from the prefix cache).
 
+Parallel sampling (n > 1): the other completions of a prompt wait (`add_forks`) and fork from
+the first once its prompt is computed (see `fastgen.engine.forks`).
+
 Isolation: when a step fails, every sequence of its batch becomes a suspect (`isolate`). All
 running sequences are preempted, suspects first, and until the last suspect finishes the
 scheduler runs one sequence at a time; so a later failure happens to one sequence alone and is
@@ -23,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fastgen.engine.block_manager import BlockManager
+from fastgen.engine.forks import Fork, PendingForks
 from fastgen.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -42,6 +46,8 @@ class SchedulerOutput:
     preempted_seq_ids: sequences whose blocks were taken back since the previous output; they
         will be re-admitted later with new tables.
     finished_seq_ids: sequences that ended (finished or aborted) since the previous output.
+    forks: children forked in this step (see `Fork`); they are not in `seqs` (they compute
+        nothing), but they sample, after the sequences of `seqs`, in `forked_seqs` order.
     """
 
     seqs: list[Sequence]
@@ -51,6 +57,11 @@ class SchedulerOutput:
     new_block_ids: list[tuple[int, ...]]
     preempted_seq_ids: tuple[int, ...] = ()
     finished_seq_ids: tuple[int, ...] = ()
+    forks: tuple[Fork, ...] = ()
+
+    @property
+    def forked_seqs(self) -> tuple[Sequence, ...]:
+        return tuple(child for fork in self.forks for child in fork.children)
 
     @classmethod
     def empty_decode(cls) -> "SchedulerOutput":
@@ -87,11 +98,17 @@ class Scheduler:
         # Facts for the next output (see SchedulerOutput); kept until a step is formed.
         self._preempted: list[int] = []
         self._finished: list[int] = []
+        self.pending_forks = PendingForks()
         self.suspects: set[int] = set()  # seq_ids of sequences in a failed step (see `isolate`)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+
+    def add_forks(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Queue `children` (same prompt as `parent`, which was added) to fork from `parent` once
+        its prompt is computed."""
+        self.pending_forks.add(parent, children)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -102,6 +119,10 @@ class Scheduler:
         out = self._schedule_prefill() or self._schedule_decode()
         if out is None:
             return None
+        if self.pending_forks:
+            forks, no_room = self.pending_forks.fork(out, self.running, self.seq_limit, self.block_manager)
+            self._queue_first(no_room)
+            out = dataclasses.replace(out, forks=forks)
         # Preemptions made just now, while forming a decode batch, are part of these facts.
         preempted, finished = self.pop_facts()
         return dataclasses.replace(out, preempted_seq_ids=preempted, finished_seq_ids=finished)
@@ -204,12 +225,18 @@ class Scheduler:
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)
+        for seq, token in zip(output.forked_seqs, sampled[len(output.seqs):]):
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.params
-        if not params.ignore_eos and token in self.eos_token_ids:
+        stops = seq.num_output_tokens > params.min_tokens  # until then the sampler bans stop tokens
+        if stops and not params.ignore_eos and token in self.eos_token_ids:
             return FinishReason.STOP
-        if token in params.stop_token_ids:
+        if stops and token in params.stop_token_ids:
             return FinishReason.STOP
         if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
             return FinishReason.LENGTH
@@ -231,8 +258,17 @@ class Scheduler:
             self.block_manager.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.PENDING_FORK:
+            self.pending_forks.drop(seq)
+        self._queue_first(self.pending_forks.orphans(seq))
         if seq.status is not SequenceStatus.FINISHED:
             self._finished.append(seq.seq_id)
         self.suspects.discard(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+    def _queue_first(self, seqs: list[Sequence]) -> None:
+        """Put sequences at the front of the queue, in their order."""
+        for seq in reversed(seqs):
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)

@@ -13,6 +13,7 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+    PENDING_FORK = "pending_fork"  # one of n completions, waiting to start from its parent's prompt
 
 
 class FinishReason(str, enum.Enum):

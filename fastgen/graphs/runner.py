@@ -2,11 +2,16 @@
 
 Each graph reads the step-input builder's persistent device buffers (input ids, positions,
 slot mapping, context lengths, block tables) — the same tensors every step, refilled in place —
-and writes its hidden states to an output owned by that graph. The block-table buffer is
+and runs the whole decode step on the device: the forward, the LM head, and the greedy argmax,
+into outputs owned by that graph. A greedy batch needs nothing after the replay but the copy of
+its token ids; a sampled batch reads the graph's logits. The block-table buffer is
 max_blocks_per_seq wide, enough for a max_model_len sequence, so no validated request can
 outgrow it. A batch of n runs in the graph of the next captured size; the builder fills the
 padding rows with slot -1 (the KV store skips them), context length 0 (attention reads nothing)
 and -1 block tables, and the outputs are sliced back to n.
+
+Start-up first warms every size up eagerly (Triton JIT, torch.compile, cuBLAS heuristics:
+`warmup_seconds`), then captures them all (`capture_seconds`), so each number means one thing.
 
 `capture=False` runs the very same pad-copy-slice path eagerly: that is how CPU tests check it.
 """
@@ -42,7 +47,8 @@ class CudaGraphRunner:
         self.device = device
         self.capture_enabled = capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.hidden: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # size -> (logits, greedy ids)
+        self.warmup_seconds = 0.0
         self.capture_seconds = 0.0
         self.graph_memory_bytes = 0
         if capture:
@@ -55,8 +61,11 @@ class CudaGraphRunner:
     def can_run(self, n: int) -> bool:
         return n <= self.max_size
 
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        return self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_layers)
+    def _decode(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a graph holds: logits [rows, vocab] in the model's dtype and their argmax [rows]."""
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_layers)
+        logits = self.model.compute_logits(hidden)
+        return logits, logits.argmax(dim=-1)
 
     def _padding_inputs(self, size: int) -> StepInputs:
         """Inputs for `size` rows that are all padding (what capture records)."""
@@ -69,7 +78,12 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def _capture_all(self) -> None:
         device = self.device
+        inputs = {size: self._padding_inputs(size) for size in self.sizes}
+        start = time.perf_counter()
+        for size in reversed(self.sizes):  # compile, autotune and JIT every shape outside capture
+            self._decode(inputs[size])
         torch.cuda.synchronize(device)
+        self.warmup_seconds = time.perf_counter() - start
         free_before, _ = torch.cuda.mem_get_info(device)
         start = time.perf_counter()
         pool = None
@@ -79,14 +93,11 @@ class CudaGraphRunner:
         gc.freeze()
         try:
             for size in reversed(self.sizes):  # largest first: smaller graphs reuse its pool
-                inputs = self._padding_inputs(size)
-                self._forward(inputs)  # warm-up (compile, autotune)
-                torch.cuda.synchronize(device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    hidden = self._forward(inputs)
+                    self.outputs[size] = self._decode(inputs[size])
                 pool = graph.pool()
-                self.graphs[size], self.hidden[size] = graph, hidden
+                self.graphs[size] = graph
         finally:
             gc.unfreeze()
         torch.cuda.synchronize(device)
@@ -94,19 +105,20 @@ class CudaGraphRunner:
         free_after, _ = torch.cuda.mem_get_info(device)
         self.graph_memory_bytes = max(0, free_before - free_after)
         logger.info(
-            "captured %d decode CUDA graphs (batch sizes %s) in %.2fs using %.1f MiB",
-            len(self.sizes), self.sizes, self.capture_seconds, self.graph_memory_bytes / 2**20,
+            "decode CUDA graphs for batch sizes %s: warm-up %.2fs, capture %.2fs, %.1f MiB",
+            self.sizes, self.warmup_seconds, self.capture_seconds, self.graph_memory_bytes / 2**20,
         )
 
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput) -> tuple[StepInputs, torch.Tensor]:
-        """Decode `out` (n <= max_size sequences); return its inputs and logits [n, vocab]."""
+    def run(self, out: SchedulerOutput) -> tuple[StepInputs, torch.Tensor, torch.Tensor]:
+        """Decode `out` (n <= max_size sequences); return its inputs, logits [n, vocab] and
+        greedy token ids [n] (int64, on the device)."""
         n = len(out.seqs)
         size = padded_size(n, self.sizes)
         inputs = self.inputs.build_decode(out, pad_to=size)
         if self.capture_enabled:
             self.graphs[size].replay()
-            hidden = self.hidden[size]
+            logits, greedy = self.outputs[size]
         else:
-            hidden = self._forward(inputs)
-        return inputs, self.model.compute_logits(hidden[:n])
+            logits, greedy = self._decode(inputs)
+        return inputs, logits[:n], greedy[:n]

@@ -1,4 +1,8 @@
-"""RMSNorm whose arithmetic comes from the (possibly compiled) op set."""
+"""RMSNorm and LayerNorm whose arithmetic comes from the (possibly compiled) op set.
+
+Both take an optional residual: with one, the residual add is fused into the norm and the new
+residual is returned beside the normed value, so a decoder layer is norm(x, residual) → block.
+"""
 
 from __future__ import annotations
 
@@ -20,3 +24,20 @@ class RMSNorm(nn.Module):
         if residual is None:
             return self.ops.rms_norm(x, self.weight, self.eps)
         return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with weight and bias (GPT-2), over the last dim."""
+
+    def __init__(self, size: int, eps: float, ops: OpSet):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.bias = nn.Parameter(torch.zeros(size))
+        self.eps = eps
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Without residual: the normed x. With residual: (normed x + residual, x + residual)."""
+        if residual is None:
+            return self.ops.layer_norm(x, self.weight, self.bias, self.eps)
+        return self.ops.add_layer_norm(x, residual, self.weight, self.bias, self.eps)

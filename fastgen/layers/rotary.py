@@ -7,8 +7,6 @@ import math
 import torch
 from torch import nn
 
-from fastgen.compile import OpSet
-
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2] in float32, as transformers computes them."""
@@ -38,14 +36,11 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds a float32 [max_positions, head_dim] table of cos | sin; applies it to q and k."""
+    """Holds a float32 [max_positions, head_dim] table of cos | sin (rotate-half layout); the
+    attention backend applies it to q and k, fused with the KV store where it can."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None, ops: OpSet):
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
         super().__init__()
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
         freqs = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1) * inv_freq.unsqueeze(0)
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
-        self.ops = ops
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        return self.ops.apply_rope(positions, q, k, self.cos_sin)

@@ -1,13 +1,21 @@
-"""What fastgen needs to know about a Hugging Face model folder, read from its config.json."""
+"""What fastgen needs to know about a Hugging Face model folder, read from its config.json.
+
+`ModelConfig` holds the fields every family has and the engine reads (the shapes that size the
+KV cache and the sampler, the length limit, the dtype, the EOS ids). Each family subclasses it
+with the fields its own layers read and parses config.json with its own `from_hf`; the registry
+(`fastgen.models.registry`) says which subclass an architecture uses. Reading a config never
+imports torch.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from fastgen.models.config_keys import ConfigKeys
-from fastgen.models.registry import ARCHITECTURES
+from fastgen.models.registry import ARCHITECTURES, config_class
 
 # Every dtype name fastgen accepts, from users (EngineConfig.dtype) and from config.json, with
 # its canonical name. Names, not torch dtypes: reading a config must not import torch.
@@ -30,31 +38,31 @@ def torch_dtype(name: str):
     return getattr(torch, DTYPE_NAMES[name])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Shapes and options of a decoder-only model (Llama, Qwen2, Qwen3)."""
+    """Shapes and options of a decoder-only model that the engine itself reads."""
+
+    # The config.json key that holds the length limit, named in errors about max_model_len.
+    max_len_key: ClassVar[str] = "max_position_embeddings"
 
     architecture: str
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
-    max_position_embeddings: int
+    max_position_embeddings: int  # the longest sequence the model's positions cover
     tie_word_embeddings: bool
-    attention_bias: bool
-    qk_norm: bool
     dtype: str  # canonical name of the checkpoint's dtype (float32 when config.json names none)
-    eos_token_ids: tuple[int, ...] = field(default=())
+    eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
-    def from_dict(cls, raw: dict, where: str = "config") -> "ModelConfig":
-        """Read and check every key fastgen uses; ValueError naming `where` and the key otherwise."""
+    def from_dict(cls, raw: dict, where: str = "config") -> ModelConfig:
+        """The config of the first supported entry of raw["architectures"], as the family's
+        subclass, every key it uses checked. Raises ValueError naming `where` and the key for an
+        unsupported architecture, a missing or malformed key or a switch the family does not
+        implement."""
         keys = ConfigKeys(raw, where)
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in ARCHITECTURES), None) if isinstance(archs, list) else None
@@ -63,38 +71,17 @@ class ModelConfig:
                 f"architectures={archs!r} in {where} is not supported; "
                 f"supported: {sorted(ARCHITECTURES)}"
             )
-        switches = ARCHITECTURES[arch]
-        hidden_size = keys.positive_int("hidden_size")
-        num_heads = keys.positive_int("num_attention_heads")
-        num_kv_heads = keys.positive_int("num_key_value_heads", num_heads)
-        if num_heads % num_kv_heads:
-            raise ValueError(f"{where}: num_attention_heads={num_heads} must be a multiple of "
-                             f"num_key_value_heads={num_kv_heads}")
-        rope, rope_type = keys.rope()
-        rope_theta = keys.positive_number("rope_theta", rope.get("rope_theta", 10000.0))
-        return cls(
-            architecture=arch,
-            vocab_size=keys.positive_int("vocab_size"),
-            hidden_size=hidden_size,
-            intermediate_size=keys.positive_int("intermediate_size"),
-            num_layers=keys.positive_int("num_hidden_layers"),
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=keys.positive_int("head_dim", max(1, hidden_size // num_heads)),
-            rms_norm_eps=keys.positive_number("rms_norm_eps", 1e-6),
-            rope_theta=rope_theta,
-            rope_scaling=dict(rope) if rope_type != "default" else None,
-            max_position_embeddings=keys.positive_int("max_position_embeddings", 2048),
-            tie_word_embeddings=keys.flag("tie_word_embeddings", False),
-            attention_bias=switches.attention_bias or keys.flag("attention_bias", False),
-            qk_norm=switches.qk_norm,
-            dtype=DTYPE_NAMES[keys.string("torch_dtype" if raw.get("torch_dtype") else "dtype", DTYPE_NAMES,
-                                          "float32")],
-            eos_token_ids=keys.token_ids("eos_token_id"),
-        )
+        family, switches = config_class(arch), ARCHITECTURES[arch].switches
+        return family.from_hf(keys, arch, **switches)
 
     @classmethod
-    def from_folder(cls, path: str | Path) -> "ModelConfig":
+    def from_hf(cls, keys: ConfigKeys, architecture: str, **switches) -> ModelConfig:
+        """Parse a family's config.json (read through `keys`, which checks each key); each
+        family's subclass implements it."""
+        raise NotImplementedError(f"{cls.__name__} does not parse config.json")
+
+    @classmethod
+    def from_folder(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         config_file = path / "config.json"
         if not path.is_dir():
@@ -104,12 +91,21 @@ class ModelConfig:
         return cls.from_dict(read_json(config_file), where=str(config_file))
 
     def num_parameters(self) -> int:
-        """Parameters of the model this config describes (embeddings, layers, final norm, head)."""
-        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.attention_bias + 2 * self.head_dim * self.qk_norm
-        layer = attention + 3 * h * self.intermediate_size + 2 * h
-        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return embeddings + self.num_layers * layer + h
+        """Parameters of the model this config describes (embeddings, layers, final norm, head);
+        each family counts its own."""
+        raise NotImplementedError(f"{type(self).__name__} does not count its parameters")
+
+    @staticmethod
+    def shared_fields(keys: ConfigKeys) -> dict:
+        """The fields every family reads from config.json under the same keys (dtype, EOS ids)."""
+        dtype_key = "torch_dtype" if keys.raw.get("torch_dtype") else "dtype"
+        return dict(dtype=DTYPE_NAMES[keys.string(dtype_key, DTYPE_NAMES, "float32")],
+                    eos_token_ids=keys.token_ids("eos_token_id"))
+
+    @property
+    def max_len_limit(self) -> str:
+        """The length limit as config.json names it, e.g. "n_positions=1024" (for messages)."""
+        return f"{self.max_len_key}={self.max_position_embeddings}"
 
     def kv_bytes_per_token(self, dtype: str) -> int:
         """Bytes of K and V one token occupies across all layers when the cache is `dtype` (a name)."""

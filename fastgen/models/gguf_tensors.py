@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 # llama.cpp name -> HF Llama name, for tensors outside the layer stack.
 GLOBAL_NAMES = {
@@ -74,7 +75,8 @@ def read_llama_gguf_tensors(gguf_path: str | os.PathLike, num_heads: int, num_kv
     reader = gguf.GGUFReader(os.fspath(gguf_path))
     heads_for = {"self_attn.q_proj.weight": num_heads, "self_attn.k_proj.weight": num_kv_heads}
     state = {}
-    for tensor in reader.tensors:
+    # A bar on an interactive terminal (tqdm's disable=None: off when stderr is not a TTY).
+    for tensor in tqdm(reader.tensors, desc="converting GGUF tensors", unit="tensor", disable=None):
         name = hf_name(tensor.name)
         # GGUF lists dims fastest-first (ne0 = columns), the reverse of torch's order.
         # dequantize() returns float32 rows already in numpy order; the reshape makes that

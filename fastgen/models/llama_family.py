@@ -1,10 +1,11 @@
 """The decoder of the Llama family and its Qwen relatives.
 
 Llama (SmolLM2, Llama 3), Qwen2 and Qwen3 share the architecture; they differ in two switches
-read from `ModelConfig` (set per architecture in `fastgen.models.registry`): Qwen2 adds a bias to
-the q/k/v projections, Qwen3 RMS-normalises q and k per head before RoPE. Tokens of all sequences are laid end to end ([T, hidden]); where each sits
-in the paged cache arrives in `AttentionMetadata`, and each layer's cache slice with it. Projections are merged (q|k|v, gate|up) so a
-layer runs two matmuls where transformers runs five.
+read from `LlamaFamilyConfig` (set per architecture in `fastgen.models.registry`): Qwen2 adds a
+bias to the q/k/v projections, Qwen3 RMS-normalises q and k per head before RoPE. Tokens of all
+sequences are laid end to end ([T, hidden]); where each sits in the paged cache arrives in
+`AttentionMetadata`, and each layer's cache slice with it. Projections are merged (q|k|v,
+gate|up) so a layer runs two matmuls where transformers runs five.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from fastgen.layers.attention import PagedAttention
 from fastgen.layers.linear import MergedLinear
 from fastgen.layers.norm import RMSNorm
 from fastgen.layers.rotary import RotaryEmbedding
-from fastgen.models.config import ModelConfig
+from fastgen.models.llama_family_config import LlamaFamilyConfig
+from fastgen.models.loader import CheckpointFormat
 
 LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one layer
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend, ops: OpSet):
+    def __init__(self, cfg: LlamaFamilyConfig, rotary: RotaryEmbedding, backend: AttentionBackend, ops: OpSet):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
@@ -47,15 +49,13 @@ class SelfAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.attn(q, k, v, meta, *kv)
+        qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else None
+        out = self.attn(q, k, v, meta, *kv, positions=positions, cos_sin=self.rotary.cos_sin, qk_norm=qk_norm)
         return self.o_proj(out.flatten(1))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: OpSet):
+    def __init__(self, cfg: LlamaFamilyConfig, ops: OpSet):
         super().__init__()
         self.gate_up_proj = MergedLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
@@ -66,7 +66,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend, ops: OpSet):
+    def __init__(self, cfg: LlamaFamilyConfig, rotary: RotaryEmbedding, backend: AttentionBackend, ops: OpSet):
         super().__init__()
         self.self_attn = SelfAttention(cfg, rotary, backend, ops)
         self.mlp = MLP(cfg, ops)
@@ -91,10 +91,21 @@ class LlamaFamilyForCausalLM(nn.Module):
     kv_caches: one (k_cache, v_cache) pair per layer, in layer order (see `fastgen.worker.kv_cache`).
     """
 
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: OpSet, max_positions: int):
+    checkpoint_format = CheckpointFormat(
+        prefix="model.",
+        merged={
+            "q_proj": ("qkv_proj", 0),
+            "k_proj": ("qkv_proj", 1),
+            "v_proj": ("qkv_proj", 2),
+            "gate_proj": ("gate_up_proj", 0),
+            "up_proj": ("gate_up_proj", 1),
+        },
+    )
+
+    def __init__(self, cfg: LlamaFamilyConfig, backend: AttentionBackend, ops: OpSet, max_positions: int):
         super().__init__()
         self.config = cfg
-        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, ops)
+        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, backend, ops) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)

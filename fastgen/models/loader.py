@@ -1,23 +1,40 @@
-"""Loads a Hugging Face checkpoint's safetensors into fastgen's merged-projection modules."""
+"""Loads a Hugging Face checkpoint's safetensors into a fastgen model.
+
+Each model class says how its family's checkpoints are laid out in a `CheckpointFormat`
+(class attribute `checkpoint_format`); the loader itself knows no family.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from tqdm.auto import tqdm
 from torch import nn
 
 from fastgen.layers.linear import MergedLinear
 
-# checkpoint module name -> (fastgen merged module name, shard index)
-_MERGED = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+
+@dataclass(frozen=True)
+class CheckpointFormat:
+    """How a family's checkpoint tensor names and layouts map onto its fastgen module.
+
+    prefix: stripped from the names that carry it (the base model's name: checkpoints are saved
+        with and without it, e.g. "transformer.h.0..." and "h.0..." for GPT-2).
+    merged: checkpoint module name -> (fastgen `MergedLinear` name, shard index), for
+        projections that fastgen stacks into one matmul.
+    transposed: module names whose weight is stored [in, out] (GPT-2's Conv1D), transposed into
+        nn.Linear's [out, in] on load.
+    Checkpoint tensors that match no parameter (RoPE inv_freq, GPT-2's attn.bias causal-mask
+    buffers, an lm_head saved beside tied embeddings) are skipped.
+    """
+
+    prefix: str = ""
+    merged: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    transposed: frozenset[str] = frozenset()
 
 
 def checkpoint_files(folder: str | Path) -> list[Path]:
@@ -33,13 +50,17 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
     Raises ValueError naming what is missing when the checkpoint does not cover the model, or
     when a tensor's shape disagrees with the config.
     """
+    fmt: CheckpointFormat = model.checkpoint_format
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
     loaded: set[str] = set()
-    for path in checkpoint_files(folder):
+    files = checkpoint_files(folder)
+    # A bar on an interactive terminal for checkpoints of several files (tqdm's disable=None: off
+    # when stderr is not a TTY); one small file loads too fast to need it.
+    for path in tqdm(files, desc="loading weights", unit="file", disable=None if len(files) > 1 else True):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
-                loaded.update(_load_one(params, modules, name, f.get_tensor(name)))
+                loaded.update(_load_one(fmt, params, modules, name, f.get_tensor(name)))
     expected = {n for n in params if not (n == "lm_head.weight" and model.config.tie_word_embeddings)}
     for name, module in modules.items():
         if isinstance(module, MergedLinear):
@@ -52,16 +73,15 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
         raise ValueError(f"model={str(folder)!r}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
 
 
-def _load_one(params, modules, name: str, tensor: torch.Tensor) -> list[str]:
-    """Load one checkpoint tensor; return the keys it filled (none for ignored tensors)."""
-    if not name.startswith("lm_head."):
-        name = name.removeprefix("model.")
-    if "rotary_emb" in name:
-        return []
+def _load_one(fmt: CheckpointFormat, params, modules, name: str, tensor: torch.Tensor) -> list[str]:
+    """Load one checkpoint tensor; return the keys it filled (none for skipped tensors)."""
+    name = name.removeprefix(fmt.prefix)
     module_path, _, suffix = name.rpartition(".")
     parent, _, leaf = module_path.rpartition(".")
-    if leaf in _MERGED:
-        merged_name, shard = _MERGED[leaf]
+    if suffix == "weight" and leaf in fmt.transposed:
+        tensor = tensor.t()
+    if leaf in fmt.merged:
+        merged_name, shard = fmt.merged[leaf]
         merged_path = f"{parent}.{merged_name}"
         module = modules[merged_path]
         target = params[f"{merged_path}.{suffix}"].narrow(
@@ -71,7 +91,7 @@ def _load_one(params, modules, name: str, tensor: torch.Tensor) -> list[str]:
     elif name in params:
         target, key = params[name], name
     else:
-        return []  # e.g. an lm_head stored beside tied embeddings
+        return []
     if target.shape != tensor.shape:
         raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, model expects {tuple(target.shape)}")
     with torch.no_grad():

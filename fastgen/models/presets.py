@@ -2,8 +2,9 @@
 
 gpt-fast style: a preset is the config.json of a real model, so a benchmark on dummy weights
 runs exactly the shapes (layers, heads, GQA ratio, head_dim, vocabulary) of the real thing
-without downloading it. Only what `fastgen.models.config.ModelConfig` reads matters; the rest
-(eos ids, model_type) is kept so the folder also reads as a normal Hugging Face config.
+without downloading it. Only what the family's config class (`fastgen.models.config`) reads
+matters; the rest (eos ids, model_type) is kept so the folder also reads as a normal Hugging Face
+config.
 """
 
 from __future__ import annotations
@@ -103,6 +104,22 @@ PRESETS: dict[str, dict] = {
         "torch_dtype": "bfloat16",
         "bos_token_id": 151643,
         "eos_token_id": 151645,
+    },
+    # GPT-2 small (124M), as its config.json has it: no n_inner (4 * n_embd), no
+    # tie_word_embeddings (tied), no dtype (float32; pass --dtype to run it in half precision).
+    "gpt2": {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "n_embd": 768,
+        "n_layer": 12,
+        "n_head": 12,
+        "n_positions": 1024,
+        "n_ctx": 1024,
+        "vocab_size": 50257,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
     },
     "qwen3-0.6b": _qwen3(hidden=1024, layers=28, heads=16, kv_heads=8, intermediate=3072, tie=True),
     "qwen3-1.7b": _qwen3(hidden=2048, layers=28, heads=16, kv_heads=8, intermediate=6144, tie=True),

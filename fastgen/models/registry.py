@@ -1,36 +1,49 @@
-"""Which model class serves each Hugging Face architecture, and the switches it reads.
+"""Which model class and which config class serve each Hugging Face architecture.
 
 A family joins by adding its architectures here: nothing else in the engine branches on the
-model. The class is imported only when a model of that architecture is built.
+model. Both classes are named by import path and imported when first needed: the config class
+when a config.json is read (its module must not import torch), the model class when a model of
+that architecture is built.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
 class Architecture:
-    """module / class_name: where the model class lives. attention_bias: the q/k/v projections
-    carry a bias (Qwen2). qk_norm: q and k are RMS-normalised per head before RoPE (Qwen3)."""
+    """model / config: "module:Class" of the model (an nn.Module) and of its
+    `fastgen.models.config.ModelConfig` subclass. switches: keyword arguments the config class's
+    `from_hf` receives, so architectures that share one class differ only in data here."""
 
-    module: str
-    class_name: str
-    attention_bias: bool = False
-    qk_norm: bool = False
+    model: str
+    config: str
+    switches: dict[str, bool] = field(default_factory=dict)
 
 
-_LLAMA_FAMILY = "fastgen.models.llama_family"
+_LLAMA_FAMILY = Architecture("fastgen.models.llama_family:LlamaFamilyForCausalLM",
+                             "fastgen.models.llama_family_config:LlamaFamilyConfig")
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "LlamaForCausalLM": Architecture(_LLAMA_FAMILY, "LlamaFamilyForCausalLM"),
-    "MistralForCausalLM": Architecture(_LLAMA_FAMILY, "LlamaFamilyForCausalLM"),
-    "Qwen2ForCausalLM": Architecture(_LLAMA_FAMILY, "LlamaFamilyForCausalLM", attention_bias=True),
-    "Qwen3ForCausalLM": Architecture(_LLAMA_FAMILY, "LlamaFamilyForCausalLM", qk_norm=True),
+    "LlamaForCausalLM": _LLAMA_FAMILY,
+    "MistralForCausalLM": _LLAMA_FAMILY,
+    "Qwen2ForCausalLM": replace(_LLAMA_FAMILY, switches={"attention_bias": True}),
+    "Qwen3ForCausalLM": replace(_LLAMA_FAMILY, switches={"qk_norm": True}),
+    "GPT2LMHeadModel": Architecture("fastgen.models.gpt2:GPT2LMHeadModel",
+                                    "fastgen.models.gpt2_config:GPT2ModelConfig"),
 }
 
 
+def _resolve(path: str) -> type:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def model_class(architecture: str) -> type:
-    entry = ARCHITECTURES[architecture]
-    return getattr(importlib.import_module(entry.module), entry.class_name)
+    return _resolve(ARCHITECTURES[architecture].model)
+
+
+def config_class(architecture: str) -> type:
+    return _resolve(ARCHITECTURES[architecture].config)

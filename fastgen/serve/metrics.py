@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from fastgen.engine.stats import EngineStats
 from fastgen.outputs import RequestOutput
+from fastgen.serve.responses import choices_of
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -62,7 +63,7 @@ class ServerMetrics:
 
     def observe(self, output: RequestOutput) -> None:
         """Count one output's new tokens; observe the request's latencies at its final output."""
-        self.generation_tokens.inc(len(output.new_token_ids))
+        self.generation_tokens.inc(sum(len(c.new_token_ids) for c in choices_of(output)))
         if not output.finished:
             return
         m = output.metrics

@@ -46,7 +46,7 @@ async def completions(body: CompletionRequest, request: Request):
     check_fields(body, "/v1/completions")
     state.check_model(body.model)
     if body.logprobs is not None:
-        raise RequestError(f"logprobs={body.logprobs!r} is not supported by this fastgen build", param="logprobs")
+        raise RequestError(f"logprobs={body.logprobs!r} is not served over HTTP yet", param="logprobs")
     params = sampling_params(body)
     stream = await state.submit(_single_prompt(body.prompt), params)
     return await _respond(state, stream, ResponseShape("text_completion", state.model_name), body,
@@ -75,7 +75,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     check_fields(body, "/v1/chat/completions")
     state.check_model(body.model)
     if body.logprobs or body.top_logprobs is not None:
-        raise RequestError("logprobs is not supported by this fastgen build", param="logprobs")
+        raise RequestError("logprobs are not served over HTTP yet", param="logprobs")
     prompt = _chat_prompt(state, body)
     limit = chat_max_tokens(body)
     body.max_tokens = limit if limit is not None else max(1, state.max_model_len - len(prompt))

@@ -1,28 +1,11 @@
-"""The paged KV cache: how many blocks fit, measuring what a GPU can spare, and allocating it.
-
-On CUDA the budget is measured, not guessed: a peak-sized prefill (max_num_batched_tokens
-tokens) and, when graphs are on, an eager decode at the largest capture size run against a
-one-block stand-in cache with every slot -1 (so nothing is written), and the activation peak of
-each is recorded. The KV budget is then
-    total * gpu_memory_utilization - memory in use (context, weights, other processes)
-    - prefill activation peak - decode-graph reserve.
-The decode run stands in for the graphs' private memory pool, which holds the same activations.
-"""
+"""The paged KV cache: how many blocks fit a budget, and allocating it. On CUDA the budget is
+measured (`fastgen.worker.memory_profile`)."""
 
 from __future__ import annotations
-
-import logging
-from collections.abc import Callable
 
 import torch
 
 from fastgen.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
-from fastgen.engine.scheduler import SchedulerOutput
-from fastgen.engine.sequence import Sequence
-from fastgen.sampling_params import SamplingParams
-from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
-
-logger = logging.getLogger(__name__)
 
 
 class KVCache:
@@ -40,6 +23,12 @@ class KVCache:
     @property
     def num_bytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole blocks (every layer, K and V), each (source, destination) block id: how a
+        forked sequence gets its own copy of its parent's partial last block."""
+        src, dst = torch.tensor(copies, dtype=torch.int64).to(self.tensor.device, non_blocking=True).unbind(1)
+        self.tensor.index_copy_(2, dst, self.tensor.index_select(2, src))
 
 
 def bytes_per_block(config: EngineConfig) -> int:
@@ -74,71 +63,3 @@ def check_fits_one_sequence(config: EngineConfig, num_blocks: int) -> None:
 def needs_measured_budget(config: EngineConfig) -> bool:
     """On CUDA, unless the user fixed the budget, the cache gets what the GPU can spare."""
     return config.torch_device.type == "cuda" and not config.kv_cache_memory_bytes and not config.num_kv_blocks
-
-
-# ---- measuring the GPU budget ----------------------------------------------------------------
-ForwardLogits = Callable[[StepInputs, list], torch.Tensor]  # (inputs, kv layers) -> logits
-
-
-def _peak_bytes(fn) -> int:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
-
-
-def peak_prefill_lengths(config: EngineConfig) -> list[int]:
-    """Prompt lengths of the largest prefill step the scheduler can form: as many
-    max_model_len-or-shorter prompts as fill the token budget, and no more than max_num_seqs."""
-    tokens = config.max_num_batched_tokens
-    lengths: list[int] = []
-    while tokens > 0 and len(lengths) < config.max_num_seqs:
-        lengths.append(min(tokens, config.max_model_len))
-        tokens -= lengths[-1]
-    return lengths
-
-
-@torch.inference_mode()
-def measure_kv_budget(config: EngineConfig, forward_logits: ForwardLogits, graph_batch_size: int | None) -> int:
-    """Bytes the KV cache may take on this GPU (see the module docstring); 0 when none are left.
-
-    forward_logits: runs the model on a step's inputs and cache layers. graph_batch_size: the
-    largest decode graph to reserve for, or None when graphs are off.
-    """
-    device = config.torch_device
-    stand_in = KVCache(config, num_blocks=1)
-    # A builder of its own: the engine's keeps per-sequence rows that fake sequences must not touch.
-    inputs = StepInputBuilder(config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq,
-                              config.block_size, device)
-    lengths = peak_prefill_lengths(config)
-    # Negative ids never collide with real sequences.
-    seqs = [Sequence(-2 - i, [0] * n, SamplingParams()) for i, n in enumerate(lengths)]
-    for seq in seqs:
-        seq.block_table = [0] * config.max_blocks_per_seq
-    prefill = SchedulerOutput(seqs, lengths, True, [True] * len(seqs), [()] * len(seqs))
-
-    def run_prefill():
-        step = inputs.build_prefill(prefill)
-        step.meta.slot_mapping.fill_(-1)  # the stand-in cache has one block: write nothing
-        forward_logits(step, stand_in.layers)
-
-    prefill_peak = _peak_bytes(run_prefill)
-    graph_reserve = 0
-    if graph_batch_size is not None:
-        empty = SchedulerOutput.empty_decode()
-        graph_reserve = _peak_bytes(
-            lambda: forward_logits(inputs.build_decode(empty, pad_to=graph_batch_size), stand_in.layers)
-        )
-    del stand_in
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(device)
-    in_use = total - free
-    budget = int(total * config.gpu_memory_utilization) - in_use - prefill_peak - graph_reserve
-    logger.info(
-        "GPU memory: total %.2f GiB, in use %.2f GiB, prefill peak %.2f GiB, graph reserve %.2f GiB "
-        "-> KV budget %.2f GiB",
-        *(x / 2**30 for x in (total, in_use, prefill_peak, graph_reserve, max(budget, 0))),
-    )
-    return max(budget, 0)

@@ -3,6 +3,10 @@
 Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. picks index i with
 probability p_i. The noise is drawn outside the (compilable) arithmetic, so each request can
 draw it from its own seeded generator and its tokens do not depend on what else is in the batch.
+
+Before any row is sampled (greedy rows too), min_tokens bans end-of-sequence and stop tokens and
+the penalties are applied (worker/penalties.py), in vLLM's order; min_p then filters after
+temperature, before top-k/top-p. The whole batch, whatever mix of settings, is one call.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 
 from fastgen.checks import FLOAT32_MAX
 from fastgen.engine.sequence import Sequence
+from fastgen.worker.penalties import TokenCounts, apply_penalties
 
 
 class Sampler:
@@ -22,27 +27,90 @@ class Sampler:
     generator, created on its first sampled token and kept here, by sequence id, until the
     request finishes (`release`), so a seeded request reproduces exactly whatever else shares
     its batches, preemptions included; the others share the engine's generator.
+
+    Requests with penalties also get a slot in `token_counts`, filled from their tokens when they
+    first sample and counted on the device after every call. eos_token_ids: what min_tokens bans
+    (with each request's stop_token_ids) unless the request ignores EOS.
     """
 
-    def __init__(self, vocab_size: int, device: torch.device, seed: int, sample_fn: Callable):
+    def __init__(self, vocab_size: int, device: torch.device, seed: int, sample_fn: Callable,
+                 penalty_fn: Callable = apply_penalties, eos_token_ids: Iterable[int] = ()):
         self.vocab_size = vocab_size
         self.device = device
         self.sample_fn = sample_fn
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.request_generators: dict[int, torch.Generator] = {}
+        self.penalty_fn = penalty_fn
+        self.eos_token_ids = tuple(sorted(eos_token_ids))
+        self.token_counts = TokenCounts(vocab_size, device)
 
     def release(self, seq_ids: Iterable[int]) -> None:
-        """Forget the generators of requests that finished."""
+        """Forget the generators and token counts of requests that finished."""
+        seq_ids = tuple(seq_ids)
         for seq_id in seq_ids:
             self.request_generators.pop(seq_id, None)
+        self.token_counts.release(seq_ids)
 
-    def __call__(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
-        """logits: [B, V] (any float dtype) for the rows of `seqs`; returns int64 [B] on device."""
-        logits = logits.float()
+    def release_token_counts(self, seq_ids: Iterable[int]) -> None:
+        """Preempted sequences: their counts are refilled from their tokens when they sample again
+        (their generators stay: a seeded request must go on drawing where it left off)."""
+        self.token_counts.release(seq_ids)
+
+    def __call__(self, logits: torch.Tensor, seqs: Seq[Sequence], greedy_tokens: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        """logits: [B, V] (any float dtype) for the rows of `seqs`, left unchanged; returns int64
+        [B] on device.
+
+        greedy_tokens: logits.argmax(-1) when already computed (a decode graph does it in the
+        graph); used when no row's logits change here (no penalties, no min_tokens bans), so an
+        all-greedy batch then launches nothing.
+        """
+        processed, penalised = self._process(logits, seqs)
+        if processed is not logits:
+            greedy_tokens = None  # the argmax was taken before the penalties and bans
+        tokens = self._sample(processed, seqs, greedy_tokens)
+        if penalised is not None:
+            rows, slots = penalised
+            self.token_counts.count(slots, tokens.index_select(0, rows))
+        return tokens
+
+    def _process(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> tuple[torch.Tensor, tuple | None]:
+        """min_tokens' bans, then the penalties; returns the new logits (the same tensor when no
+        row is touched) and, when rows were penalised, (rows, their slots) as int64 device
+        tensors, for counting their tokens."""
+        rows, cols = [], []
+        for row, seq in enumerate(seqs):
+            p = seq.params
+            if seq.num_output_tokens < p.min_tokens:
+                banned = p.stop_token_ids if p.ignore_eos else [*p.stop_token_ids, *self.eos_token_ids]
+                rows += [row] * len(banned)
+                cols += banned
+        if rows:
+            index = torch.tensor([rows, cols], dtype=torch.int64).to(self.device, non_blocking=True)
+            banned_value = torch.full((), float("-inf"), device=logits.device)
+            logits = logits.float().index_put((index[0], index[1]), banned_value)
+        penalised = [row for row, seq in enumerate(seqs) if seq.params.has_penalties]
+        if not penalised:
+            return logits, None
+        slots = self.token_counts.slots([seqs[row] for row in penalised])
+        rows_t = torch.tensor(penalised, dtype=torch.int64).to(self.device, non_blocking=True)
+        values = torch.tensor([[seqs[r].params.repetition_penalty, seqs[r].params.frequency_penalty,
+                                seqs[r].params.presence_penalty] for r in penalised], dtype=torch.float32)
+        rep, freq, pres = values.to(self.device, non_blocking=True).unbind(1)
+        counts = self.token_counts
+        logits = self.penalty_fn(logits.float(), rows_t, slots, counts.output_counts, counts.prompt_mask,
+                                 rep, freq, pres)
+        return logits, (rows_t, slots)
+
+    def _sample(self, logits: torch.Tensor, seqs: Seq[Sequence], greedy_tokens: torch.Tensor | None
+                ) -> torch.Tensor:
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
-            return logits.argmax(dim=-1)
+            # argmax of the model-dtype logits: widening to fp32 is exact, so it picks the same
+            # token (the first of any tie) without materialising a float copy.
+            return greedy_tokens if greedy_tokens is not None else logits.argmax(dim=-1)
+        logits = logits.float()
         vocab = logits.shape[-1]
         temps = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
         # A top_k at or above the vocabulary keeps every token: clamped here, so any integer a
@@ -51,6 +119,7 @@ class Sampler:
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
         needs_filter = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
         noise = self._noise(seqs, vocab)
+        min_p = torch.tensor([0.0 if p.greedy else p.min_p for p in params], dtype=torch.float32)
         return self.sample_fn(
             logits,
             temps.to(self.device, non_blocking=True),
@@ -58,6 +127,8 @@ class Sampler:
             top_p.to(self.device, non_blocking=True),
             noise,
             needs_filter,
+            min_p.to(self.device, non_blocking=True),
+            any(p.min_p > 0.0 and not p.greedy for p in params),
         )
 
     def _noise(self, seqs: Seq[Sequence], vocab: int) -> torch.Tensor:
@@ -82,12 +153,15 @@ def sample_tokens(
     top_p: torch.Tensor,
     noise: torch.Tensor,
     filter_top_k_top_p: bool,
+    min_p: torch.Tensor | None = None,
+    filter_min_p: bool = False,
 ) -> torch.Tensor:
     """Pick one token per row (a pure function of tensors, so torch.compile can fuse it).
 
     logits: float32 [B, V]. temperatures: float32 [B], 0 means greedy. top_k: int64 [B], V when
     disabled. top_p: float32 [B], 1.0 when disabled. noise: float32 [B, V] of Exp(1) draws.
     filter_top_k_top_p: False skips the sort when no row asks for top-k or top-p.
+    min_p: float32 [B], 0.0 when disabled; filter_min_p: False skips it when no row asks.
     Returns int64 [B].
     """
     greedy = logits.argmax(dim=-1)
@@ -95,6 +169,10 @@ def sample_tokens(
     # Finite logits over a small temperature can overflow to inf, and inf - inf is NaN in the
     # softmax: keep every scaled logit finite.
     scaled = (logits / safe_t.unsqueeze(1)).clamp(min=-FLOAT32_MAX, max=FLOAT32_MAX)
+    if filter_min_p:  # vLLM's order: after temperature, before top-k / top-p
+        probs = torch.softmax(scaled, dim=-1)
+        threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+        scaled = scaled.masked_fill(probs < threshold, float("-inf"))
     if filter_top_k_top_p:
         scaled = _filter_top_k_top_p(scaled, top_k, top_p)
     probs = torch.softmax(scaled, dim=-1)

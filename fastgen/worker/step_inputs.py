@@ -68,7 +68,8 @@ class StepInputBuilder:
         return inputs
 
     def build_decode(self, out: SchedulerOutput, pad_to: int | None = None) -> StepInputs:
-        """One token a sequence; rows [n, pad_to) are padding."""
+        """One token a sequence; rows [n, pad_to) are padding. Uploads five buffers: input ids,
+        positions, slot mapping, context lengths and block tables."""
         self._wait_for_previous_upload()
         seqs, bs = out.seqs, self.block_size
         n = len(seqs)
@@ -85,17 +86,17 @@ class StepInputBuilder:
         self.slot_mapping.np[n:rows] = -1
         self.context_lens.np[n:rows] = 0
         self.block_table.arrange(out, rows)
-        self.query_start_loc.np[: rows + 1] = np.arange(rows + 1)
-        self.logits_indices.np[:rows] = np.arange(rows)
+        # Only what a decode step (and its graph) reads goes up: row i is sequence i's token,
+        # so there are no query offsets or logits indices to send.
         meta = AttentionMetadata(
             is_prefill=False,
             slot_mapping=self.slot_mapping.copy_to_gpu(rows),
             block_tables=self.block_table.copy_to_gpu(rows),
             context_lens=self.context_lens.copy_to_gpu(rows),
-            query_start_loc=self.query_start_loc.copy_to_gpu(rows + 1),
+            query_start_loc=None,
             max_query_len=1,
             max_context_len=int(lens.max()) if n else 0,
-            logits_indices=self.logits_indices.copy_to_gpu(rows),
+            logits_indices=None,
         )
         return self._finish(
             StepInputs(self.input_ids.copy_to_gpu(rows), self.positions.copy_to_gpu(rows), meta, list(range(n)), n)

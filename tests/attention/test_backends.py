@@ -8,16 +8,27 @@ import torch.nn.functional as F
 
 from fastgen.attention import AttentionMetadata, backend, select_backend
 from fastgen.attention.torch_paged import TorchPagedBackend
+from fastgen.compile import build_op_set
+from fastgen.kernels import store_kvcache_torch
+
+
+EAGER = build_op_set(False)
 
 
 def test_cpu_gets_torch_backend():
-    assert select_backend(torch.device("cpu"), block_size=3).name == "torch"
+    assert select_backend(torch.device("cpu"), 3, EAGER).name == "torch"
+
+
+def test_cuda_gets_triton_backend_without_flash_attn(monkeypatch):
+    monkeypatch.setattr(backend, "flash_attn_available", lambda: False)
+    assert select_backend(torch.device("cuda", 0), 16, EAGER).name == "triton"
+    assert select_backend(torch.device("cpu"), 16, EAGER, name="triton").name == "triton"
 
 
 def test_flash_attn_requires_block_size_multiple_of_256(monkeypatch):
     monkeypatch.setattr(backend, "flash_attn_available", lambda: True)
     with pytest.raises(ValueError, match=r"block_size=16 must be a multiple of 256 when flash-attn is installed"):
-        select_backend(torch.device("cuda"), block_size=16)
+        select_backend(torch.device("cuda", 0), 16, EAGER)
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
@@ -34,9 +45,9 @@ def test_prefill_with_cached_history_equals_full_causal_attention(block_size):
     v_cache = torch.zeros_like(k_cache)
     table = torch.randperm(num_blocks)[: -(-total // block_size)].int()
     slots = (table.long()[torch.arange(total) // block_size] * block_size + torch.arange(total) % block_size)
-    be = TorchPagedBackend()
-    be.store(k[:cached], v[:cached], k_cache, v_cache, slots[:cached])  # an earlier step
-    be.store(k[cached:], v[cached:], k_cache, v_cache, slots[cached:])
+    be = TorchPagedBackend(EAGER)
+    store_kvcache_torch(k[:cached], v[:cached], k_cache, v_cache, slots[:cached])  # an earlier step
+    store_kvcache_torch(k[cached:], v[cached:], k_cache, v_cache, slots[cached:])
     new = total - cached
     meta = AttentionMetadata(
         is_prefill=True, slot_mapping=slots[cached:], block_tables=table.unsqueeze(0),

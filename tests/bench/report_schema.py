@@ -16,14 +16,14 @@ _TOP = {"schema": "str", "schema_version": "int", "command": "strs", "timestamp"
 _ENVIRONMENT = {
     "device_type": "str", "device_name": "str", "num_cpus": "int?", "cuda_version": "str?",
     "python_version": "str", "platform": "str", "torch_version": "str", "triton_version": "str?",
-    "transformers_version": "str?", "fastgen_version": "str",
+    "transformers_version": "str?", "fastgen_version": "str", "git_revision": "str?", "git_dirty": "bool?",
 }
 _ENGINE = {
     "model": "str", "model_preset": "str?", "load_format": "str", "architecture": "str",
     "num_parameters": "int", "dtype": "str", "device": "str", "block_size": "int", "max_num_seqs": "int",
     "max_num_batched_tokens": "int", "max_model_len": "int", "num_kv_blocks": "int", "kv_cache_bytes": "int",
     "enable_prefix_caching": "bool", "enforce_eager": "bool", "cuda_graphs": "bool", "torch_compile": "bool",
-    "attention_backend": "str", "seed": "int",
+    "attention_backend": "str", "seed": "int", "config": "dict",
 }
 # `bench serve` measures an endpoint, not an engine of its own.
 _ENDPOINT = {"base_url": "str", "model": "str", "vocab_size": "int"}
@@ -56,6 +56,9 @@ _RESULTS = {
         "itl_ms": "stats", "e2e_latency_ms": "stats", "slo_ms": "dict?", "goodput_requests_per_s": "number?",
     },
 }
+# Present only with --per-request: one record per request.
+_OPTIONAL_RESULTS = {"requests": "records"}
+_RECORD = {"input_len": "int", "output_len": "int", "ttft_ms": "number?", "tpot_ms": "number?", "e2e_ms": "number?"}
 _STATS = {"p50": "number?", "p90": "number?", "p99": "number?", "mean": "number?",
           "min": "number?", "max": "number?", "count": "int"}
 
@@ -79,6 +82,8 @@ def validate_report(doc: object) -> None:
     _check_fields(doc["engine"], _ENDPOINT if kind == "serve" else _ENGINE, "engine.")
     _check_fields(doc["workload"], _WORKLOAD[kind], "workload.")
     _check_fields(doc["results"], _RESULTS[kind], "results.")
+    optional = {k: v for k, v in _OPTIONAL_RESULTS.items() if k in doc["results"]}
+    _check_fields(doc["results"], optional, "results.")
 
 
 def _check_fields(section: dict, fields: dict[str, str], prefix: str) -> None:
@@ -109,9 +114,13 @@ def _check_value(value: object, kind: str, path: str) -> None:
         "ints2": lambda v: isinstance(v, list) and len(v) == 2
         and all(isinstance(x, int) and not isinstance(x, bool) for x in v) and v[0] <= v[1],
         "stats": lambda v: isinstance(v, dict),
+        "records": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
     }[kind](value)
     if not ok:
         raise ValueError(f"{path}={value!r} is not of kind {kind!r}")
+    if kind == "records":
+        for i, record in enumerate(value):
+            _check_fields(record, _RECORD, f"{path}[{i}].")
     if kind == "stats":
         _check_fields(value, _STATS, path + ".")
         p50, p90, p99 = value["p50"], value["p90"], value["p99"]

@@ -1,5 +1,5 @@
-"""The GPU benchmark script runs end to end (here on CPU, in its smoke mode) and writes the
-documented JSON, so it has not rotted when a GPU machine runs it."""
+"""The GPU benchmark script runs end to end (here on CPU, in its smoke mode, as the offline GPU
+machine would run it: no network, no gguf) and writes its JSON after every section."""
 
 from __future__ import annotations
 
@@ -15,16 +15,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_gpu_decode_script_smoke_on_cpu(tmp_path):
-    out = tmp_path / "gpu.json"
     subprocess.run(
-        [sys.executable, "benchmarks/gpu_decode.py", "--device", "cpu", "--preset", "smollm2-135m",
-         "--batch-sizes", "1,2", "--steps", "2", "--context-len", "8", "--skip-throughput", "--output", str(out)],
-        cwd=ROOT, check=True, timeout=600,
+        [sys.executable, "tests/offline_python.py", "benchmarks/gpu_decode.py", "--device", "cpu",
+         "--preset", "smollm2-135m", "--batch-sizes", "1,3", "--long-context", "40", "--long-batch-sizes", "1",
+         "--steps", "2", "--context-len", "8", "--num-prompts", "2", "--input-len", "4:6", "--output-len", "2",
+         "--block-size", "16", "--hf-batch-size", "2", "--output-dir", str(tmp_path)],
+        cwd=ROOT, check=True, timeout=900,
     )
-    doc = json.loads(out.read_text())
-    assert doc["schema"] == "fastgen.bench.gpu-decode/1"
+    (path,) = tmp_path.glob("gpu-decode-*.json")
+    assert path.name == "gpu-decode-cpu.json"
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "fastgen.bench.gpu-decode/2"
+    assert set(doc["section_seconds"]) == {"bandwidth", "graphs", "eager", "throughput", "transformers"}
     for mode in ("graphs", "eager"):
-        rows = doc["decode"][mode]["steps"]
-        assert [r["batch_size"] for r in rows] == [1, 2]
-        assert all(r["median_ms"] > 0 for r in rows)
-    assert set(doc["speedup_graphs_over_eager"]) == {"1", "2"}
+        rows = doc[mode]["steps"]
+        assert [(r["batch_size"], r["context_len"]) for r in rows] == [(1, 8), (3, 8), (1, 40)]
+        assert all(r["wall_ms"]["median"] > 0 for r in rows)
+        assert doc[mode]["startup"]["seconds"] > 0
+    assert set(doc["speedup_graphs_over_eager"]) == {"bs1-ctx8", "bs3-ctx8", "bs1-ctx40"}
+    assert doc["throughput"]["output_tokens"] == 4
+    assert doc["transformers"]["output_tokens"] == 4 and doc["transformers"]["output_tokens_per_s"] > 0
+    assert "fastgen_over_transformers" in doc

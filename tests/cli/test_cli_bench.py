@@ -6,15 +6,19 @@ from __future__ import annotations
 import copy
 import json
 import math
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
+from fastgen.cli import bench_common
 from fastgen.cli.main import main
 from tests.bench.report_schema import validate_report
 from tests.cli.conftest import CPU_FLAGS
 from tests.tiny_models import VOCAB_SIZE
 
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ["--num-prompts", "8", "--input-len", "4:32", "--output-len", "4:16", "--seed", "3"]
 WORKLOAD_SPEC = WorkloadSpec(8, IntRange(4, 32), IntRange(4, 16), prefix_len=32, seed=3)
 # Four sequences at a time: the second four are admitted after the first four's prefix blocks
@@ -34,7 +38,7 @@ def _bench(fastgen_cli, tmp_path, *args: str) -> dict:
 @pytest.fixture(scope="module")
 def prefix_run(fastgen_cli, tiny_models, tmp_path_factory) -> dict:
     return _bench(fastgen_cli, tmp_path_factory.mktemp("prefix"), "throughput", "--model", tiny_models["qwen3"],
-                  *WORKLOAD, "--prefix-len", "32", *ENGINE)
+                  *WORKLOAD, "--prefix-len", "32", *ENGINE, "--per-request")
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +97,27 @@ def test_throughput_reports_the_engine_it_ran(prefix_run):
     assert prefix_run["results"]["peak_memory_bytes"] > 0
 
 
+def test_throughput_records_each_request_with_per_request(prefix_run):
+    records = prefix_run["results"]["requests"]
+    workload = build_workload(WORKLOAD_SPEC, VOCAB_SIZE)
+    assert [r["input_len"] for r in records] == [len(p) for p in workload.prompts]
+    assert [r["output_len"] for r in records] == workload.output_lens
+    assert all(0 < r["ttft_ms"] <= r["e2e_ms"] for r in records)
+
+
+def test_throughput_report_names_the_revision_and_the_whole_config(prefix_run):
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    if head.returncode == 0:
+        assert prefix_run["environment"]["git_revision"] == head.stdout.strip()
+    config = prefix_run["engine"]["config"]
+    assert (config["block_size"], config["max_num_seqs"], config["dtype"]) == (16, 4, "float32")
+    assert config["model"] == prefix_run["engine"]["model"]
+
+
+def test_uncached_run_has_no_request_records(uncached_run):
+    assert "requests" not in uncached_run["results"]
+
+
 def test_throughput_without_prefix_caching_has_no_hits_and_counts_preemptions(uncached_run):
     r = uncached_run["results"]
     assert uncached_run["engine"]["enable_prefix_caching"] is False
@@ -114,7 +139,8 @@ def test_dummy_preset_runs_end_to_end(fastgen_cli, tmp_path):
 # ---- bench latency -------------------------------------------------------------------------------
 def test_latency_report_counts_steps_and_tokens(fastgen_cli, tiny_models, tmp_path):
     doc = _bench(fastgen_cli, tmp_path, "latency", "--model", tiny_models["llama"], "--batch-size", "4",
-                 "--input-len", "8", "--output-len", "6", "--num-iters", "3", "--num-iters-warmup", "1", *ENGINE)
+                 "--input-len", "8", "--output-len", "6", "--num-iters", "3", "--num-iters-warmup", "1", *ENGINE,
+                 "--per-request")
     r = doc["results"]
     assert doc["workload"]["batch_size"] == 4
     assert r["output_tokens"] == 3 * 4 * 6
@@ -127,6 +153,16 @@ def test_latency_report_counts_steps_and_tokens(fastgen_cli, tiny_models, tmp_pa
     for key in ("iteration_latency_ms", "ttft_ms", "tpot_ms", "prefill_step_ms", "decode_step_ms"):
         assert 0 < r[key]["p50"] <= r[key]["p90"] <= r[key]["p99"], key
     assert r["decode_step_ms"]["max"] <= r["iteration_latency_ms"]["max"]
+    assert [rec["iteration"] for rec in r["requests"]] == [0] * 4 + [1] * 4 + [2] * 4
+    assert all((rec["input_len"], rec["output_len"]) == (8, 6) for rec in r["requests"])
+
+
+def test_a_long_workload_is_announced_before_it_starts(capsys, monkeypatch, tiny_models):
+    monkeypatch.setattr(bench_common, "LONG_RUN_NOTICE_S", 0.0)
+    status = main(["bench", "throughput", "--model", tiny_models["qwen3"], *CPU_FLAGS, "--num-prompts", "2",
+                   "--input-len", "4", "--output-len", "2", "--quiet"])
+    assert status == 0
+    assert "fastgen: note: this workload will take at least" in capsys.readouterr().err
 
 
 # ---- flags ---------------------------------------------------------------------------------------
@@ -185,11 +221,12 @@ def test_engine_rejection_prints_one_line_and_exits_2(capsys, tiny_models):
     assert err.startswith("fastgen: error: ") and "max_model_len=8" in err and "Traceback" not in err
 
 
-def test_workload_longer_than_the_model_context_names_the_flags(capsys, tiny_models):
-    status = main(["bench", "throughput", "--model", tiny_models["qwen3"], *CPU_FLAGS, "--input-len", "2000",
+@pytest.mark.parametrize("family,limit", [("qwen3", "max_position_embeddings=1024"), ("gpt2", "n_positions=1024")])
+def test_workload_longer_than_the_model_context_names_the_flags(capsys, tiny_models, family, limit):
+    status = main(["bench", "throughput", "--model", tiny_models[family], *CPU_FLAGS, "--input-len", "2000",
                    "--output-len", "4", "--quiet"])
     err = capsys.readouterr().err
-    assert status == 2 and "--input-len" in err and "max_position_embeddings=1024" in err
+    assert status == 2 and "--input-len" in err and limit in err
 
 
 def test_validate_report_names_the_bad_field(prefix_run):

@@ -101,8 +101,14 @@ def test_generate_prompt_too_long_is_a_one_line_error(capsys, tiny_models):
     (["--temperature", "-1", PROMPT], "--temperature"),
     (["--stream", PROMPT, PROMPT], "--stream"),
     (["--system", "hi", PROMPT], "--system"),
+    (["--n", "0", PROMPT], "--n"),
+    (["--n", "2", "--stream", PROMPT], "--stream"),
+    (["--presence-penalty", "x", PROMPT], "--presence-penalty"),
+    (["--min-tokens", "-1", PROMPT], "--min-tokens"),
     (["--model-preset", "qwen3-0.6b", PROMPT], "--model-preset"),
+    (["--load-format", "dummy", PROMPT], "--load-format"),
     (["--model", "/no/such/folder", PROMPT], "--model"),
+    (["--model", "no-such-org/no-such-model", PROMPT], "--model"),
 ])
 def test_bad_generate_flags_exit_2_naming_the_flag(capsys, private_cache, argv, flag):
     with pytest.raises(SystemExit) as exit_info:
@@ -119,3 +125,25 @@ def test_generate_help_names_the_key_flags(capsys):
     for flag in ("--chat", "--stream", "--max-tokens", "--temperature", "--top-p", "--top-k", "--model",
                  "--max-model-len", "(default: 128)", "examples:"):
         assert flag in out
+    # Random weights have no tokenizer and so cannot generate text: not offered here.
+    assert "--model-preset" not in out and "--load-format" not in out
+
+
+def test_generate_prints_every_completion_with_the_sampling_flags(capsys, tiny_models):
+    model = tiny_models["qwen3"]
+    assert main(["generate", "--model", model, *CPU_FLAGS, "--max-tokens", "10", "--temperature", "1",
+                 "--n", "2", "--seed", "5", "--presence-penalty", "0.5", "--frequency-penalty", "0.2",
+                 "--repetition-penalty", "1.2", "--min-tokens", "3", "--min-p", "0.05", PROMPT]) == 0
+    params = SamplingParams(temperature=1.0, max_tokens=10, n=2, presence_penalty=0.5,
+                            frequency_penalty=0.2, repetition_penalty=1.2, min_tokens=3, min_p=0.05)
+    llm = LLM(model, device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, seed=5)  # the engine's --seed
+    (expected,) = llm.generate(PROMPT, params)
+    texts = [c.text for c in expected.outputs]
+    assert capsys.readouterr().out == f"--- completion 1/2 ---\n{texts[0]}\n--- completion 2/2 ---\n{texts[1]}\n"
+
+
+def test_generate_out_of_range_penalty_is_a_one_line_error(capsys, tiny_models):
+    assert main(["generate", "--model", tiny_models["qwen3"], *CPU_FLAGS, "--presence-penalty", "3",
+                 PROMPT]) == 2
+    err = capsys.readouterr().err
+    assert err == "fastgen: error: presence_penalty=3.0 must be in [-2, 2]\n"

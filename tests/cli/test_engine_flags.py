@@ -14,7 +14,7 @@ from fastgen.config import EngineConfig, field_docs
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(exit_on_error=False)
-    add_engine_args(p, max_model_len_default="the model's")
+    add_engine_args(p, max_model_len_default="the model's", dummy_weights=True)
     return p
 
 

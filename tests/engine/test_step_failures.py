@@ -74,16 +74,16 @@ def test_a_transient_failure_costs_no_request(llm, monkeypatch, reference, tiny_
     """A batch that fails once (an out-of-memory spike, say) is retried one sequence at a time:
     every request still finishes with transformers' tokens."""
     runner = llm.engine.runner
-    run = runner.run
+    launch = runner.launch
     failures = []
 
     def fail_once(out):
         if len(out.seqs) > 1 and not failures:
             failures.append(len(out.seqs))
             raise RuntimeError("transient")
-        return run(out)
+        return launch(out)
 
-    monkeypatch.setattr(runner, "run", fail_once)
+    monkeypatch.setattr(runner, "launch", fail_once)
     prompts = random_prompts([8, 13, 5], seed=43)
     outputs = llm.generate(prompts, GREEDY)
     assert failures == [3]

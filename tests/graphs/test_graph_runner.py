@@ -33,9 +33,10 @@ def llm_with_emulated_graphs(model, sizes, **kwargs) -> LLM:
     return llm
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])  # RoPE / learned positions from the padded buffers
 @pytest.mark.parametrize("sizes", [[1, 2, 4, 8], [3, 5]])
-def test_padded_decode_matches_transformers(tiny_models, reference, sizes):
-    model = tiny_models["llama"]
+def test_padded_decode_matches_transformers(tiny_models, reference, sizes, family):
+    model = tiny_models[family]
     prompts = random_prompts([3, 9, 17, 30, 41, 5, 12], seed=4)
     llm = llm_with_emulated_graphs(model, sizes, block_size=4, num_kv_blocks=256, max_num_seqs=8)
     # Different lengths finish at different steps, so the batch shrinks through the sizes.
@@ -68,9 +69,10 @@ def test_padding_rows_carry_nothing_stale(tiny_models):
     for seq in big.seqs:
         llm.engine.scheduler.finish(seq, FinishReason.ABORT)
     small = _decode_batch(llm, random_prompts([6, 11, 7], seed=2))
-    inputs, logits = runner.graphs.run(small)
+    inputs, logits, greedy = runner.graphs.run(small)
     n = len(small.seqs)
-    assert logits.shape[0] == n and inputs.num_rows == n
+    assert logits.shape[0] == n and greedy.shape == (n,) and inputs.num_rows == n
+    assert torch.equal(greedy, logits.argmax(-1)), "the graph's greedy ids are its logits' argmax"
     size = inputs.input_ids.shape[0]
     assert size == 8
     assert inputs.meta.slot_mapping[n:].eq(-1).all()
@@ -97,8 +99,9 @@ def test_padding_rows_never_write_the_cache(tiny_models):
 
 
 @pytest.mark.cuda
-def test_graph_replay_equals_eager_token_for_token(tiny_models):
-    model = tiny_models["qwen3"]
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_graph_replay_equals_eager_token_for_token(tiny_models, family):
+    model = tiny_models[family]
     prompts = random_prompts([3, 50, 17, 200, 9, 64, 31, 5, 120, 77], seed=8)
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (40, 5, 33, 12, 40, 21, 8, 40, 2, 17)]
     # float32: a random tiny model's logits are nearly flat, and in bf16 a padded GEMM (M rounded

@@ -12,6 +12,7 @@ from fastgen.kernels import store_kvcache, store_kvcache_torch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.triton
 
 
 def _random_caches(num_blocks, block_size, num_kv_heads, head_dim, dtype, seed):

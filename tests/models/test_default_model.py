@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from fastgen.models import default_model
 from fastgen.models.default_model import DEFAULT_MODEL_NAME
 from fastgen.models.gguf_tensors import hf_name, unpermute_rows
+from tests.engine.tokenizer_parity import assert_same_as_transformers
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -183,6 +184,10 @@ def test_saved_tokenizer_keeps_chat_template(converted):
         text = ours.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         assert text.endswith("<|im_start|>assistant\n")
         assert ours(text).input_ids == theirs(text).input_ids
+
+
+def test_tokenizer_loads_without_transformers_and_matches_it(converted):
+    assert_same_as_transformers(converted)
 
 
 @pytest.mark.slow

@@ -134,3 +134,20 @@ def test_a_client_dropped_mid_stream_aborts_and_leaves_no_used_blocks(server):
 
 def test_health_is_ok(server):
     assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_n_completions_come_as_n_choices(client):
+    response = client.completions.create(prompt=PROMPTS[0], n=3, seed=7, model=MODEL_NAME, max_tokens=6,
+                                         temperature=1.0, extra_body={"ignore_eos": True})
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    assert response.usage.completion_tokens == 18
+
+
+def test_penalties_and_min_p_map_from_their_openai_names(client, expected):
+    response = client.completions.create(prompt=PROMPTS[0], presence_penalty=0.0, frequency_penalty=0.0,
+                                         **{**GREEDY, "extra_body": {"ignore_eos": True, "min_p": 0.0,
+                                                                     "repetition_penalty": 1.0, "min_tokens": 2}})
+    assert response.choices[0].text == expected[0][PROMPTS[0]].text
+    bad = httpx.post(f"{client.base_url}completions".replace("/v1completions", "/v1/completions"),
+                     json={"model": MODEL_NAME, "prompt": "hi", "presence_penalty": 5.0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "presence_penalty"

@@ -4,10 +4,11 @@ profiling itself needs a GPU)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fastgen.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from fastgen.worker.kv_cache import bytes_per_block, check_fits_one_sequence, num_blocks_for_budget
-from fastgen.worker.kv_cache import peak_prefill_lengths
+from fastgen.worker.memory_profile import worst_prefill_step
 
 
 @pytest.fixture
@@ -35,16 +36,60 @@ def test_budget_precedence(config_for):
 
 
 @pytest.mark.parametrize(
-    ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "expected"),
+    ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "chunks"),
     [
-        (256, 1000, 400, [400, 400, 200]),  # fills the token budget
+        (256, 1000, 400, [400, 346] + [1] * 254),  # the token budget over as many sequences as a step holds
         (2, 1000, 300, [300, 300]),  # never more sequences than a step holds
-        (8, 256, 1024, [256]),  # a chunk of one long prompt
+        (8, 256, 1024, [249] + [1] * 7),  # a chunk of one long prompt beside one-token prompts
+        (1, 256, 1024, [256]),  # a later chunk of a long prompt, ending a max_model_len context
     ],
 )
-def test_profiling_prefill_is_the_largest_step_the_scheduler_can_form(
-    config_for, max_num_seqs, max_num_batched_tokens, max_model_len, expected
+def test_profiled_prefill_is_the_worst_step_the_scheduler_can_form(
+    config_for, max_num_seqs, max_num_batched_tokens, max_model_len, chunks
 ):
     config = config_for(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len)
-    assert peak_prefill_lengths(config) == expected
+    step = worst_prefill_step(config)
+    assert step.is_prefill and step.num_new_tokens == chunks
+    # Every sequence reaches its last token, so every one samples (the most logits rows) ...
+    assert all(step.samples(i) for i in range(len(step.seqs)))
+    assert all(not p.greedy and p.top_k and p.top_p < 1 for p in (s.params for s in step.seqs))
+    # ... and the first one attends over a full max_model_len context: its chunk follows a
+    # cached history (what chunked prefill and prefix-cache hits run), with a full-width table.
+    first = step.seqs[0]
+    assert len(first) == max_model_len and first.num_computed_tokens == max_model_len - chunks[0]
+    assert len(first.block_table) == config.max_blocks_per_seq
+
+
+def test_memory_profile_runs_the_worst_steps_through_the_model_and_sampler(tiny_models, monkeypatch):
+    """measure_kv_budget drives the real model and sampler through the worst prefill (every
+    token of the budget, every sequence sampling, a max_model_len context) and a full padded
+    decode, then subtracts both peaks. The CUDA memory queries are faked; the steps are real."""
+    from fastgen import LLM
+    from fastgen.worker.memory_profile import measure_kv_budget
+    from fastgen.worker.model_runner import profile_step
+    from fastgen.worker.sampler import Sampler
+
+    llm = LLM(tiny_models["qwen3"], dtype="float32", block_size=16, num_kv_blocks=128, max_num_seqs=8,
+              max_num_batched_tokens=256, max_model_len=1024)
+    runner = llm.engine.runner
+    steps = []
+
+    def recording_step(inputs, seqs, kv_layers):
+        steps.append((inputs.input_ids.shape[0], len(seqs), inputs.meta.max_context_len, inputs.meta.is_prefill))
+        sampler = Sampler(llm.config.model_config.vocab_size, runner.device, 0, runner.ops.sample_tokens)
+        logits = profile_step(runner.model, sampler, inputs, seqs, kv_layers)
+        peaks.append(peaks[-1] + 100)  # each step's peak, as max_memory_allocated will report it
+        return logits
+
+    peaks = [0]
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: peaks[-1])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (6 * gib, 8 * gib))  # 2 GiB in use
+    budget = measure_kv_budget(llm.config, recording_step, graph_batch_size=8)
+    assert steps == [(256, 8, 1024, True), (8, 8, 0, False)]
+    assert budget == int(8 * gib * llm.config.gpu_memory_utilization) - 2 * gib - 100 - 200

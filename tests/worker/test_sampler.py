@@ -109,6 +109,40 @@ def test_empirical_frequencies_match_distribution(temperature, top_k, top_p):
     assert p > 1e-4, f"frequencies {counts.tolist()} do not fit {target.tolist()} (p={p:.2g})"
 
 
+@pytest.mark.parametrize("temperature,min_p", [(1.0, 0.3), (0.5, 0.3), (2.0, 0.6)])
+def test_min_p_keeps_tokens_at_least_min_p_times_the_top_one(temperature, min_p):
+    """min_p after temperature (vLLM's order): the kept tokens' frequencies fit their
+    renormalised probabilities, and no dropped token is ever drawn."""
+    probs = torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05])
+    target = torch.softmax(probs.log() / temperature, -1)
+    target = target * (target >= min_p * target.max())
+    target = target / target.sum()
+    n = 40_000
+    sampler = Sampler(5, torch.device("cpu"), 11, build_op_set(False).sample_tokens)
+    seqs = [Sequence(i, [1], SamplingParams(temperature=temperature, min_p=min_p)) for i in range(n)]
+    counts = torch.bincount(sampler(probs.log().unsqueeze(0).expand(n, 5), seqs), minlength=5).float()
+    support = target > 0
+    assert counts[~support].sum() == 0 and support.sum() < 5
+    p = chi_square_p_value(counts[support], target[support] * n)
+    assert p > 1e-4, f"frequencies {counts.tolist()} do not fit {target.tolist()} (p={p:.2g})"
+
+
+def test_min_tokens_bans_eos_and_stop_tokens_until_reached():
+    logits = torch.full((1, VOCAB), -5.0)
+    logits[0, 0], logits[0, 5], logits[0, 9] = 9.0, 8.0, 7.0  # EOS, a stop token, then 9
+    sampler = Sampler(VOCAB, torch.device("cpu"), 0, build_op_set(False).sample_tokens, eos_token_ids={0})
+    for params, want in [
+        (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[5]), [9, 9, 9, 0]),
+        (SamplingParams(temperature=0.0, min_tokens=2), [5, 5, 0]),
+        (SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[5], ignore_eos=True), [0, 0, 0]),
+        (SamplingParams(temperature=1.0, seed=1, top_k=1, min_tokens=2, stop_token_ids=[5]), [9, 9, 0]),
+    ]:
+        seq = Sequence(0, [1, 2], params)
+        for _ in want:
+            seq.token_ids.append(sampler(logits, [seq]).item())
+        assert seq.output_token_ids == want, params
+
+
 # ---- what a request may ask for, the sampler must represent --------------------------------
 
 def test_a_top_k_beyond_int64_keeps_every_token():

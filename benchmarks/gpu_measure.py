@@ -1,0 +1,138 @@
+"""Measuring tools of the GPU benchmark (`gpu_decode.py`): decode steps timed by wall clock and by
+CUDA events, graph replays back to back, copy bandwidth and the weight-streaming floor, kernels
+per step from torch.profiler, and transformers' generate on the same workload. Each works on
+CPU too (events and profiler counts become None), so the CPU smoke test runs them all."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections import Counter
+
+import torch
+
+from fastgen import LLM, SamplingParams
+from fastgen.graphs import padded_size
+
+
+def _cuda(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+def summary_ms(values: list[float]) -> dict:
+    ordered = sorted(values)
+    return {"median": statistics.median(ordered), "p10": ordered[len(ordered) // 10],
+            "p90": ordered[(len(ordered) * 9) // 10]}
+
+
+def start_decoding(llm: LLM, batch: int, context: int, steps: int) -> list[str]:
+    """Queue `batch` random prompts of `context` tokens and run them until all decode."""
+    engine = llm.engine
+    rng = random.Random(batch * 7919 + context)
+    vocab = engine.config.model_config.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True)
+    ids = [engine.add_request([rng.randrange(100, vocab - 300) for _ in range(context)], params)
+           for _ in range(batch)]
+    while engine.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running):
+        engine.step()
+    for _ in range(3):  # settle: first decode steps, any lazy allocation
+        engine.step()
+    return ids
+
+
+def time_decode_steps(llm: LLM, batch: int, context: int, steps: int, device: str) -> dict:
+    """engine.step() for `batch` decoding sequences: wall time (to a synchronize) and the GPU
+    timeline between CUDA events recorded at the step's start and end; on graphs, also one
+    graph replay's GPU time, replayed back to back (no host work in between)."""
+    engine = llm.engine
+    ids = start_decoding(llm, batch, context, steps)
+    wall, gpu = [], []
+    for _ in range(steps):
+        if _cuda(device):
+            torch.cuda.synchronize()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        start = time.perf_counter()
+        engine.step()
+        if _cuda(device):
+            end.record()
+            torch.cuda.synchronize()
+            gpu.append(begin.elapsed_time(end))
+        wall.append((time.perf_counter() - start) * 1e3)
+    row = {"batch_size": batch, "context_len": context, "steps": steps, "wall_ms": summary_ms(wall),
+           "cuda_event_ms": summary_ms(gpu) if gpu else None}
+    graphs = engine.runner.graphs
+    if graphs is not None and graphs.can_run(batch):
+        size = padded_size(batch, graphs.sizes)
+        row["padded_to"] = size
+        row["graph_replay_gpu_ms"] = replay_ms(graphs.graphs[size]) if _cuda(device) and graphs.graphs else None
+    for request_id in ids:
+        engine.abort(request_id)
+    return row
+
+
+def replay_ms(graph, repeats: int = 20) -> float:
+    """GPU time of one replay of `graph` over the inputs it last saw (they rewrite the same
+    cache slots with the same values)."""
+    graph.replay()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return begin.elapsed_time(end) / repeats
+
+
+def copy_bandwidth(device: str, num_bytes: int = 1 << 30, repeats: int = 20) -> float | None:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read and written."""
+    if not _cuda(device):
+        return None
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = begin.elapsed_time(end) / 1e3 / repeats
+    del src, dst
+    return 2 * num_bytes / seconds
+
+
+def streaming_floor_ms(llm: LLM, context: int, bandwidth: float | None) -> dict | None:
+    """The bs=1 decode step's floor: every weight and the sequence's K/V read once, at the
+    measured copy bandwidth."""
+    if bandwidth is None:
+        return None
+    model = llm.engine.runner.model
+    weights = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}  # tied once
+    kv = context * llm.config.model_config.kv_bytes_per_token(llm.config.dtype_name)
+    total = sum(weights.values()) + kv
+    return {"weight_bytes": sum(weights.values()), "kv_bytes": kv, "floor_ms": total / bandwidth * 1e3}
+
+
+def kernels_per_step(llm: LLM, batch: int, device: str, steps: int = 5) -> dict | None:
+    """Device kernels one decode step launches (torch.profiler, memory copies excluded), with the
+    most frequent names."""
+    if not _cuda(device):
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = start_decoding(llm, batch, 256, steps + 8)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            llm.engine.step()
+        torch.cuda.synchronize()
+    for request_id in ids:
+        llm.engine.abort(request_id)
+    names = Counter(e.name for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+    layers = llm.config.model_config.num_layers
+    total = sum(names.values()) / steps
+    return {"batch_size": batch, "kernels_per_step": total, "kernels_per_layer": total / layers,
+            "top": {name: n / steps for name, n in names.most_common(20)}}

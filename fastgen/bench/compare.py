@@ -1,0 +1,100 @@
+"""Two bench reports of one kind, side by side: each headline metric's change, and whether it
+got worse by more than a threshold (what `fastgen bench compare --fail-above` gates CI on)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastgen.bench.report import SCHEMAS
+
+# (metric path in `results`, +1 when higher is better / -1 when lower is better)
+METRICS = {
+    "throughput": [
+        ("output_tokens_per_s", +1), ("total_tokens_per_s", +1), ("requests_per_s", +1),
+        ("ttft_ms.p50", -1), ("ttft_ms.p99", -1), ("tpot_ms.p50", -1), ("tpot_ms.p99", -1),
+        ("e2e_latency_ms.p50", -1), ("e2e_latency_ms.p99", -1),
+    ],
+    "latency": [
+        ("output_tokens_per_s", +1), ("iteration_latency_ms.p50", -1), ("iteration_latency_ms.p99", -1),
+        ("decode_step_ms.p50", -1), ("decode_step_ms.p99", -1), ("prefill_step_ms.p50", -1),
+        ("ttft_ms.p50", -1), ("tpot_ms.p50", -1),
+    ],
+}
+# Settings that make two runs measure different things when they differ.
+_SETUP = [("environment", "device_name"), ("engine", "model"), ("engine", "dtype"), ("engine", "device"),
+          ("engine", "block_size"), ("engine", "max_num_seqs"), ("engine", "cuda_graphs"),
+          ("engine", "torch_compile"), ("engine", "attention_backend")]
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One metric in both runs. worse_pct: how much worse the new run is, in percent of the old
+    value (negative when it improved); None when either value is missing or zero."""
+
+    metric: str
+    old: float | None
+    new: float | None
+    worse_pct: float | None
+
+
+def load_report(path: str | Path) -> dict:
+    """A bench report from a file; ValueError naming the file when it is not one."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
+    if not isinstance(doc, dict) or report_kind(doc) is None or not isinstance(doc.get("results"), dict):
+        raise ValueError(f"{path}: not a fastgen bench report (schema {doc.get('schema') if isinstance(doc, dict) else None!r})")
+    return doc
+
+
+def report_kind(doc: dict) -> str | None:
+    return next((kind for kind, schema in SCHEMAS.items() if schema == doc.get("schema")), None)
+
+
+def _value(results: dict, path: str) -> float | None:
+    value = results
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def compare_reports(old: dict, new: dict) -> list[Delta]:
+    """Every headline metric of the reports' kind (ValueError when the kinds differ)."""
+    kind = report_kind(old)
+    if kind != report_kind(new):
+        raise ValueError(f"cannot compare a {old.get('schema')!r} report with a {new.get('schema')!r} report")
+    deltas = []
+    for metric, better in METRICS[kind]:
+        a, b = _value(old["results"], metric), _value(new["results"], metric)
+        worse = None
+        if a is not None and b is not None and a != 0 and math.isfinite(a) and math.isfinite(b):
+            worse = (a - b) / a * 100.0 if better > 0 else (b - a) / a * 100.0
+        deltas.append(Delta(metric, a, b, worse))
+    return deltas
+
+
+def setup_differences(old: dict, new: dict) -> list[str]:
+    """The settings that differ between the runs (their numbers may not be comparable)."""
+    notes = [f"{section}.{key}: {old[section].get(key)!r} -> {new[section].get(key)!r}"
+             for section, key in _SETUP
+             if isinstance(old.get(section), dict) and isinstance(new.get(section), dict)
+             and old[section].get(key) != new[section].get(key)]
+    if old.get("workload") != new.get("workload"):
+        notes.append("workload differs")
+    return notes
+
+
+def format_comparison(deltas: list[Delta], fail_above: float | None) -> str:
+    def number(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:12.2f}"
+
+    lines = [f"{'metric':26s} {'old':>12s} {'new':>12s} {'change':>9s}"]
+    for d in deltas:
+        change = "n/a" if d.worse_pct is None else f"{-d.worse_pct:+8.1f}%"
+        flag = "  REGRESSION" if fail_above is not None and d.worse_pct is not None and d.worse_pct > fail_above else ""
+        lines.append(f"{d.metric:26s} {number(d.old)} {number(d.new)} {change:>9s}{flag}")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""Driving the engine for a benchmark: the warm-up, running a workload through the one
+run-to-completion loop, and the engine counters a run reports."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from fastgen.bench.environment import synchronize
+from fastgen.bench.workload import IntRange, Workload, WorkloadSpec, build_workload
+from fastgen.engine.block_manager import hit_rate
+from fastgen.engine.run_loop import run_to_completion
+from fastgen.outputs import RequestOutput
+
+# Distinct from any seed a user passes with --seed, so warm-up prompts never share a prefix with
+# the measured workload (which would turn measured prefills into prefix-cache hits).
+_WARMUP_SEED = 2**32 + 7
+
+
+@dataclass
+class EngineCounters:
+    """Engine-lifetime counters, read before and after a measurement to take differences."""
+
+    hit_tokens: int
+    queried_tokens: int
+    preemptions: int
+
+    @classmethod
+    def read(cls, engine) -> "EngineCounters":
+        bm = engine.block_manager
+        return cls(bm.num_hit_tokens, bm.num_queried_tokens, engine.scheduler.num_preemptions)
+
+    def since(self, earlier: "EngineCounters") -> "EngineCounters":
+        return EngineCounters(self.hit_tokens - earlier.hit_tokens, self.queried_tokens - earlier.queried_tokens,
+                              self.preemptions - earlier.preemptions)
+
+    @property
+    def hit_rate(self) -> float:
+        return hit_rate(self.hit_tokens, self.queried_tokens)
+
+
+@dataclass
+class WarmUpTimes:
+    """What the warm-up's steps took: seconds per prompt token in prefill, seconds a decode step."""
+
+    prefill_s_per_token: float
+    decode_step_s: float
+
+    def estimate_seconds(self, workload: Workload, max_num_seqs: int) -> float:
+        """A rough lower bound on a workload's run time: its prompt tokens at the warm-up's
+        prefill rate, and its decode steps (output tokens over the widest batch) at the warm-up's
+        step time. Larger batches only make steps slower, so the truth is longer."""
+        batch = min(max_num_seqs, len(workload.prompts))
+        decode_steps = -(-workload.num_output_tokens // batch)
+        return workload.num_prompt_tokens * self.prefill_s_per_token + decode_steps * self.decode_step_s
+
+
+def warm_up(engine, max_model_len: int) -> WarmUpTimes:
+    """Run two short requests, so one-time costs (allocator growth, lazy kernel compilation,
+    torch.compile) land outside the measurement; return what their steps took (the last of
+    each kind: the first pays those one-time costs)."""
+    input_len = max(1, min(16, max_model_len // 2))
+    output_len = max(1, min(4, max_model_len - input_len))
+    spec = WorkloadSpec(2, IntRange(input_len, input_len), IntRange(output_len, output_len), seed=_WARMUP_SEED)
+    warmup = build_workload(spec, engine.config.model_config.vocab_size)
+    prefill, decode = [0.0], [0.0]
+
+    def record(step) -> None:
+        if step.is_prefill:
+            prefill.append((time.perf_counter() - step.started_at) / max(step.num_tokens, 1))
+        elif step.is_prefill is not None:
+            decode.append(time.perf_counter() - step.started_at)
+
+    run_requests(engine, warmup, temperature=0.0, on_step=record)
+    return WarmUpTimes(prefill[-1], decode[-1])
+
+
+def request_records(outputs: list[RequestOutput]) -> list[dict]:
+    """One record a request, in workload order: its lengths and latencies (ms; None if unset)."""
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * 1000.0
+
+    return [{"input_len": len(o.prompt_token_ids), "output_len": len(o.token_ids),
+             "ttft_ms": ms(o.metrics.time_to_first_token), "tpot_ms": ms(o.metrics.time_per_output_token),
+             "e2e_ms": ms(o.metrics.e2e_latency)} for o in outputs]
+
+
+def run_requests(engine, workload: Workload, temperature: float, progress: bool = False,
+                 desc: str = "requests", on_step=None) -> list[RequestOutput]:
+    """Submit every request of the workload at once and step the engine until all finish.
+
+    Returns the final output of each request, in workload order. All requests are validated
+    before any is queued (ValueError, nothing queued, on a bad one). `on_step` sees each step.
+    """
+    params = workload.sampling_params(temperature)
+    states = [engine.prepare(p, sp, final_only=True) for p, sp in zip(workload.prompts, params)]
+    mine = {state.request_id for state in states}
+    # Advances per output token (its rate is the live decode speed); finished requests and
+    # prompt tokens computed so far ride along in the postfix.
+    with tqdm(total=workload.num_output_tokens, desc=desc, unit="tok", disable=not progress) as bar:
+        done, prompt_tokens = 0, 0
+
+        def each_step(step):
+            nonlocal done, prompt_tokens
+            done += sum(1 for o in step.outputs if o.finished and o.request_id in mine)
+            if step.is_prefill:
+                prompt_tokens += step.num_tokens
+            bar.set_postfix_str(f"{done}/{len(states)} requests, {prompt_tokens} prompt tokens", refresh=False)
+            bar.update(step.num_sampled)
+            if on_step is not None:
+                on_step(step)
+
+        return run_to_completion(engine, states, on_step=each_step)
+
+
+@dataclass
+class IterationTimes:
+    """Seconds, host clock, GPU synchronized after each step; `outputs` are the batch's final
+    outputs (their metrics hold each request's TTFT, TPOT and end-to-end latency)."""
+
+    total: float = 0.0
+    prefill_steps: list[float] = field(default_factory=list)
+    decode_steps: list[float] = field(default_factory=list)
+    outputs: list[RequestOutput] = field(default_factory=list)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(o.token_ids) for o in self.outputs)
+
+
+def run_iteration(engine, workload, temperature: float, device) -> IterationTimes:
+    times = IterationTimes()
+
+    def time_step(step) -> None:
+        synchronize(device)
+        if step.is_prefill is not None:
+            kind = times.prefill_steps if step.is_prefill else times.decode_steps
+            kind.append(time.perf_counter() - step.started_at)
+
+    synchronize(device)
+    start = time.perf_counter()
+    times.outputs = run_requests(engine, workload, temperature, on_step=time_step)
+    times.total = time.perf_counter() - start
+    return times

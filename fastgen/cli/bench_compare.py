@@ -1,0 +1,51 @@
+"""`fastgen bench compare OLD.json NEW.json`: what changed between two bench runs, and a CI gate."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fastgen.cli import arg_types
+from fastgen.cli.help_format import HelpFormatter
+
+EXIT_REGRESSION = 1
+
+DESCRIPTION = """\
+Compare two reports written by `fastgen bench throughput|latency --output-json`: print each
+headline metric (throughput, TTFT/TPOT/end-to-end percentiles, step times) with its change, in
+percent, signed so that + is better. With --fail-above PCT, exit 1 when any metric got worse by
+more than PCT percent, so CI can gate on end-to-end performance."""
+
+EPILOG = """\
+examples:
+  fastgen bench throughput --num-prompts 64 --input-len 128 --output-len 64 --output-json new.json
+  fastgen bench compare baseline.json new.json --fail-above 10"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("compare", help="compare two bench reports (and gate on regressions)",
+                                   description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    parser.add_argument("old", metavar="OLD.json", help="the baseline report")
+    parser.add_argument("new", metavar="NEW.json", help="the report to judge")
+    parser.add_argument("--fail-above", metavar="PCT", type=arg_types.non_negative_float, default=None,
+                        help="exit 1 when a metric is worse than the baseline by more than PCT percent")
+    parser.set_defaults(run=run, parser=parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastgen.bench.compare import compare_reports, format_comparison, load_report, setup_differences
+
+    old, new = load_report(args.old), load_report(args.new)
+    deltas = compare_reports(old, new)
+    for note in setup_differences(old, new):
+        print(f"note: the runs differ in {note}", file=sys.stderr)
+    print(format_comparison(deltas, args.fail_above))
+    if args.fail_above is None:
+        return 0
+    worse = [d for d in deltas if d.worse_pct is not None and d.worse_pct > args.fail_above]
+    if worse:
+        names = ", ".join(f"{d.metric} ({d.worse_pct:+.1f}% worse)" for d in worse)
+        print(f"fastgen: regression beyond {args.fail_above:g}%: {names}", file=sys.stderr)
+        return EXIT_REGRESSION
+    return 0

@@ -1,0 +1,59 @@
+"""config.json of the Llama family (Llama, Mistral, Qwen2, Qwen3), as `LlamaFamilyForCausalLM` reads it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastgen.models.config import ModelConfig
+from fastgen.models.config_keys import ConfigKeys
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaFamilyConfig(ModelConfig):
+    """attention_bias: the q/k/v projections carry a bias (Qwen2). qk_norm: q and k are
+    RMS-normalised per head before RoPE (Qwen3). rope_scaling: None for plain RoPE, else the
+    config's scaling dict (linear, llama3)."""
+
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    attention_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_hf(cls, keys: ConfigKeys, architecture: str, *, attention_bias: bool = False,
+                qk_norm: bool = False) -> LlamaFamilyConfig:
+        """attention_bias / qk_norm: the architecture's switches (from the registry)."""
+        hidden_size = keys.positive_int("hidden_size")
+        num_heads = keys.positive_int("num_attention_heads")
+        num_kv_heads = keys.positive_int("num_key_value_heads", num_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{keys.where}: num_attention_heads={num_heads} must be a multiple of "
+                             f"num_key_value_heads={num_kv_heads}")
+        rope, rope_type = keys.rope()
+        return cls(
+            architecture=architecture,
+            vocab_size=keys.positive_int("vocab_size"),
+            hidden_size=hidden_size,
+            intermediate_size=keys.positive_int("intermediate_size"),
+            num_layers=keys.positive_int("num_hidden_layers"),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=keys.positive_int("head_dim", max(1, hidden_size // num_heads)),
+            rms_norm_eps=keys.positive_number("rms_norm_eps", 1e-6),
+            rope_theta=keys.positive_number("rope_theta", rope.get("rope_theta", 10000.0)),
+            rope_scaling=dict(rope) if rope_type != "default" else None,
+            max_position_embeddings=keys.positive_int("max_position_embeddings", 2048),
+            tie_word_embeddings=keys.flag("tie_word_embeddings", False),
+            attention_bias=attention_bias or keys.flag("attention_bias", False),
+            qk_norm=qk_norm,
+            **cls.shared_fields(keys),
+        )
+
+    def num_parameters(self) -> int:
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attention = h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.attention_bias + 2 * self.head_dim * self.qk_norm
+        layer = attention + 3 * h * self.intermediate_size + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return embeddings + self.num_layers * layer + h

@@ -1,0 +1,123 @@
+"""The two Triton kernels of split-KV paged decode attention (launched by
+`paged_decode_attention`, which documents the contract).
+
+1. `decode_split_kernel`, grid (batch, num_kv_heads, grid_splits): one program takes one
+   contiguous slice of one sequence's context for one KV head and all the query heads that
+   share it, padded to BLOCK_G >= 16 rows so that both products run on `tl.dot` (tensor cores)
+   whatever the group size (SGLang does the same). Each K/V tile is loaded once per group. A
+   sequence with one split writes its normalised output directly; otherwise the program writes
+   an unnormalised fp32 partial plus its running max and sum of exponentials.
+2. `decode_combine_kernel`, grid (batch, num_heads), launched only when grid_splits > 1:
+   rescales a sequence's partials to a common max and normalises; sequences that used one
+   split are skipped.
+
+The number of splits a sequence uses comes from its context length, read on the device
+(`splits_for`, mirrored by `decode_split_policy.splits_for_lengths`), so a captured graph
+re-decides it on every replay. The grid's split count is a runtime argument (one compiled
+kernel serves every batch size); only "one split" is a compile-time switch.
+"""
+
+import triton
+import triton.language as tl
+
+from .attention_tile import attend_tile, row_mask
+
+
+@triton.jit
+def splits_for(context_len, grid_splits, MIN_TOKENS: tl.constexpr):
+    """ceil(context_len / MIN_TOKENS) clamped to [1, grid_splits]."""
+    wanted = (context_len + MIN_TOKENS - 1) // MIN_TOKENS
+    return tl.minimum(tl.maximum(wanted, 1), grid_splits)
+
+
+@triton.jit
+def decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+    scale,
+    stride_qb, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_ob, stride_oh,
+    stride_bt,
+    num_heads, grid_splits,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    context_len = tl.load(context_lens_ptr + seq)
+    num_splits = splits_for(context_len, grid_splits, MIN_TOKENS)
+    if split >= num_splits:  # this sequence is short: its work is in fewer programs
+        return
+    tokens_per_split = (context_len + num_splits - 1) // num_splits
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, context_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g  # the query heads sharing this KV head; rows >= GROUP pad
+    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D), other=0.0).to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table_row = block_tables_ptr + seq * stride_bt
+    last_visible = tl.zeros([BLOCK_G], tl.int32) + (end - 1)  # every row sees the whole slice
+    for tile_start in range(start, end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_row, kv_head, scale,
+                                    tile_start, end, last_visible,
+                                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                                    BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_DTYPE)
+
+    out_mask = row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D)
+    out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    # A context of 0 (a padding row) leaves acc = 0 and l = 0: its output is exact zeros.
+    normalised = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if ONE_SPLIT:  # grid_splits == 1: the partials and the combine are compiled out
+        tl.store(out_ptrs, normalised.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        if num_splits == 1:
+            tl.store(out_ptrs, normalised.to(out_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            # Partials: [batch, num_heads, grid_splits] (+ HEAD_DIM for acc), contiguous.
+            part_row = (seq * num_heads + heads) * grid_splits + split
+            tl.store(part_max_ptr + part_row, m_i, mask=mask_g)
+            tl.store(part_sum_ptr + part_row, l_i, mask=mask_g)
+            tl.store(part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+
+
+@triton.jit
+def decode_combine_kernel(
+    part_acc_ptr, part_max_ptr, part_sum_ptr, context_lens_ptr, out_ptr,
+    stride_ob, stride_oh,
+    num_heads, grid_splits,
+    HEAD_DIM: tl.constexpr, MIN_TOKENS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    num_splits = splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS)
+    if num_splits == 1:  # the split kernel wrote this sequence's output itself
+        return
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < num_splits
+    row = (seq * num_heads + head) * grid_splits + offs_s
+    m = tl.load(part_max_ptr + row, mask=mask_s, other=float("-inf"))
+    l = tl.load(part_sum_ptr + row, mask=mask_s, other=0.0)
+    acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=row_mask(mask_s, offs_d, HEAD_DIM, BLOCK_D), other=0.0)
+    # More than one split means a context longer than MIN_TOKENS, and every split then holds
+    # tokens, so m_max is finite; an empty split (max -inf) would still weigh exp(-inf) = 0.
+    m_max = tl.max(m, axis=0)
+    weight = tl.exp(m - m_max)
+    denom = tl.sum(weight * l, axis=0)
+    result = tl.sum(weight[:, None] * acc, axis=0) / denom
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + offs_d,
+             result.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)

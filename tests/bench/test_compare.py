@@ -1,0 +1,66 @@
+"""`fastgen bench compare`: deltas signed so that + is better, and a gate on regressions."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from fastgen.bench.compare import compare_reports, setup_differences
+from fastgen.cli.main import main
+
+
+def report(output_tps: float, ttft_p50: float, kind: str = "throughput") -> dict:
+    stats = {"p50": ttft_p50, "p99": ttft_p50 * 2}
+    return {"schema": f"fastgen.bench.{kind}/1", "schema_version": 1,
+            "environment": {"device_name": "cpu"}, "engine": {"model": "m", "dtype": "float32"},
+            "workload": {"num_prompts": 8},
+            "results": {"output_tokens_per_s": output_tps, "total_tokens_per_s": output_tps * 2,
+                        "requests_per_s": 1.0, "ttft_ms": stats, "tpot_ms": stats, "e2e_latency_ms": stats}}
+
+
+def test_throughput_down_and_latency_up_are_both_worse():
+    deltas = {d.metric: d for d in compare_reports(report(100.0, 10.0), report(80.0, 15.0))}
+    assert deltas["output_tokens_per_s"].worse_pct == pytest.approx(20.0)
+    assert deltas["ttft_ms.p50"].worse_pct == pytest.approx(50.0)
+    assert deltas["requests_per_s"].worse_pct == 0.0
+    better = {d.metric: d for d in compare_reports(report(100.0, 10.0), report(125.0, 5.0))}
+    assert better["output_tokens_per_s"].worse_pct == pytest.approx(-25.0)
+    assert better["ttft_ms.p50"].worse_pct == pytest.approx(-50.0)
+
+
+def test_reports_of_different_kinds_are_refused():
+    with pytest.raises(ValueError, match="cannot compare"):
+        compare_reports(report(1.0, 1.0), report(1.0, 1.0, kind="latency"))
+
+
+def test_setup_differences_are_named():
+    new = copy.deepcopy(report(1.0, 1.0))
+    new["engine"]["dtype"] = "bfloat16"
+    new["workload"]["num_prompts"] = 16
+    assert setup_differences(report(1.0, 1.0), new) == ["engine.dtype: 'float32' -> 'bfloat16'", "workload differs"]
+
+
+def write(tmp_path, name: str, doc: dict) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_compare_exits_1_beyond_the_threshold_and_0_within(tmp_path, capsys):
+    old, new = write(tmp_path, "old.json", report(100.0, 10.0)), write(tmp_path, "new.json", report(90.0, 10.5))
+    assert main(["bench", "compare", old, new]) == 0
+    assert main(["bench", "compare", old, new, "--fail-above", "15"]) == 0
+    assert main(["bench", "compare", old, new, "--fail-above", "5"]) == 1
+    captured = capsys.readouterr()
+    assert "REGRESSION" in captured.out and "output_tokens_per_s (+10.0% worse)" in captured.err
+    assert "-10.0%" in captured.out
+
+
+def test_compare_of_a_file_that_is_no_report_exits_2(tmp_path, capsys):
+    old = write(tmp_path, "old.json", report(100.0, 10.0))
+    bad = write(tmp_path, "bad.json", {"hello": 1})
+    assert main(["bench", "compare", old, bad]) == 2
+    assert "bad.json: not a fastgen bench report" in capsys.readouterr().err
+    assert main(["bench", "compare", old, str(tmp_path / "missing.json")]) == 2

@@ -1,0 +1,17 @@
+"""The warm-up's time estimate of a workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastgen.bench.runner import WarmUpTimes
+from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
+
+
+def test_estimate_is_prompt_tokens_at_the_prefill_rate_plus_decode_steps():
+    workload = build_workload(WorkloadSpec(10, IntRange(100, 100), IntRange(50, 50)), 1000)
+    warm = WarmUpTimes(prefill_s_per_token=0.001, decode_step_s=0.02)
+    # 1000 prompt tokens; 500 output tokens in batches of 4 -> 125 decode steps.
+    assert warm.estimate_seconds(workload, max_num_seqs=4) == pytest.approx(1.0 + 125 * 0.02)
+    # A batch wider than the workload runs every request at once: 50 steps.
+    assert warm.estimate_seconds(workload, max_num_seqs=256) == pytest.approx(1.0 + 50 * 0.02)

@@ -1,0 +1,81 @@
+"""Tokenizers load through the `tokenizers` library (fast) with transformers' results, and fall
+back to transformers for folders that need its model-specific classes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from transformers import AutoTokenizer
+
+from fastgen.engine.tokenizer import FastTokenizer, load_tokenizer
+from tests.engine.tokenizer_parity import assert_same_as_transformers
+from tests.tiny_models import build_tokenizer
+
+SMOLLM_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def tokenizer_folder(tmp_path, **config_changes):
+    folder = tmp_path / "tok"
+    build_tokenizer().save_pretrained(folder)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config.update(config_changes)
+    config_file.write_text(json.dumps(config))
+    return folder
+
+
+def test_the_test_models_tokenizer_matches_transformers(tiny_models):
+    assert_same_as_transformers(tiny_models["qwen3"])
+
+
+def test_a_chat_template_with_special_tokens_matches_transformers(tmp_path):
+    assert_same_as_transformers(tokenizer_folder(tmp_path, chat_template=SMOLLM_TEMPLATE, bos_token="<|endoftext|>"))
+
+
+@pytest.mark.parametrize("changes", [{"tokenizer_class": "GPT2Tokenizer"}, {"add_prefix_space": True},
+                                     {"bos_token": "<never-seen-before>"}, {"add_bos_token": True},
+                                     {"add_eos_token": False}, {"clean_up_tokenization_spaces": True}])
+def test_folders_needing_transformers_fall_back_to_it(tmp_path, changes):
+    tokenizer = load_tokenizer(str(tokenizer_folder(tmp_path, **changes)))
+    assert not isinstance(tokenizer, FastTokenizer)
+    assert tokenizer.encode("Hello") == AutoTokenizer.from_pretrained(tmp_path / "tok").encode("Hello")
+
+
+def test_a_folder_with_only_a_vocab_file_falls_back(tmp_path, tiny_models):
+    folder = tmp_path / "no-tokenizer-json"
+    shutil.copytree(tiny_models["qwen3"], folder)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="could not load its tokenizer"):
+        load_tokenizer(str(folder))
+
+
+def test_bad_chat_messages_are_value_errors(tmp_path):
+    tokenizer = load_tokenizer(str(tokenizer_folder(tmp_path, chat_template=SMOLLM_TEMPLATE)))
+    with pytest.raises(ValueError, match="messages is empty"):
+        tokenizer.apply_chat_template([])
+    with pytest.raises(ValueError, match=r"messages\[0\]"):
+        tokenizer.apply_chat_template(["hi"])
+    with pytest.raises(ValueError, match="chat template failed"):
+        tokenizer.apply_chat_template([{"role": "user"}])
+
+
+def test_a_fast_folder_loads_and_chats_without_importing_transformers(tmp_path):
+    folder = tokenizer_folder(tmp_path, chat_template=SMOLLM_TEMPLATE)
+    check = (
+        "import sys\n"
+        "from fastgen.engine.tokenizer import load_tokenizer\n"
+        f"tok = load_tokenizer({str(folder)!r})\n"
+        "ids = tok.apply_chat_template([{'role': 'user', 'content': 'hi'}], add_generation_prompt=True)\n"
+        "print(len(ids) > 0, 'transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "False"]

@@ -1,0 +1,138 @@
+"""Compile every Triton kernel for an H100 (sm_90) on a machine without a GPU.
+
+Triton's compiler needs no GPU: a stand-in driver reports an sm_90 target, and kernel launches
+become compile-only warm-ups, so fastgen's own launchers run exactly as they would on the GPU
+(grids, constexprs, dtypes) down to PTX and a cubin from Triton's bundled ptxas. Prints one
+JSON line per compiled kernel: name, configuration, registers, spill stack bytes, shared memory.
+
+    python tests/kernels/compile_for_sm90.py            # with the installed Triton
+    PYTHONPATH=/path/to/triton-3.6/site-packages python tests/kernels/compile_for_sm90.py
+
+It relies on two Triton internals (`driver.set_active` and `JITFunction.run(..., warmup=...)`),
+both present from 3.2 to 3.6 and later; exit code 3 means this Triton lacks them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # must be unset before any kernel is decorated
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+COMPILED: list[tuple[str, object]] = []
+
+
+class Sm90Driver:
+    """Just enough of a Triton driver to compile: device 0, stream 0, an sm_90 target."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def map_python_to_cpp_type(self, ty):
+        return ty
+
+
+def install() -> bool:
+    if "warmup" not in inspect.signature(JITFunction.run).parameters or not hasattr(driver, "set_active"):
+        return False
+    driver.set_active(Sm90Driver())
+    run = JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        COMPILED.append((self.fn.__name__, kernel))
+        return kernel
+
+    JITFunction.run = compile_only
+    return True
+
+
+def resource_usage(kernel) -> dict:
+    """Registers, spill stack and shared memory of the cubin (cuobjdump ships with Triton)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    usage = {"shared_bytes": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps,
+             "num_stages": kernel.metadata.num_stages, "tensor_core_ops": len(re.findall(r"\b(w?gmma|mma)\b",
+                                                                                          kernel.asm["ptx"]))}
+    if tool.exists():
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(kernel.asm["cubin"])
+            f.flush()
+            text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+        for key in ("REG", "STACK", "LOCAL"):
+            match = re.search(rf"\b{key}:(\d+)", text)
+            if match:
+                usage[key.lower()] = int(match.group(1))
+    return usage
+
+
+def launch_everything() -> None:
+    """Every kernel with the shapes fastgen gives it: Qwen3-0.6B-like (16 q / 8 kv heads, head
+    dim 128), GQA groups 1-8, head dim 64, block sizes 16 and 256, bf16 and the fp32 test path."""
+    from fastgen.kernels import paged_decode_attention, paged_prefill_attention, qk_norm_rope_store, store_kvcache
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for group, head_dim, block_size in ((1, 128, 256), (2, 128, 256), (4, 64, 16), (8, 128, 16)):
+            kv_heads = 8 // min(group, 4)
+            tag = {"dtype": str(dtype).split(".")[1], "group": group, "head_dim": head_dim, "block_size": block_size}
+            q = torch.zeros(4, kv_heads * group, head_dim, dtype=dtype)
+            kv = torch.zeros(4, kv_heads, head_dim, dtype=dtype)
+            cache = torch.zeros(8, block_size, kv_heads, head_dim, dtype=dtype)
+            tables = torch.zeros(4, 8, dtype=torch.int32)
+            lens = torch.zeros(4, dtype=torch.int32)
+            starts = torch.zeros(5, dtype=torch.int32)
+            slots = torch.zeros(4, dtype=torch.int64)
+            cos_sin = torch.zeros(64, head_dim)
+            weight = torch.ones(head_dim, dtype=dtype)
+            for max_splits in (1, 8):
+                yield tag | {"max_splits": max_splits}, lambda m=max_splits: paged_decode_attention(
+                    q, cache, cache, tables, lens, 0.1, max_splits=m)
+            yield tag, lambda: paged_prefill_attention(q, cache, cache, tables, starts, lens, 100, 0.1)
+            for norm in (True, False):
+                yield tag | {"qk_norm": norm}, lambda n=norm: qk_norm_rope_store(
+                    q, kv, kv, slots, cos_sin, weight if n else None, weight if n else None, 1e-6, cache, cache, slots)
+            yield tag, lambda: store_kvcache(kv, kv, cache, cache, slots)
+
+
+def main() -> int:
+    if not install():
+        print(f"triton {triton.__version__} lacks the internals this script drives", file=sys.stderr)
+        return 3
+    failures = 0
+    for tag, launch in launch_everything():
+        COMPILED.clear()
+        try:
+            launch()
+        except Exception as exc:  # noqa: BLE001 - report every configuration, then fail
+            failures += 1
+            print(json.dumps({"config": tag, "error": f"{type(exc).__name__}: {exc}"[:2000]}), flush=True)
+            continue
+        for name, kernel in COMPILED:
+            print(json.dumps({"kernel": name, "config": tag, "triton": triton.__version__} | resource_usage(kernel)),
+                  flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

