@@ -7,7 +7,7 @@ FASTGEN := $(VENV)/bin/fastgen
 # pytest-benchmark settings shared by bench-save and bench-check (see docs/perf-ci.md).
 BENCH_ARGS ?=
 
-.PHONY: setup run test test-slow test-all bench-smoke bench-save bench-check gpu-check gpu-test gpu-bench clean
+.PHONY: setup run serve test test-slow test-all bench-smoke bench-save bench-check gpu-check gpu-test gpu-bench clean
 
 # torch is pinned first, from its CPU build, so that nothing below pulls a CUDA build of it.
 setup:
@@ -22,6 +22,11 @@ run:
 	$(FASTGEN) generate --chat "What is the capital of France?" --max-tokens 32
 	$(FASTGEN) bench throughput --num-prompts 16 --input-len 32:128 --output-len 16:48 \
 		--prefix-len 64 --block-size 16 --max-num-seqs 8 --output-json bench-throughput.json
+
+# The OpenAI-compatible server on the default model (Ctrl-C stops it); try it with
+#   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "Hello", "max_tokens": 16}'
+serve:
+	$(FASTGEN) serve --port 8000
 
 test:
 	$(PY) -m pytest -q -m "not slow"

@@ -165,6 +165,10 @@ class EngineConfig:
     distributed_timeout_s: float = _knob(300.0, positive_number)
     """Seconds a collective between tensor-parallel ranks may wait for a rank that is alive but
     stuck before the engine fails; a rank that dies or raises fails the engine at once."""
+    max_waiting_requests: int = _knob(1024, at_least(1))
+    """Most requests add_request lets wait for a first schedule; one more is refused at once
+    (EngineOverloaded; HTTP 503 in the server) instead of queueing without bound. Batch
+    LLM.generate calls are not capped."""
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -17,10 +17,12 @@ SCHEMA_VERSION = 1
 SCHEMAS = {
     "throughput": f"fastgen.bench.throughput/{SCHEMA_VERSION}",
     "latency": f"fastgen.bench.latency/{SCHEMA_VERSION}",
+    "serve": f"fastgen.bench.serve/{SCHEMA_VERSION}",
 }
 
 def make_report(kind: str, argv: list[str], environment: dict, engine: dict, workload: dict, results: dict) -> dict:
-    """Assemble the report of a `bench <kind>` run; kind: throughput or latency."""
+    """Assemble the report of a `bench <kind>` run; kind: throughput, latency or serve (whose
+    `engine` section names the endpoint measured: base_url, model, vocab_size)."""
     doc = {
         "schema": SCHEMAS[kind],
         "schema_version": SCHEMA_VERSION,
@@ -67,6 +69,8 @@ def _header(doc: dict) -> list[str]:
 def format_summary(doc: dict) -> str:
     """The report as a few aligned lines for a terminal."""
     r = doc["results"]
+    if doc["schema"] == SCHEMAS["serve"]:
+        return _serve_summary(doc)
     lines = _header(doc)
     if doc["schema"] == SCHEMAS["throughput"]:
         w = doc["workload"]
@@ -114,6 +118,30 @@ def _peer_lines(peers: list[dict]) -> list[str]:
         lines.append(f"{peer['backend']:<19} {rate:10.1f} {kind} tokens/s   (fastgen {speedup:.2f}x, "
                      f"{peer['backend']} {peer['version']})" if speedup else f"{peer['backend']:<19} {rate:10.1f}")
     return [""] + lines if lines else []
+
+
+def _serve_summary(doc: dict) -> str:
+    r, w, e = doc["results"], doc["workload"], doc["engine"]
+    rate = "all at once" if w["request_rate"] is None else f"{w['request_rate']} req/s (Poisson)"
+    goodput = "n/a (no --slo)" if r["goodput_requests_per_s"] is None else \
+        f"{r['goodput_requests_per_s']:10.2f} req/s under {r['slo_ms']} ms"
+    return "\n".join([
+        f"endpoint   {e['base_url']} ({e['model']})",
+        f"workload   {r['num_requests']} requests at {rate}, concurrency {w['max_concurrency'] or 'unlimited'}, "
+        f"input {w['input_len'][0]}:{w['input_len'][1]} + prefix {w['prefix_len']}, "
+        f"output {w['output_len'][0]}:{w['output_len'][1]} tokens",
+        "",
+        f"completed           {r['num_completed']:10d}   ({r['num_failed']} failed)",
+        f"elapsed             {r['elapsed_s']:10.2f} s",
+        f"requests/s          {r['requests_per_s']:10.2f}",
+        f"output tokens/s     {r['output_tokens_per_s']:10.1f}",
+        f"total tokens/s      {r['total_tokens_per_s']:10.1f}",
+        f"goodput             {goodput}",
+        f"TTFT ms             {_fmt_stats(r['ttft_ms'])}",
+        f"TPOT ms             {_fmt_stats(r['tpot_ms'])}",
+        f"ITL ms              {_fmt_stats(r['itl_ms'])}",
+        f"e2e latency ms      {_fmt_stats(r['e2e_latency_ms'])}",
+    ])
 
 
 def emit(doc: dict, output_json: str | None) -> None:

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-from fastgen.cli import bench_compare, bench_latency, bench_throughput, generate
+from fastgen.cli import bench_compare, bench_latency, bench_serve, bench_throughput, generate, serve
 from fastgen.cli.help_format import HelpFormatter
 
 EXIT_USAGE = 2  # argparse's status for bad usage; engine-detected input errors share it
@@ -26,6 +26,7 @@ examples:
   fastgen bench throughput --model-preset qwen3-0.6b --num-prompts 256 --input-len 512 --output-len 128
   fastgen bench latency --batch-size 1 --output-len 256 --output-json latency.json
   fastgen bench compare baseline.json new.json --fail-above 10
+  fastgen serve --port 8000
 
 Run `fastgen <command> --help` (or `fastgen bench <kind> --help`) for a command's flags."""
 
@@ -43,15 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND", required=True)
 
     bench = commands.add_parser(
-        "bench", help="benchmark the engine (throughput, latency) and compare runs",
+        "bench", help="benchmark the engine (throughput, latency) or a server (serve), and compare runs",
         description="Benchmark the engine on a random token-id workload.", formatter_class=HelpFormatter,
         epilog="examples:\n  fastgen bench throughput --model-preset qwen3-0.6b --num-prompts 256\n"
         "  fastgen bench latency --batch-size 1 --output-json latency.json\n"
         "  fastgen bench compare baseline.json new.json --fail-above 10",
     )
     kinds = bench.add_subparsers(title="benchmarks", dest="bench", metavar="KIND", required=True)
-    leaves = (bench_throughput.add_parser(kinds), bench_latency.add_parser(kinds), bench_compare.add_parser(kinds),
-              generate.add_parser(commands))
+    leaves = (bench_throughput.add_parser(kinds), bench_latency.add_parser(kinds), bench_serve.add_parser(kinds),
+              bench_compare.add_parser(kinds), generate.add_parser(commands), serve.add_parser(commands))
     for leaf in leaves:
         leaf.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
                           help="verbosity of the engine's log messages (stderr)")

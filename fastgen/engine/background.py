@@ -5,9 +5,11 @@ Threading model: exactly one thread — the loop thread started here — ever to
 other thread while the loop is attached, and one engine gets one loop at a time. Other threads
 talk to the loop through a command queue: `submit` and `abort` enqueue a command and, for
 `submit`, wait for the loop to accept or reject it, so a bad request raises ValueError in the
-caller's thread. Each request's outputs flow back through its own queue, which its
-`RequestStream` reads. The loop holds those queues, never the streams, so a stream nobody holds
-is garbage-collected, and its finalizer queues the request's abort.
+caller's thread. Each request's outputs flow back through its own sink (anything with a
+non-blocking `put`): a queue its `RequestStream` reads, or an asyncio queue fed through the event
+loop (`fastgen.engine.async_llm`). The loop holds those sinks, never the streams, so a stream
+nobody holds is garbage-collected, and its finalizer queues the request's abort. After every
+step the loop publishes `stats`, an `EngineStats` snapshot any thread may read.
 
 A failed step never stops the loop: the engine isolates it (see `LLMEngine`), and the requests
 it belongs to end with finish_reason "error".
@@ -19,18 +21,26 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
+from typing import Protocol
 
 import torch
 
 from fastgen.engine.llm_engine import LLMEngine, Prompt
 from fastgen.engine.output_stream import OutputStream
 from fastgen.engine.requests import check_request_id
+from fastgen.engine.stats import EngineStats
 from fastgen.outputs import RequestOutput
 from fastgen.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-_END = object()  # no final output will come: the loop stopped without one
+END = object()  # put into a sink when no final output will come: the loop stopped without one
+
+
+class OutputSink(Protocol):
+    def put(self, item: object) -> None:
+        """Called from the loop thread with a RequestOutput, `END` or an exception; must neither
+        block nor raise."""
 
 
 class RequestStream(OutputStream):
@@ -43,7 +53,7 @@ class RequestStream(OutputStream):
 
     def _next_output(self) -> RequestOutput | None:
         item = self._outputs.get()
-        if item is _END:
+        if item is END:
             return None
         if isinstance(item, BaseException):
             raise item
@@ -60,7 +70,8 @@ class BackgroundEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, queue.SimpleQueue] = {}  # request id -> its stream's output queue
+        self._streams: dict[str, OutputSink] = {}  # request id -> where its outputs go
+        self.stats: EngineStats = engine.stats()
         self._stopped = threading.Event()
         # Held while checking _stopped and queueing a command, and while the loop stops and
         # drains the queue: so a command is either seen by the loop or refused, never stranded.
@@ -72,14 +83,21 @@ class BackgroundEngine:
 
     # ---- any thread ------------------------------------------------------------------------
     def submit(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestStream:
-        """Queue a request; raises ValueError (in this thread) if the engine rejects it."""
+        """Queue a request; raises ValueError (in this thread) if the engine rejects it, and
+        EngineOverloaded when too many requests wait."""
         outputs: queue.SimpleQueue = queue.SimpleQueue()
+        return RequestStream(self.add(prompt, params, outputs).result(), outputs, self)
+
+    def add(self, prompt: Prompt, params: SamplingParams | None, sink: OutputSink) -> Future:
+        """Queue a request whose outputs the loop puts into `sink`. The future resolves to its
+        request id, or to the engine's ValueError / EngineOverloaded; RuntimeError at once when
+        the loop has stopped."""
         accepted: Future = Future()
         with self._accepting:
             if self._stopped.is_set():
                 raise RuntimeError("the background engine has shut down") from self._error
-            self._commands.put(("add", outputs, prompt, SamplingParams() if params is None else params, accepted))
-        return RequestStream(accepted.result(), outputs, self)
+            self._commands.put(("add", sink, prompt, SamplingParams() if params is None else params, accepted))
+        return accepted
 
     def abort(self, request_id: str) -> None:
         """Abort a request (a no-op for an unknown or finished one); its stream then yields a
@@ -121,6 +139,7 @@ class BackgroundEngine:
                 if not self._apply_commands(block=idle):
                     break
                 self._route(self.engine.step())
+                self.stats = self.engine.stats()
         except BaseException as exc:  # the engine isolates failed steps: this is the loop's own bug
             logger.exception("background engine loop failed")
             self._error = exc
@@ -151,7 +170,7 @@ class BackgroundEngine:
         except Exception:  # noqa: BLE001 - the streams must end even if the engine is what failed
             logger.exception("aborting the background engine's requests failed")
         for outputs in self._streams.values():
-            outputs.put(_END)
+            outputs.put(END)
         self._streams.clear()
 
     def _refuse_queued_commands(self) -> None:

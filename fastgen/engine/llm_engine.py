@@ -36,7 +36,8 @@ from fastgen.engine.outbox import Outbox
 from fastgen.engine.parallel_sampling import ChildId, ParentRequest, child_params, merge_outputs
 from fastgen.engine.prompts import Prompt
 from fastgen.engine.request_state import RequestState, now
-from fastgen.engine.requests import check_request_id, prompt_token_ids
+from fastgen.engine.requests import EngineOverloaded, check_request_id, prompt_token_ids
+from fastgen.engine.stats import EngineStats
 from fastgen.engine.scheduler import Scheduler, SchedulerOutput
 from fastgen.engine.sequence import FinishReason, Sequence
 from fastgen.engine.tokenizer import eos_token_ids, load_tokenizer
@@ -156,8 +157,13 @@ class LLMEngine:
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
         """Queue a request whose outputs `step()` returns; return its id (a string). Raises
-        ValueError for bad input, queueing nothing."""
-        return self.enqueue(self.prepare(prompt, SamplingParams() if params is None else params, request_id))
+        ValueError for bad input and EngineOverloaded when max_waiting_requests requests already
+        wait; either way nothing is queued."""
+        state = self.prepare(prompt, SamplingParams() if params is None else params, request_id)
+        waiting, cap = len(self.scheduler.waiting), self.config.max_waiting_requests
+        if waiting >= cap:
+            raise EngineOverloaded(f"{waiting} requests are waiting, the engine's max_waiting_requests={cap}")
+        return self.enqueue(state)
 
     def abort(self, request_id: str) -> bool:
         """Finish a request (every completion of an n > 1 one) now and free its blocks; its
@@ -209,6 +215,16 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Release the runner's processes (a tensor-parallel engine's workers); idempotent."""
         self.runner.shutdown()
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's load and lifetime counters (for metrics)."""
+        bm, scheduler = self.block_manager, self.scheduler
+        return EngineStats(
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+            num_kv_blocks=bm.num_blocks, num_used_kv_blocks=bm.num_blocks - bm.num_free_blocks,
+            prefix_hit_tokens=bm.num_hit_tokens, prefix_queried_tokens=bm.num_queried_tokens,
+            num_preemptions=scheduler.num_preemptions, num_steps=self.num_steps,
+        )
 
     def check_invariants(self) -> None:
         """Assert the block manager's books balance against the running sequences."""

@@ -8,6 +8,11 @@ from fastgen.engine.prompts import Prompt, token_ids_of
 from fastgen.sampling_params import SamplingParams
 
 
+class EngineOverloaded(RuntimeError):
+    """The engine refused a request because max_waiting_requests requests already wait; retry
+    later (the server answers HTTP 503 with Retry-After)."""
+
+
 def check_request_id(request_id: object) -> str:
     """Request ids are non-empty strings (an int 5 and the string "5" must never be two names
     for one request); ValueError for anything else."""

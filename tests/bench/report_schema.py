@@ -25,11 +25,15 @@ _ENGINE = {
     "enable_prefix_caching": "bool", "enforce_eager": "bool", "cuda_graphs": "bool", "torch_compile": "bool",
     "attention_backend": "str", "seed": "int", "config": "dict",
 }
+# `bench serve` measures an endpoint, not an engine of its own.
+_ENDPOINT = {"base_url": "str", "model": "str", "vocab_size": "int"}
 _WORKLOAD = {
     "throughput": {"num_prompts": "int", "input_len": "ints2", "output_len": "ints2", "prefix_len": "int",
                    "seed": "int", "temperature": "number", "warmup": "bool", "detokenize": "bool"},
     "latency": {"batch_size": "int", "input_len": "int", "output_len": "int", "num_iters": "int",
                 "num_iters_warmup": "int", "seed": "int", "temperature": "number"},
+    "serve": {"num_prompts": "int", "input_len": "ints2", "output_len": "ints2", "prefix_len": "int",
+              "seed": "int", "request_rate": "number?", "max_concurrency": "int?", "temperature": "number"},
 }
 _RESULTS = {
     "throughput": {
@@ -44,6 +48,12 @@ _RESULTS = {
         "tpot_ms": "stats", "prefill_step_ms": "stats", "decode_step_ms": "stats",
         "num_prefill_steps": "int", "num_decode_steps": "int", "output_tokens": "int",
         "output_tokens_per_s": "number", "num_preemptions": "int", "peak_memory_bytes": "int",
+    },
+    "serve": {
+        "elapsed_s": "number", "num_requests": "int", "num_completed": "int", "num_failed": "int",
+        "errors": "strs", "prompt_tokens": "int", "output_tokens": "int", "requests_per_s": "number",
+        "output_tokens_per_s": "number", "total_tokens_per_s": "number", "ttft_ms": "stats", "tpot_ms": "stats",
+        "itl_ms": "stats", "e2e_latency_ms": "stats", "slo_ms": "dict?", "goodput_requests_per_s": "number?",
     },
 }
 # Present only with --per-request: one record per request.
@@ -69,7 +79,7 @@ def validate_report(doc: object) -> None:
     except ValueError:
         raise ValueError(f"timestamp={doc['timestamp']!r} is not an ISO 8601 date-time") from None
     _check_fields(doc["environment"], _ENVIRONMENT, "environment.")
-    _check_fields(doc["engine"], _ENGINE, "engine.")
+    _check_fields(doc["engine"], _ENDPOINT if kind == "serve" else _ENGINE, "engine.")
     _check_fields(doc["workload"], _WORKLOAD[kind], "workload.")
     _check_fields(doc["results"], _RESULTS[kind], "results.")
     optional = {k: v for k, v in _OPTIONAL_RESULTS.items() if k in doc["results"]}

@@ -9,7 +9,8 @@ CHECK = """
 import sys
 from fastgen.cli.main import build_parser
 parser = build_parser()
-for argv in (["--help"], ["bench", "throughput", "--help"], ["generate", "--help"], ["bench", "compare", "--help"]):
+for argv in (["--help"], ["bench", "throughput", "--help"], ["generate", "--help"], ["bench", "compare", "--help"],
+             ["serve", "--help"], ["bench", "serve", "--help"]):
     try:
         parser.parse_args(argv)
     except SystemExit:

@@ -1,0 +1,86 @@
+"""One streamed request against an OpenAI-compatible /v1/completions endpoint, timed from the
+client: when it was sent, when each chunk with generated tokens arrived, and how many tokens
+the server says it generated (stream_options.include_usage).
+
+Prompts are token ids (OpenAI's completions API takes them, and so do vLLM and SGLang), so the
+prompt length is exact whatever the server's tokenizer. `ignore_eos` (vLLM's extension, which
+fastgen shares) makes every request generate exactly max_tokens tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass
+class RequestTiming:
+    """Seconds on the client's perf_counter clock. chunk_times: arrival of each chunk that
+    carried generated text; output_tokens: the server's usage count (else the chunk count)."""
+
+    prompt_len: int
+    sent_at: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    done_at: float | None = None
+    output_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.done_at is not None and bool(self.chunk_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.chunk_times[0] - self.sent_at if self.ok else None
+
+    @property
+    def e2e(self) -> float | None:
+        return self.done_at - self.sent_at if self.ok else None
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first (None for a single token)."""
+        if not self.ok or self.output_tokens < 2:
+            return None
+        return (self.done_at - self.chunk_times[0]) / (self.output_tokens - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        """Gaps between consecutive chunks (inter-token latency; a chunk may hold several
+        tokens when the server batches them)."""
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])] if self.ok else []
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+                            max_tokens: int, temperature: float) -> RequestTiming:
+    """Send one streamed completion and time it; errors are recorded, never raised."""
+    timing = RequestTiming(prompt_len=len(prompt))
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    chunks = 0
+    timing.sent_at = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                timing.error = f"HTTP {response.status_code}: {(await response.aread()).decode()[:200]}"
+                return timing
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if event.get("choices"):
+                    timing.chunk_times.append(time.perf_counter())
+                    chunks += 1
+                if event.get("usage"):
+                    timing.output_tokens = event["usage"]["completion_tokens"]
+        timing.done_at = time.perf_counter()
+        timing.output_tokens = timing.output_tokens or chunks
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
+        timing.error = f"{type(exc).__name__}: {exc}"
+    return timing

@@ -1,0 +1,58 @@
+"""`fastgen serve`: the OpenAI-compatible HTTP server (see `fastgen.serve`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fastgen.cli import arg_types, engine_args
+from fastgen.cli.help_format import HelpFormatter
+
+DESCRIPTION = """\
+Serve a model over HTTP: OpenAI's /v1/completions, /v1/chat/completions (streaming with SSE) and
+/v1/models, plus POST /generate + GET /result/{seq_id}, /health and Prometheus /metrics. Without
+--model the default model, SmolLM2-135M-Instruct, is served. SIGINT / SIGTERM stop admitting,
+let in-flight requests finish for --shutdown-timeout seconds, abort the rest and exit 0."""
+
+EPILOG = """\
+examples:
+  fastgen serve --port 8000
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+      -d '{"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}'
+  fastgen serve --model ./Qwen3-0.6B --max-num-seqs 64 --max-waiting-requests 256"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                                   description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    group.add_argument("--port", type=arg_types.int_at_least(0, below=65536), default=8000,
+                       help="port to listen on (0: any free port)")
+    group.add_argument("--served-model-name", metavar="NAME", default=None,
+                       help="the model name requests use and /v1/models lists (default: the folder's name)")
+    group.add_argument("--max-results", metavar="N", type=arg_types.positive_int, default=1024,
+                       help="finished /generate results kept for GET /result")
+    group.add_argument("--result-ttl", metavar="S", type=arg_types.non_negative_float, default=600.0,
+                       help="seconds a finished /generate result is kept")
+    group.add_argument("--retry-after", metavar="S", type=arg_types.positive_int, default=1,
+                       help="Retry-After seconds of a 503 (beyond --max-waiting-requests)")
+    group.add_argument("--shutdown-timeout", metavar="S", type=arg_types.non_negative_float, default=5.0,
+                       help="seconds in-flight requests may finish after SIGINT / SIGTERM")
+    engine_args.add_engine_args(parser, max_model_len_default="the model's max_position_embeddings",
+                                dummy_weights=False)
+    parser.set_defaults(run=run, parser=parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastgen.serve.app import ServerSettings, serve
+
+    choice = engine_args.resolve_model(args, args.parser, need_tokenizer=True)
+    llm = engine_args.build_llm(choice, args, need_tokenizer=True)
+    settings = ServerSettings(host=args.host, port=args.port, model_name=args.served_model_name,
+                              max_results=args.max_results, result_ttl_s=args.result_ttl,
+                              retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout)
+    print(f"fastgen: serving {llm.config.model} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    serve(llm, settings)
+    return 0

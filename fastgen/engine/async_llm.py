@@ -1,0 +1,150 @@
+"""AsyncLLM: the asyncio face of the background engine loop.
+
+One loop thread owns the engine (`BackgroundEngine`); any number of asyncio tasks submit to it
+and read their request's outputs without blocking the event loop. The loop thread hands each
+output to the event loop (`call_soon_threadsafe`) into the request's own asyncio queue.
+
+Ownership follows the sync streams': an `AsyncRequestStream` owns its request from the moment
+it is returned. Cancelling the task that reads it, `aclose()`, leaving its `async with` block, or
+dropping it before its final output aborts the request, and the loop frees its KV blocks before
+its next step. Every request ends with exactly one final output ("stop", "length", "abort" or
+"error").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from fastgen.engine.background import END, BackgroundEngine
+from fastgen.engine.prompts import Prompt
+from fastgen.engine.stats import EngineStats
+from fastgen.outputs import RequestOutput
+from fastgen.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from fastgen.llm import LLM
+
+
+class _EventLoopSink:
+    """Feeds an asyncio queue from the engine's loop thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue):
+        self._loop = loop
+        self._outputs = outputs
+
+    def put(self, item: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._outputs.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is left to read
+            pass
+
+
+class AsyncRequestStream:
+    """Async iterator over one request's outputs (deltas in new_text / new_token_ids) up to and
+    including its final one."""
+
+    def __init__(self, request_id: str, outputs: asyncio.Queue, background: BackgroundEngine):
+        self.request_id = request_id
+        self.final: RequestOutput | None = None
+        self._outputs = outputs
+        self._background = background
+        self._closed = False
+        self._finalizer = weakref.finalize(self, background._abandon, request_id)
+        self._finalizer.atexit = False
+
+    def __aiter__(self) -> "AsyncRequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            item = await self._outputs.get()
+        except asyncio.CancelledError:  # the reading task was cancelled: the request goes too
+            self.close()
+            raise
+        if item is END:  # the loop stopped without a final output
+            self._end()
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._end()
+            raise item
+        if item.finished:
+            self.final = item
+            self._end()
+        return item
+
+    def close(self) -> None:
+        """Stop reading; a request without its final output yet is aborted."""
+        if not self._closed:
+            self._end()
+            self._background.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "AsyncRequestStream":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+    def _end(self) -> None:
+        self._closed = True
+        self._finalizer.detach()
+
+
+class AsyncLLM:
+    """Serves an `LLM` to asyncio tasks through one background loop thread.
+
+    `await submit(prompt, params)` queues a request and returns its stream (ValueError for a bad
+    request, EngineOverloaded beyond max_waiting_requests, both raised in the awaiting task);
+    `generate_async` wraps that in an async generator. `shutdown()` aborts what is unfinished.
+    """
+
+    def __init__(self, llm: "LLM"):
+        self.llm = llm
+        self.background = llm.background()
+
+    @property
+    def stats(self) -> EngineStats:
+        """The loop's latest snapshot of the engine's load and counters."""
+        return self.background.stats
+
+    @property
+    def running(self) -> bool:
+        return self.background.running
+
+    async def submit(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncRequestStream:
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        accepted = self.background.add(prompt, params, _EventLoopSink(loop, outputs))
+        try:
+            request_id = await asyncio.wrap_future(accepted)
+        except asyncio.CancelledError:  # cancelled while the loop took it: abort it once it is in
+            accepted.add_done_callback(self._abort_if_accepted)
+            raise
+        return AsyncRequestStream(request_id, outputs, self.background)
+
+    async def generate_async(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield the request's outputs as they come, ending with its final one. Cancelling the
+        consuming task (or closing this generator) aborts the request."""
+        async with await self.submit(prompt, params) as stream:
+            async for output in stream:
+                yield output
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request (no-op for an unknown or finished one); its stream ends with "abort"."""
+        self.background.abort(request_id)
+
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Stop the loop thread; unfinished requests end with "abort" (blocking: from a
+        coroutine, run it with asyncio.to_thread)."""
+        self.background.shutdown(timeout)
+
+    def _abort_if_accepted(self, accepted) -> None:
+        if not accepted.cancelled() and accepted.exception() is None:
+            self.background.abort(accepted.result())

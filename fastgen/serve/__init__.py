@@ -1,0 +1,1 @@
+"""`fastgen serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over `AsyncLLM`."""

@@ -1,0 +1,109 @@
+"""The FastAPI application and the uvicorn server around it.
+
+    build_app(llm, settings) -> FastAPI       routes, error handlers, the engine's lifespan
+    serve(llm, settings)                      run until SIGINT / SIGTERM, then shut down cleanly
+
+Shutdown: on the signal the server stops admitting (new requests get 503), uvicorn stops
+accepting connections and lets in-flight requests finish for up to `shutdown_timeout_s`, then
+the engine loop aborts whatever is left (each request's stream ends with "abort").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+
+from fastgen.engine.async_llm import AsyncLLM
+from fastgen.engine.tokenizer import load_tokenizer
+from fastgen.serve import generate_routes, openai_routes
+from fastgen.serve.errors import install_error_handlers
+from fastgen.serve.metrics import CONTENT_TYPE
+from fastgen.serve.results import ResultStore
+from fastgen.serve.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """host / port: where to listen. model_name: the name /v1/models reports and requests must
+    use (default: the model folder's name). max_results / result_ttl_s: how many finished
+    /generate results are kept, and for how long (seconds). retry_after_s: the Retry-After of a
+    503. shutdown_timeout_s: how long in-flight requests may finish after SIGINT / SIGTERM."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str | None = None
+    max_results: int = 1024
+    result_ttl_s: float = 600.0
+    retry_after_s: int = 1
+    shutdown_timeout_s: float = 5.0
+
+
+def build_app(llm, settings: ServerSettings) -> FastAPI:
+    """The app serving `llm` (an `LLM` with a tokenizer); the engine loop starts and stops with
+    the app's lifespan."""
+    tokenizer = load_tokenizer(llm.config.model) if llm.tokenizer is not None else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        config = llm.config
+        state = ServerState(AsyncLLM(llm), settings.model_name or Path(config.model).name, tokenizer,
+                            config.max_model_len, config.model_config.vocab_size,
+                            ResultStore(settings.max_results, settings.result_ttl_s))
+        app.state.server = state
+        try:
+            yield
+        finally:
+            state.accepting = False
+            await asyncio.to_thread(state.llm.shutdown)  # aborts the unfinished: their streams end
+            if state.background_tasks:
+                await asyncio.wait(state.background_tasks, timeout=settings.shutdown_timeout_s)
+
+    app = FastAPI(title="fastgen", lifespan=lifespan)
+    install_error_handlers(app, settings.retry_after_s)
+    app.include_router(openai_routes.router)
+    app.include_router(generate_routes.router)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        state: ServerState = request.app.state.server
+        healthy = state.accepting and state.llm.running
+        return Response(status_code=200 if healthy else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(request.app.state.server.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, which on SIGINT / SIGTERM first stops the app admitting requests and,
+    once shut down cleanly, returns (exit status 0) instead of re-raising the signal."""
+
+    def __init__(self, app: FastAPI, settings: ServerSettings):
+        super().__init__(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                        timeout_graceful_shutdown=settings.shutdown_timeout_s))
+        self._app = app
+
+    def handle_exit(self, sig, frame) -> None:
+        state = getattr(self._app.state, "server", None)
+        if state is not None:
+            state.accepting = False
+        super().handle_exit(sig, frame)
+        getattr(self, "_captured_signals", []).clear()  # handled: do not re-raise it after shutdown
+
+
+def serve(llm, settings: ServerSettings, sock: socket.socket | None = None) -> None:
+    """Serve until SIGINT / SIGTERM (or `should_exit`); sock: an already bound socket."""
+    server = Server(build_app(llm, settings), settings)
+    logger.info("serving %s on http://%s:%d", llm.config.model, settings.host, settings.port)
+    server.run(sockets=[sock] if sock is not None else None)

@@ -1,0 +1,77 @@
+"""OpenAI response bodies and stream chunks, built from fastgen's `RequestOutput`s (plain dicts:
+the `openai` client and any other reads them)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastgen.outputs import RequestOutput
+
+
+def completion_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def choices_of(output: RequestOutput) -> list:
+    """The request's completions (each with text, token_ids, new_text, finish_reason)."""
+    return getattr(output, "outputs", None) or [output]
+
+
+def usage(output: RequestOutput) -> dict:
+    prompt = len(output.prompt_token_ids)
+    completion = sum(len(c.token_ids) for c in choices_of(output))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class ResponseShape:
+    """One response's id, model and creation time, shared by all its chunks."""
+
+    def __init__(self, kind: str, model: str):
+        self.kind = kind  # "text_completion" or "chat.completion"
+        self.id = completion_id("cmpl" if kind == "text_completion" else "chatcmpl")
+        self.model = model
+        self.created = int(time.time())
+
+    def _envelope(self, object_name: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def body(self, final: RequestOutput) -> dict:
+        """The non-streaming response."""
+        if self.kind == "text_completion":
+            choices = [{"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+                       for i, c in enumerate(choices_of(final))]
+        else:
+            choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
+                        "logprobs": None, "finish_reason": c.finish_reason}
+                       for i, c in enumerate(choices_of(final))]
+        return {**self._envelope(self.kind, choices), "usage": usage(final)}
+
+    def first_chunk(self, n: int) -> dict | None:
+        """Chat streams open with the assistant's role (OpenAI's first delta)."""
+        if self.kind == "text_completion":
+            return None
+        return self._envelope("chat.completion.chunk",
+                              [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None} for i in range(n)])
+
+    def chunk(self, output: RequestOutput) -> dict | None:
+        """The delta of one output (None when it adds nothing: no text and no finish)."""
+        choices = []
+        for i, c in enumerate(choices_of(output)):
+            if not c.new_text and not c.new_token_ids and c.finish_reason is None:
+                continue
+            if self.kind == "text_completion":
+                choices.append({"index": i, "text": c.new_text, "logprobs": None, "finish_reason": c.finish_reason})
+            else:
+                delta = {"content": c.new_text} if c.new_text or c.finish_reason is None else {}
+                choices.append({"index": i, "delta": delta, "logprobs": None, "finish_reason": c.finish_reason})
+        if not choices:
+            return None
+        object_name = "text_completion" if self.kind == "text_completion" else "chat.completion.chunk"
+        return self._envelope(object_name, choices)
+
+    def usage_chunk(self, final: RequestOutput) -> dict:
+        object_name = "text_completion" if self.kind == "text_completion" else "chat.completion.chunk"
+        return {**self._envelope(object_name, []), "usage": usage(final)}

@@ -1,0 +1,119 @@
+"""AsyncLLM: asyncio tasks share one engine loop; greedy text equals LLM.generate; a cancelled
+task aborts its request and frees its blocks; every request gets exactly one final output;
+max_waiting_requests refuses requests beyond the cap at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fastgen import LLM, SamplingParams
+from fastgen.engine.async_llm import AsyncLLM
+from fastgen.engine.requests import EngineOverloaded
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+LONG = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_models):
+    return LLM(tiny_models["llama"], dtype="float32", block_size=8, num_kv_blocks=256, max_model_len=512,
+               max_waiting_requests=4)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_tasks_get_the_same_greedy_tokens_as_generate(llm):
+    prompts = [[5, 6, 7], [8, 9, 10, 11], [12, 13], [14]]
+    expected = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+
+    async def one(async_llm, prompt):
+        outputs = [o async for o in async_llm.generate_async(prompt, GREEDY)]
+        finals = [o for o in outputs if o.finished]
+        assert len(finals) == 1 and finals[0] is outputs[-1]
+        assert [t for o in outputs for t in o.new_token_ids] == outputs[-1].token_ids
+        return outputs[-1].token_ids
+
+    async def main():
+        async_llm = AsyncLLM(llm)
+        try:
+            return await asyncio.gather(*(one(async_llm, p) for p in prompts))
+        finally:
+            async_llm.shutdown()
+
+    assert run(main()) == expected
+
+
+def test_a_cancelled_task_aborts_its_request_and_frees_its_blocks(llm):
+    async def main():
+        async_llm = AsyncLLM(llm)
+        try:
+            started = asyncio.Event()
+
+            async def reader():
+                async for output in async_llm.generate_async([1, 2, 3], LONG):
+                    started.set()
+
+            task = asyncio.create_task(reader())
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(200):  # the loop frees the blocks before its next step
+                stats = async_llm.stats
+                if stats.num_used_kv_blocks == 0 and stats.num_running == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert async_llm.stats.num_used_kv_blocks == 0
+        finally:
+            async_llm.shutdown()
+
+    run(main())
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+def test_an_aborted_request_ends_with_one_abort_output(llm):
+    async def main():
+        async_llm = AsyncLLM(llm)
+        try:
+            stream = await async_llm.submit([1, 2, 3], LONG)
+            first = await stream.__anext__()
+            await async_llm.abort(stream.request_id)
+            rest = [o async for o in stream]
+            assert not first.finished and [o.finished for o in rest].count(True) == 1
+            assert rest[-1].finish_reason == "abort"
+        finally:
+            async_llm.shutdown()
+
+    run(main())
+
+
+def test_a_bad_request_raises_in_the_awaiting_task_and_others_go_on(llm):
+    async def main():
+        async_llm = AsyncLLM(llm)
+        try:
+            with pytest.raises(ValueError, match="max_model_len"):
+                await async_llm.submit([1] * 600, GREEDY)
+            outputs = [o async for o in async_llm.generate_async([1, 2], GREEDY)]
+            assert outputs[-1].finish_reason == "length"
+        finally:
+            async_llm.shutdown()
+
+    run(main())
+
+
+def test_requests_beyond_max_waiting_requests_are_refused_at_once(llm):
+    engine = llm.engine
+    ids = [engine.add_request([1, 2, 3], GREEDY) for _ in range(4)]  # the cap is 4
+    with pytest.raises(EngineOverloaded, match="max_waiting_requests=4"):
+        engine.add_request([1, 2, 3], GREEDY)
+    assert len(engine.requests) == 4
+    for request_id in ids:
+        engine.abort(request_id)
+    engine.step()
+    engine.add_request([1, 2, 3], GREEDY)  # room again
+    while engine.has_unfinished_requests():
+        engine.step()

@@ -1,0 +1,77 @@
+"""Each bad request gets its own 400 (404 for an unknown model) with an OpenAI-style error body
+naming the field; fields outside the schema are ignored; the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from fastgen import LLM
+from tests.serve.conftest import ENGINE_ARGS, MODEL_NAME, running_server
+
+OK = {"model": MODEL_NAME, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0.0}
+CHAT_OK = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def server(chat_model):
+    with running_server(LLM(chat_model, **ENGINE_ARGS)) as base_url:
+        yield base_url
+
+
+BAD = [
+    ("/v1/completions", {**OK, "temperature": "hot"}, "temperature", "hot"),
+    ("/v1/completions", {**OK, "temperature": -1.0}, "temperature", "-1"),
+    ("/v1/completions", {**OK, "top_p": 0.0}, "top_p", "(0, 1]"),
+    ("/v1/completions", {**OK, "max_tokens": 0}, "max_tokens", ">= 1"),
+    ("/v1/completions", {**OK, "max_tokens": 1000}, "prompt", "max_model_len=256"),
+    ("/v1/completions", {**OK, "prompt": "x " * 300}, "prompt", "max_model_len=256"),
+    ("/v1/completions", {**OK, "prompt": [1, 2, 999999]}, "prompt", "vocabulary"),
+    ("/v1/completions", {**OK, "prompt": ["a", "b"]}, "prompt", "one prompt"),
+    ("/v1/completions", {**OK, "logit_bias": {"5": 1.0}}, "logit_bias", "not supported"),
+    ("/v1/completions", {**OK, "suffix": "!"}, "suffix", "not supported"),
+    ("/v1/completions", {**OK, "echo": True}, "echo", "not supported"),
+    ("/v1/completions", {"model": MODEL_NAME}, "prompt", "Field required"),
+    ("/v1/chat/completions", {**CHAT_OK, "tools": [{"type": "function"}]}, "tools", "not supported"),
+    ("/v1/chat/completions", {**CHAT_OK, "response_format": {"type": "json_object"}}, "response_format",
+     "not supported"),
+    ("/v1/chat/completions", {**CHAT_OK, "messages": []}, "messages", "at least 1"),
+    ("/v1/chat/completions", {**CHAT_OK, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages.0.content", "text only"),
+    ("/generate", {"prompt": "hi", "stop": [""]}, "stop", "non-empty"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "says"), BAD, ids=[f"{b[0]}:{b[2]}" for b in BAD])
+def test_a_bad_request_is_a_400_naming_its_field_and_the_server_goes_on(server, path, body, param, says):
+    response = httpx.post(f"{server}{path}", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert says in error["message"]
+    assert httpx.post(f"{server}/v1/completions", json=OK, timeout=30).status_code == 200
+
+
+def test_bad_json_is_a_400(server):
+    response = httpx.post(f"{server}/v1/completions", content=b"{not json", timeout=30,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert "not valid JSON" in response.json()["error"]["message"]
+
+
+def test_an_unknown_model_is_a_404(server):
+    response = httpx.post(f"{server}/v1/completions", json={**OK, "model": "gpt-9"}, timeout=30)
+    assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+
+
+def test_fields_outside_the_schema_are_ignored_with_a_warning(server, caplog):
+    with caplog.at_level("WARNING", logger="fastgen.serve.sampling"):
+        response = httpx.post(f"{server}/v1/completions", json={**OK, "frobnicate": 3}, timeout=30)
+    assert response.status_code == 200
+    assert "frobnicate" in caplog.text
+
+
+def test_harmless_values_of_unsupported_fields_are_accepted(server):
+    body = {**OK, "echo": False, "best_of": 1}
+    assert httpx.post(f"{server}/v1/completions", json=body, timeout=30).status_code == 200
+
