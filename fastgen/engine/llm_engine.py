@@ -23,7 +23,6 @@ that lets many threads submit and stream; while it runs, other threads are refus
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 
@@ -31,15 +30,14 @@ from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.block_manager import BlockManager
 from fastgen.engine.driver import Driver
-from fastgen.engine.logprobs import TokenTexts
 from fastgen.engine.outbox import Outbox
-from fastgen.engine.parallel_sampling import ChildId, ParentRequest, child_params, merge_outputs
+from fastgen.engine.parallel_sampling import ChildId, ParentRequest, merge_outputs
 from fastgen.engine.prompts import Prompt
 from fastgen.engine.request_state import RequestState, now
-from fastgen.engine.requests import EngineOverloaded, check_request_id, prompt_token_ids
-from fastgen.engine.stats import EngineStats
+from fastgen.engine.requests import EngineOverloaded, RequestFactory, check_request_id
 from fastgen.engine.scheduler import Scheduler, SchedulerOutput
-from fastgen.engine.sequence import FinishReason, Sequence
+from fastgen.engine.sequence import FinishReason
+from fastgen.engine.stats import EngineStats
 from fastgen.engine.tokenizer import eos_token_ids, load_tokenizer
 from fastgen.errors import EngineDeadError
 from fastgen.outputs import RequestOutput, StepResult
@@ -62,7 +60,9 @@ class LLMEngine:
             # On a torchrun rank > 0 this serves as a worker and never returns.
             self.runner = start_tensor_parallel(config, load_format, eos)
         else:
-            from fastgen.worker.model_runner import ModelRunner  # torch and the model: not for `import fastgen`
+            from fastgen.worker.model_runner import (
+                ModelRunner,  # torch and the model: not for `import fastgen`
+            )
 
             self.runner = ModelRunner(config, load_format=load_format, eos_token_ids=eos)
         self.block_manager = BlockManager(
@@ -79,10 +79,8 @@ class LLMEngine:
         self.parents: dict[str, ParentRequest] = {}  # requests with n > 1, by id (their children are in `requests`)
         self._by_seq: dict[int, RequestState] = {}
         self.outbox = Outbox()
-        self._seq_ids = itertools.count()
-        self._request_ids = itertools.count()
         self.num_steps = 0
-        self.token_texts = TokenTexts(self.tokenizer)
+        self.factory = RequestFactory(config, self.tokenizer)
         self.driver = Driver()  # which thread may drive the engine
 
     # ---- requests in -----------------------------------------------------------------------
@@ -95,32 +93,7 @@ class LLMEngine:
         instead of every step. A request with n > 1 is prepared as a `ParentRequest`.
         """
         self.driver.check()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        params = params.validated_copy()
-        final_only = boolean("final_only", final_only)
-        text, token_ids = prompt_token_ids(prompt, params, self.tokenizer, self.config)
-        params.check_logprobs_limit(min(self.config.max_logprobs, self.config.model_config.vocab_size))
-        if request_id is None:
-            # Skipping ids a caller chose for requests of its own.
-            request_id = next(i for i in map(str, self._request_ids) if not self.has_request(i))
-        elif self.has_request(check_request_id(request_id)):
-            raise ValueError(f"request_id={request_id!r} is already in use")
-        if params.n > 1:
-            return self._prepare_parent(request_id, text, token_ids, params, final_only)
-        seq = Sequence(next(self._seq_ids), token_ids, params)
-        return RequestState(request_id, seq, text, self.tokenizer, now(), final_only=final_only,
-                            token_texts=self.token_texts)
-
-    def _prepare_parent(self, request_id: str, text: str | None, token_ids: list[int], params: SamplingParams,
-                        final_only: bool) -> ParentRequest:
-        arrival = now()
-        children = [
-            RequestState(ChildId(request_id, i), Sequence(next(self._seq_ids), list(token_ids), child_params(params, i)),
-                         text, self.tokenizer, arrival, final_only=final_only, token_texts=self.token_texts)
-            for i in range(params.n)
-        ]
-        return ParentRequest(request_id, children, final_only)
+        return self.factory.make(prompt, params, request_id, final_only, in_use=self.has_request)
 
     def has_request(self, request_id: str) -> bool:
         """Whether a request (of any n) with this id is queued or running."""

@@ -1,10 +1,19 @@
 """What a request must be before it is queued: its id, and its prompt's token ids checked
-against the model (vocabulary, max_model_len) and its own sampling settings."""
+against the model (vocabulary, max_model_len) and its own sampling settings; `RequestFactory`
+makes the prepared request the engine queues."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+
+from fastgen.checks import boolean
 from fastgen.config import EngineConfig
+from fastgen.engine.logprobs import TokenTexts
+from fastgen.engine.parallel_sampling import ChildId, ParentRequest, child_params
 from fastgen.engine.prompts import Prompt, token_ids_of
+from fastgen.engine.request_state import RequestState, now
+from fastgen.engine.sequence import Sequence
 from fastgen.sampling_params import SamplingParams
 
 
@@ -48,3 +57,43 @@ def prompt_token_ids(prompt: Prompt, params: SamplingParams, tokenizer,
             f"exceeds max_model_len={config.max_model_len}"
         )
     return text, token_ids
+
+
+class RequestFactory:
+    """Turns a caller's prompt and settings into a prepared, not yet queued, request: one
+    `RequestState`, or for n > 1 a `ParentRequest` of n children. Owns the counters of fresh
+    request and sequence ids."""
+
+    def __init__(self, config: EngineConfig, tokenizer):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.token_texts = TokenTexts(tokenizer)  # shared: decoded logprob tokens are cached once
+        self._seq_ids = itertools.count()
+        self._request_ids = itertools.count()
+
+    def make(self, prompt: Prompt, params: SamplingParams, request_id: str | None, final_only: bool,
+             in_use: Callable[[str], bool]) -> RequestState | ParentRequest:
+        """ValueError naming the field for bad input. request_id None: a fresh one, skipping ids
+        `in_use` (a caller may have chosen them for requests of its own)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params = params.validated_copy()
+        final_only = boolean("final_only", final_only)
+        text, token_ids = prompt_token_ids(prompt, params, self.tokenizer, self.config)
+        params.check_logprobs_limit(min(self.config.max_logprobs, self.config.model_config.vocab_size))
+        if request_id is None:
+            request_id = next(i for i in map(str, self._request_ids) if not in_use(i))
+        elif in_use(check_request_id(request_id)):
+            raise ValueError(f"request_id={request_id!r} is already in use")
+        if params.n == 1:
+            return self._state(request_id, token_ids, params, text, now(), final_only)
+        arrival = now()
+        children = [self._state(ChildId(request_id, i), list(token_ids), child_params(params, i), text, arrival,
+                                final_only) for i in range(params.n)]
+        return ParentRequest(request_id, children, final_only)
+
+    def _state(self, request_id: str | ChildId, token_ids: list[int], params: SamplingParams, text: str | None,
+               arrival: float, final_only: bool) -> RequestState:
+        seq = Sequence(next(self._seq_ids), token_ids, params)
+        return RequestState(request_id, seq, text, self.tokenizer, arrival, final_only=final_only,
+                            token_texts=self.token_texts)
