@@ -30,8 +30,9 @@ from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.block_manager import BlockManager
 from fastgen.engine.driver import Driver
+from fastgen.engine.live_requests import LiveRequests
 from fastgen.engine.outbox import Outbox
-from fastgen.engine.parallel_sampling import ChildId, ParentRequest, merge_outputs
+from fastgen.engine.parallel_sampling import ParentRequest
 from fastgen.engine.prompts import Prompt
 from fastgen.engine.request_state import RequestState, now
 from fastgen.engine.requests import EngineOverloaded, RequestFactory, check_request_id
@@ -60,9 +61,7 @@ class LLMEngine:
             # On a torchrun rank > 0 this serves as a worker and never returns.
             self.runner = start_tensor_parallel(config, load_format, eos)
         else:
-            from fastgen.worker.model_runner import (
-                ModelRunner,  # torch and the model: not for `import fastgen`
-            )
+            from fastgen.worker.model_runner import ModelRunner  # torch and the model: not for `import fastgen`
 
             self.runner = ModelRunner(config, load_format=load_format, eos_token_ids=eos)
         self.block_manager = BlockManager(
@@ -75,10 +74,9 @@ class LLMEngine:
             config.max_model_len,
             eos,
         )
-        self.requests: dict[str | ChildId, RequestState] = {}
-        self.parents: dict[str, ParentRequest] = {}  # requests with n > 1, by id (their children are in `requests`)
-        self._by_seq: dict[int, RequestState] = {}
         self.outbox = Outbox()
+        self.live = LiveRequests(self.scheduler, self.outbox)
+        self.requests, self.parents = self.live.states, self.live.parents  # read-only views, by id
         self.num_steps = 0
         self.factory = RequestFactory(config, self.tokenizer)
         self.driver = Driver()  # which thread may drive the engine
@@ -97,7 +95,7 @@ class LLMEngine:
 
     def has_request(self, request_id: str) -> bool:
         """Whether a request (of any n) with this id is queued or running."""
-        return request_id in self.requests or request_id in self.parents
+        return request_id in self.live
 
     def enqueue(self, state: RequestState | ParentRequest, claimed: bool = False) -> str:
         """Queue a prepared request. claimed: its outputs go to its own mailbox (`take_output`),
@@ -108,25 +106,8 @@ class LLMEngine:
             raise ValueError(f"request_id={state.request_id!r} is already in use")
         if boolean("claimed", claimed):
             self.outbox.open(state.request_id)
-        if isinstance(state, ParentRequest):
-            self._enqueue_parent(state)
-        else:
-            self._register(state)
-            self.scheduler.add(state.seq)
+        self.live.add(state)
         return state.request_id
-
-    def _enqueue_parent(self, parent: ParentRequest) -> None:
-        """Queue the first child; the others wait to fork from it once its prompt is computed."""
-        self.parents[parent.request_id] = parent
-        for child in parent.children:
-            self._register(child)
-        first, *others = parent.children
-        self.scheduler.add(first.seq)
-        self.scheduler.add_forks(first.seq, [child.seq for child in others])
-
-    def _register(self, state: RequestState) -> None:
-        self.requests[state.request_id] = state
-        self._by_seq[state.seq.seq_id] = state
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
         """Queue a request whose outputs `step()` returns; return its id (a string). Raises
@@ -143,18 +124,10 @@ class LLMEngine:
         consumer gets one final output with finish_reason "abort". False when no unfinished
         request has this id; ValueError when the id is not a string."""
         self.driver.check()
-        request_id = check_request_id(request_id)
-        parent = self.parents.get(request_id)
-        if parent is not None:
-            # The waiting children first, so that none is left to start on its own.
-            live = [child for child in reversed(parent.children) if child.request_id in self.requests]
-            outputs = [self._finish_now(child, FinishReason.ABORT) for child in live]
-            self.outbox.between_steps += self._deliver(outputs[::-1])
-            return True
-        state = self.requests.get(request_id)
-        if state is None:
+        outputs = self.live.abort(check_request_id(request_id))
+        if outputs is None:
             return False
-        self.outbox.between_steps += self._deliver([self._finish_now(state, FinishReason.ABORT)])
+        self.outbox.between_steps += outputs
         return True
 
     def take_output(self, request_id: str) -> RequestOutput | None:
@@ -174,10 +147,6 @@ class LLMEngine:
         if self.driver.is_current():
             for request_id in self.outbox.take_abandoned():
                 self.release(request_id)
-
-    def _forget(self, state: RequestState) -> None:
-        del self.requests[state.request_id]
-        del self._by_seq[state.seq.seq_id]
 
     def has_unfinished_requests(self) -> bool:
         """Whether requests are queued or running, or outputs wait for `step()` to return them
@@ -238,16 +207,16 @@ class LLMEngine:
             raise
         except Exception as exc:  # noqa: BLE001 - outside the model: the engine's own books failed
             logger.exception("engine step failed outside the model run; failing every request")
-            outputs += self._deliver(self._fail_all(exc))
+            outputs += self.live.deliver(self._fail_all(exc))
             return StepResult(outputs, None, 0, 0, 0, started)
-        outputs += self._deliver(made)
+        outputs += self.live.deliver(made)
         self.num_steps += 1
         return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started)
 
     def _run(self, out: SchedulerOutput, started: float) -> tuple[list[RequestOutput], int]:
         """Run a scheduled step; its requests' outputs (not yet delivered) and the number of
         tokens it sampled."""
-        states = [self._by_seq[seq.seq_id] for seq in (*out.seqs, *out.forked_seqs)]
+        states = self.live.of((*out.seqs, *out.forked_seqs))
         try:
             launched = self.runner.launch(out)
             # Host work that needs no token runs while the GPU computes the step.
@@ -262,73 +231,30 @@ class LLMEngine:
             return self._on_failed_run(out, states, exc), 0
         sampled = result.sampled
         self.scheduler.postprocess(out, sampled)
-        self._take_logprobs(states, result)
+        self.live.take_logprobs(states, result)
         t = now()
         outputs = []
         for state, token in zip(states, sampled):
             if token is None:
                 continue
             try:
-                output = self._advance(state, t)
+                output = self.live.advance(state, t)
             except Exception as exc:  # noqa: BLE001 - this request's text or stop strings: its own failure
                 logger.exception("post-processing request %r failed", state.request_id)
-                output = self._finish_now(state, FinishReason.ERROR, _describe(exc))
+                output = self.live.finish_now(state, FinishReason.ERROR, _describe(exc))
             if output is not None:
                 outputs.append(output)
         return outputs, sum(token is not None for token in sampled)
-
-    def _take_logprobs(self, states: list[RequestState], result) -> None:
-        """Hand the step's logprobs (a ModelRunnerOutput's) to their requests."""
-        if result.logprobs is not None:
-            for state, top in zip(states, result.logprobs):
-                if top is not None:
-                    state.add_logprobs(top)
-        for seq_id, (start, tops) in result.prompt_logprobs.items():
-            self._by_seq[seq_id].add_prompt_logprobs(start, tops)
-
-    def _advance(self, state: RequestState, t: float) -> RequestOutput | None:
-        seq = state.seq
-        if state.on_new_tokens(t):  # a stop string matched
-            if seq.is_finished:  # completed by the last allowed token: still a stop, as in vLLM
-                seq.finish_reason = FinishReason.STOP
-            else:
-                self.scheduler.finish(seq, FinishReason.STOP)
-        output = state.make_output(t)
-        if seq.is_finished:
-            self._forget(state)
-        return output
-
-    def _deliver(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """Fold the completions of n > 1 requests into one output each and hand every output to
-        its consumer (the outbox); return what was delivered."""
-        if self.parents:
-            outputs = merge_outputs(outputs, self.parents)
-        for output in outputs:
-            self.outbox.put(output)
-        return outputs
 
     def _on_failed_run(self, out: SchedulerOutput, states: list[RequestState], exc: Exception) -> list[RequestOutput]:
         """A step failed in the model or the sampler: it is one request's failure when that request
         ran alone; otherwise the batch is retried one sequence at a time."""
         if len(states) == 1:
             logger.warning("step of request %r failed: %s", states[0].request_id, _describe(exc))
-            return [self._finish_now(states[0], FinishReason.ERROR, _describe(exc))]
+            return [self.live.finish_now(states[0], FinishReason.ERROR, _describe(exc))]
         logger.warning("step of %d sequences failed (%s); retrying them one at a time", len(states), _describe(exc))
         self.scheduler.isolate([state.seq for state in states])
         return []
-
-    def _finish_now(self, state: RequestState, reason: FinishReason, error: str | None = None) -> RequestOutput:
-        """End a request outside the normal flow (abort, failure); its final output, not yet
-        delivered."""
-        self.scheduler.finish(state.seq, reason)
-        state.error = error
-        t = now()
-        try:
-            output = state.final_output(t) if error is None else state.make_output(t)
-        except Exception:  # noqa: BLE001 - the text is what failed: report the text there is
-            output = state.make_output(t)
-        self._forget(state)
-        return output
 
     def _fail_all(self, exc: Exception) -> list[RequestOutput]:
         """Nothing can be attributed: every request ends with "error"; the engine stays usable."""
@@ -336,10 +262,10 @@ class LLMEngine:
         outputs = []
         for state in list(self.requests.values()):
             try:
-                outputs.append(self._finish_now(state, FinishReason.ERROR, _describe(exc)))
+                outputs.append(self.live.finish_now(state, FinishReason.ERROR, _describe(exc)))
             except Exception:  # noqa: BLE001 - the books themselves are broken: drop it without them
                 self.scheduler.drop(state.seq)
-                self._forget(state)
+                self.live.forget(state)
         return outputs
 
 

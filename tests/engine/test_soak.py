@@ -104,7 +104,7 @@ def test_soak_through_background_leaves_nothing_behind(tiny_models):
         gc.collect()
         rss_after = process.memory_info().rss
     assert not bg.running
-    assert not engine.requests and not engine._by_seq and not engine.has_unfinished_requests()
+    assert not engine.requests and not engine.live.by_seq and not engine.has_unfinished_requests()
     assert not engine.outbox.mailboxes and not engine.outbox.for_step and not engine.outbox.between_steps
     assert not engine.scheduler.waiting and not engine.scheduler.running and not engine.scheduler.suspects
     engine.check_invariants()
