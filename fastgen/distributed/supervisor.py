@@ -120,7 +120,11 @@ class WorkerSupervisor:
         report = failure_report(self.store, rank)
         if report is not None:
             return f"tensor-parallel rank {rank} failed:\n{report}"
-        return describe_exit(rank, self.procs[rank].exitcode)
+        proc = self.procs[rank]
+        # The sentinel fires when the process's end of the pipe closes, which can be a moment
+        # before the process can be reaped: until then its exit code reads None.
+        proc.join(timeout=2.0)
+        return describe_exit(rank, proc.exitcode)
 
     def record(self, failure: str) -> None:
         with self._lock:
