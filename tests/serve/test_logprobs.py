@@ -5,12 +5,11 @@ beyond the limits, or chat's top_logprobs without logprobs, is a 400 naming the 
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 
 from fastgen import LLM, SamplingParams
 from fastgen.engine.prompts import chat_token_ids
-from tests.serve.conftest import ENGINE_ARGS, MODEL_NAME, running_server
+from tests.serve.conftest import ENGINE_ARGS, MODEL_NAME
 
 PROMPT = "The quick brown fox"
 CHAT = [{"role": "user", "content": "Prefix caching shares"}]
@@ -27,17 +26,6 @@ def expected(chat_model):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP)
     completion, chat = llm.generate([PROMPT, chat_token_ids(llm.tokenizer, CHAT)], params)
     return completion.outputs[0], chat.outputs[0]
-
-
-@pytest.fixture(scope="module")
-def server(chat_model):
-    with running_server(LLM(chat_model, **ENGINE_ARGS)) as base_url:
-        yield base_url
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
 
 
 def _sampled(want) -> list:
