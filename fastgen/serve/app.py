@@ -57,6 +57,7 @@ def build_app(llm, settings: ServerSettings) -> FastAPI:
         config = llm.config
         state = ServerState(AsyncLLM(llm), settings.model_name or Path(config.model).name, tokenizer,
                             config.max_model_len, config.model_config.vocab_size,
+                            min(config.max_logprobs, config.model_config.vocab_size),
                             ResultStore(settings.max_results, settings.result_ttl_s))
         app.state.server = state
         try:

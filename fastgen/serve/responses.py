@@ -7,6 +7,7 @@ import time
 import uuid
 
 from fastgen.outputs import RequestOutput
+from fastgen.serve.logprobs import chat_logprobs, completion_logprobs
 
 
 def completion_id(prefix: str) -> str:
@@ -25,10 +26,13 @@ def usage(output: RequestOutput) -> dict:
 
 
 class ResponseShape:
-    """One response's id, model and creation time, shared by all its chunks."""
+    """One response's id, model and creation time, shared by all its chunks. chat_top_logprobs:
+    how many alternatives each chat logprobs entry lists (completions list what the engine gave)."""
 
-    def __init__(self, kind: str, model: str):
+    def __init__(self, kind: str, model: str, chat_top_logprobs: int = 0):
         self.kind = kind  # "text_completion" or "chat.completion"
+        self.chat_top_logprobs = chat_top_logprobs
+        self._text_offsets: dict[int, int] = {}  # choice -> its tokens' text so far (completions' text_offset)
         self.id = completion_id("cmpl" if kind == "text_completion" else "chatcmpl")
         self.model = model
         self.created = int(time.time())
@@ -37,15 +41,27 @@ class ResponseShape:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
                 "choices": choices}
 
+    def _logprobs(self, index: int, token_ids: list[int], positions) -> dict | None:
+        """The logprobs of choice `index`'s next `token_ids` (None when the request asked for
+        none). text_offset counts the characters of the choice's earlier tokens' own texts, as
+        in vLLM (the streamed text may hold back a partial character)."""
+        if self.kind != "text_completion":
+            return chat_logprobs(token_ids, positions, self.chat_top_logprobs)
+        logprobs = completion_logprobs(token_ids, positions, self._text_offsets.get(index, 0))
+        if logprobs is not None:
+            self._text_offsets[index] = self._text_offsets.get(index, 0) + sum(map(len, logprobs["tokens"]))
+        return logprobs
+
     def body(self, final: RequestOutput) -> dict:
         """The non-streaming response."""
-        if self.kind == "text_completion":
-            choices = [{"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-                       for i, c in enumerate(choices_of(final))]
-        else:
-            choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
-                        "logprobs": None, "finish_reason": c.finish_reason}
-                       for i, c in enumerate(choices_of(final))]
+        choices = []
+        for i, c in enumerate(choices_of(final)):
+            logprobs = self._logprobs(i, c.token_ids, getattr(c, "logprobs", None))
+            if self.kind == "text_completion":
+                choices.append({"index": i, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason})
+            else:
+                choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
+                                "logprobs": logprobs, "finish_reason": c.finish_reason})
         return {**self._envelope(self.kind, choices), "usage": usage(final)}
 
     def first_chunk(self, n: int) -> dict | None:
@@ -62,11 +78,13 @@ class ResponseShape:
         for i, c in enumerate(choices_of(output)):
             if not c.new_text and not c.new_token_ids and c.finish_reason is None:
                 continue
+            logprobs = self._logprobs(i, c.new_token_ids, getattr(c, "new_logprobs", None))
             if self.kind == "text_completion":
-                choices.append({"index": i, "text": c.new_text, "logprobs": None, "finish_reason": c.finish_reason})
+                choices.append({"index": i, "text": c.new_text, "logprobs": logprobs,
+                                "finish_reason": c.finish_reason})
             else:
                 delta = {"content": c.new_text} if c.new_text or c.finish_reason is None else {}
-                choices.append({"index": i, "delta": delta, "logprobs": None, "finish_reason": c.finish_reason})
+                choices.append({"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason})
         if not choices:
             return None
         object_name = "text_completion" if self.kind == "text_completion" else "chat.completion.chunk"

@@ -24,6 +24,7 @@ class ServerState:
     tokenizer: object  # the server's own copy: the engine's is used by the loop thread
     max_model_len: int
     vocab_size: int
+    max_logprobs: int  # the most top logprobs per token a request may ask for
     results: ResultStore
     metrics: ServerMetrics = field(init=False)
     accepting: bool = True

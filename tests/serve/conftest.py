@@ -35,6 +35,22 @@ def chat_model(tiny_models, tmp_path_factory) -> str:
     return str(folder)
 
 
+@pytest.fixture(scope="module")
+def server(chat_model):
+    """A server for the test module, on the tiny chat model with ENGINE_ARGS (a module may
+    override it); yields its base URL."""
+    with running_server(LLM(chat_model, **ENGINE_ARGS)) as base_url:
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The `openai` client of the module's server."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+
+
 @contextmanager
 def running_server(llm: LLM, **settings):
     """Serve `llm` on a free port until the block ends; yields the base URL."""

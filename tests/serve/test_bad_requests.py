@@ -6,17 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from fastgen import LLM
-from tests.serve.conftest import ENGINE_ARGS, MODEL_NAME, running_server
+from tests.serve.conftest import MODEL_NAME
 
 OK = {"model": MODEL_NAME, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0.0}
 CHAT_OK = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-
-
-@pytest.fixture(scope="module")
-def server(chat_model):
-    with running_server(LLM(chat_model, **ENGINE_ARGS)) as base_url:
-        yield base_url
 
 
 BAD = [

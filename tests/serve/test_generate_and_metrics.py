@@ -9,17 +9,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastgen import LLM
-from tests.serve.conftest import ENGINE_ARGS, metric_values, running_server, wait_for
+from tests.serve.conftest import ENGINE_ARGS, metric_values, wait_for
 
 PROMPT = [5, 17, 42, 99, 7]
 MAX_TOKENS = 10
-
-
-@pytest.fixture(scope="module")
-def server(chat_model):
-    with running_server(LLM(chat_model, **ENGINE_ARGS)) as base_url:
-        yield base_url
 
 
 def test_generate_returns_an_id_and_result_gives_the_greedy_tokens(server, chat_model, reference):

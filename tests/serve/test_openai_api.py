@@ -12,7 +12,7 @@ import pytest
 
 from fastgen import LLM, SamplingParams
 from fastgen.engine.prompts import chat_token_ids
-from tests.serve.conftest import ENGINE_ARGS, MODEL_NAME, metric_values, running_server, wait_for
+from tests.serve.conftest import ENGINE_ARGS, MODEL_NAME, metric_values, wait_for
 
 PROMPTS = ["The quick brown fox", "Paged attention keeps", "def fibonacci(n):"]
 MAX_TOKENS = 12
@@ -27,17 +27,6 @@ def expected(chat_model):
     completions = {p: o for p, o in zip(PROMPTS, llm.generate(PROMPTS, params))}
     chat = llm.generate([chat_token_ids(llm.tokenizer, CHAT)], params)[0]
     return completions, chat
-
-
-@pytest.fixture(scope="module")
-def server(chat_model):
-    with running_server(LLM(chat_model, **ENGINE_ARGS)) as base_url:
-        yield base_url
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
 
 
 GREEDY = dict(model=MODEL_NAME, max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True})
