@@ -47,3 +47,8 @@ def real(name: str, value: object, limit_text: str, low: float, high: float = FL
     if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
         raise ValueError(f"{name}={value!r} must be {limit_text}")
     return number
+
+
+def positive_real(name: str, value: object) -> float:
+    """A finite number > 0 (an epsilon, a timeout, a RoPE factor)."""
+    return real(name, value, "a finite number > 0", low=0.0, high=math.inf, low_open=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import TYPE_CHECKING
 
-from fastgen.checks import boolean, integer, real
+from fastgen.checks import boolean, integer, positive_real, real
 from fastgen.cpu_features import has_native_bf16
 from fastgen.models.config import DTYPE_NAMES, ModelConfig, torch_dtype
 from fastgen.models.hub import resolve_model_path
@@ -47,10 +47,6 @@ def at_least(minimum: int, below: int | None = None, below_text: str | None = No
 
 def fraction(name: str, value: object) -> float:
     return real(name, value, "in (0, 1]", low=0.0, high=1.0, low_open=True)
-
-
-def positive_number(name: str, value: object) -> float:
-    return real(name, value, "a finite number > 0", low=0.0, high=float("inf"), low_open=True)
 
 
 def one_of(choices: tuple[str, ...]) -> Check:
@@ -162,7 +158,7 @@ class EngineConfig:
     1..N-1 are spawned on this machine, or joined from torchrun's environment (RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT, LOCAL_RANK). On CUDA, rank r uses the device's index + r (its
     LOCAL_RANK under torchrun); on CPU any size runs (gloo)."""
-    distributed_timeout_s: float = _knob(300.0, positive_number)
+    distributed_timeout_s: float = _knob(300.0, positive_real)
     """Seconds a collective between tensor-parallel ranks may wait for a rank that is alive but
     stuck before the engine fails; a rank that dies or raises fails the engine at once."""
     max_waiting_requests: int = _knob(1024, at_least(1))

@@ -29,8 +29,8 @@ class EngineCounters:
 
     @classmethod
     def read(cls, engine) -> "EngineCounters":
-        bm = engine.block_manager
-        return cls(bm.num_hit_tokens, bm.num_queried_tokens, engine.scheduler.num_preemptions)
+        stats = engine.stats()
+        return cls(stats.prefix_hit_tokens, stats.prefix_queried_tokens, stats.num_preemptions)
 
     def since(self, earlier: "EngineCounters") -> "EngineCounters":
         return EngineCounters(self.hit_tokens - earlier.hit_tokens, self.queried_tokens - earlier.queried_tokens,

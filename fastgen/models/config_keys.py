@@ -3,7 +3,7 @@ the file, the key, the value and what was expected (never a KeyError or a TypeEr
 
 from __future__ import annotations
 
-from fastgen.checks import boolean, integer, real
+from fastgen.checks import boolean, integer, positive_real
 
 _REQUIRED = object()
 # RoPE variants the rotary layer implements, with the numeric keys each needs.
@@ -42,7 +42,7 @@ class ConfigKeys:
         return self._positive(key, self._get(key, default))
 
     def _positive(self, name: str, value) -> float:
-        return self._checked(real, name, value, "a finite number > 0", low=0.0, high=float("inf"), low_open=True)
+        return self._checked(positive_real, name, value)
 
     def flag(self, key: str, default: bool) -> bool:
         return self._checked(boolean, key, self._get(key, default))
