@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -139,8 +140,10 @@ class EngineConfig:
     triton on a CPU runs only under TRITON_INTERPRET=1 (tests)."""
     enable_prefix_caching: bool = _knob(True, boolean)
     """Share full KV blocks between requests with a common prefix."""
-    enforce_eager: bool = _knob(False, boolean)
-    """Never use CUDA graphs for decode."""
+    enforce_eager: bool | None = _knob(None, optional(boolean))
+    """Run decode eagerly: no CUDA graphs (CUDA), no compiled decode step (CPU). Default: false,
+    unless $FASTGEN_ENFORCE_EAGER=1 (the test suite's setting: its many short-lived engines
+    would each pay a compile)."""
     cuda_graph_batch_sizes: list[int] | None = _knob(None, optional(batch_sizes))
     """Padded decode batch sizes to capture. Default: 1, 2, 4, 8, then steps of 8 up to 64 and of
     16 beyond, up to min(max_num_seqs, max_cuda_graph_batch_size)."""
@@ -183,6 +186,8 @@ class EngineConfig:
                 f"max_model_len={self.max_model_len} exceeds the model's {self.model_config.max_len_limit}"
             )
         self.device = resolve_device(self.device)
+        if self.enforce_eager is None:
+            self.enforce_eager = os.environ.get("FASTGEN_ENFORCE_EAGER") == "1"
         self._check_attention_backend()
         if self.tensor_parallel_size > 1:
             from fastgen.distributed.launch import check_world
@@ -192,8 +197,6 @@ class EngineConfig:
             self.cuda_graph_batch_sizes = sorted(set(self.cuda_graph_batch_sizes))
 
     def _check_attention_backend(self) -> None:
-        import os
-
         name, on_cuda = self.attention_backend, self.device.startswith("cuda")
         if name == "flash-attn" and not on_cuda:
             raise ValueError(f"attention_backend='flash-attn' needs a CUDA device, got device={self.device!r}")
@@ -241,6 +244,13 @@ class EngineConfig:
     @property
     def graphs_enabled(self) -> bool:
         return self.torch_device.type == "cuda" and not self.enforce_eager
+
+    @property
+    def compiled_decode_enabled(self) -> bool:
+        """The CPU counterpart of decode graphs: the decode step compiled whole (one rank, the
+        torch attention backend)."""
+        return (self.torch_device.type == "cpu" and not self.enforce_eager and self.tensor_parallel_size == 1
+                and self.attention_backend in ("auto", "torch"))
 
 
 @cache

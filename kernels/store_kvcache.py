@@ -120,12 +120,18 @@ def store_kvcache_torch(
 ) -> None:
     """Plain-torch twin of `store_kvcache` (same contract), for CPU and as a test oracle.
 
-    Not graph-capturable: the -1 filter gives a data-dependent shape.
+    Not graph-capturable: the -1 filter gives a data-dependent shape. Under torch.compile (the
+    compiled CPU decode step, `fastgen.graphs.compiled_decode`) there is no filter: that step
+    never pads its batch and a decode row always writes its token, so no slot is -1, and the
+    store compiles into an in-place scatter into the cache.
     """
     check_store_args(key, value, k_cache, v_cache, slot_mapping)
     num_kv_heads, head_dim = key.shape[1:]
-    valid = slot_mapping >= 0
-    slots = slot_mapping[valid].long()
+    if torch.compiler.is_compiling():
+        slots = slot_mapping.long()
+    else:
+        valid = slot_mapping >= 0
+        slots, key, value = slot_mapping[valid].long(), key[valid], value[valid]
     # `.view` (not reshape) so a non-contiguous cache fails loudly instead of writing a copy.
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key[valid])
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value[valid])
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value)

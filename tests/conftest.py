@@ -10,6 +10,10 @@ import torch
 # Triton reads this when a kernel is decorated, so it must be set before `kernels` is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Engines decode eagerly unless a test asks otherwise (enforce_eager=False): the compiled CPU
+# decode step costs tens of seconds an engine, and hundreds of engines are built here.
+# tests/graphs/test_compiled_decode.py covers it against transformers.
+os.environ.setdefault("FASTGEN_ENFORCE_EAGER", "1")
 
 import random  # noqa: E402
 from functools import lru_cache  # noqa: E402

@@ -24,7 +24,7 @@ def test_graphs_chunks_and_prefix_hits_match_transformers(tiny_models, reference
     # 7 sequences decode in the graph of size 8, 3 of them after a prefix hit; 257 tokens take
     # five 64-token chunks, each later one over the cached history.
     llm = LLM(model, device="cuda", dtype="float32", block_size=16, num_kv_blocks=256, max_num_seqs=8,
-              max_num_batched_tokens=64, cuda_graph_batch_sizes=[1, 2, 4, 8])
+              max_num_batched_tokens=64, cuda_graph_batch_sizes=[1, 2, 4, 8], enforce_eager=False)
     assert llm.engine.runner.backend.name == "triton" and llm.engine.runner.graphs is not None
     first = llm.generate(shared[:1], GREEDY)
     rest = llm.generate(prompts[1:], GREEDY)
@@ -78,7 +78,7 @@ def test_measured_budget_covers_the_worst_steps(tmp_path):
     utilization = 0.5
     llm = LLM(str(tmp_path), load_format="dummy", skip_tokenizer_init=True, device="cuda", dtype="bfloat16",
               gpu_memory_utilization=utilization, max_model_len=16384, max_num_batched_tokens=4096,
-              max_num_seqs=64, cuda_graph_batch_sizes=[1, 8, 64])
+              max_num_seqs=64, cuda_graph_batch_sizes=[1, 8, 64], enforce_eager=False)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     sampled = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=4, ignore_eos=True)

@@ -10,7 +10,10 @@ from fastgen.cli.help_format import HelpFormatter
 
 DESCRIPTION = """\
 Complete prompts with a model and print the completions (one prompt: just its text). Without
---model the default model, SmolLM2-135M-Instruct, is used (converted once on first use)."""
+--model the default model, SmolLM2-135M-Instruct, is used (converted once on first use).
+Decode runs eagerly unless --no-enforce-eager: a one-shot command would spend longer compiling
+the CPU decode step (about 20 s a start even when cached) or capturing CUDA graphs than it
+saves."""
 
 EPILOG = """\
 examples:
@@ -58,7 +61,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help="print token counts, TTFT and decode speed to stderr")
     engine_args.add_engine_args(parser, dummy_weights=False,
                                 max_model_len_default="the model's max_position_embeddings (n_positions for GPT-2)")
-    parser.set_defaults(run=run, parser=parser)
+    parser.set_defaults(run=run, parser=parser, enforce_eager=True)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""CUDA graphs for decode: capture per padded batch size, replay over persistent buffers."""
+"""Decode as one unit per step: CUDA graphs (captured per padded batch size, replayed over
+persistent buffers) and, on CPU, the decode step compiled whole."""
 
 from fastgen.graphs.batch_sizes import default_capture_sizes, padded_size
 from fastgen.graphs.runner import CudaGraphRunner

@@ -9,27 +9,39 @@ from fastgen.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 
 
 class KVCache:
-    """One tensor [2, layers, blocks, block_size, kv_heads, head_dim] (kv_heads: this rank's share
-    under tensor parallelism, `EngineConfig.num_kv_heads_per_rank`), zero-filled so that
-    masked-out reads of never-written slots can only ever see finite values; `layers` holds
-    each layer's (k_cache, v_cache) views, made once, handed down every forward."""
+    """Per layer, a K and a V tensor [blocks, block_size, kv_heads, head_dim] (kv_heads: this
+    rank's share under tensor parallelism, `EngineConfig.num_kv_heads_per_rank`), zero-filled so
+    that masked-out reads of never-written slots can only ever see finite values; `layers` holds
+    each layer's (k_cache, v_cache), handed down every forward.
+
+    Each is an allocation of its own, not a view of one cache-wide tensor: the compiled CPU
+    decode step takes them as inputs and writes them in place, which torch.compile does only for
+    inputs that alias nothing (a store into a view of a shared base was traced into a copy of the
+    whole base)."""
 
     def __init__(self, config: EngineConfig, num_blocks: int, device: torch.device | None = None):
         mc = config.model_config
-        shape = (2, mc.num_layers, num_blocks, config.block_size, config.num_kv_heads_per_rank, mc.head_dim)
+        shape = (num_blocks, config.block_size, config.num_kv_heads_per_rank, mc.head_dim)
         self.num_blocks = num_blocks
-        self.tensor = torch.zeros(shape, dtype=config.torch_dtype, device=device or config.torch_device)
-        self.layers = [(self.tensor[0, i], self.tensor[1, i]) for i in range(mc.num_layers)]
+        device = device or config.torch_device
+
+        def empty_cache() -> torch.Tensor:
+            return torch.zeros(shape, dtype=config.torch_dtype, device=device)
+
+        self.layers = [(empty_cache(), empty_cache()) for _ in range(mc.num_layers)]
 
     @property
     def num_bytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy whole blocks (every layer, K and V), each (source, destination) block id: how a
         forked sequence gets its own copy of its parent's partial last block."""
-        src, dst = torch.tensor(copies, dtype=torch.int64).to(self.tensor.device, non_blocking=True).unbind(1)
-        self.tensor.index_copy_(2, dst, self.tensor.index_select(2, src))
+        device = self.layers[0][0].device
+        src, dst = torch.tensor(copies, dtype=torch.int64).to(device, non_blocking=True).unbind(1)
+        for layer in self.layers:
+            for cache in layer:
+                cache.index_copy_(0, dst, cache.index_select(0, src))
 
 
 def bytes_per_block(config: EngineConfig) -> int:

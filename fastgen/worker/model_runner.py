@@ -16,6 +16,7 @@ from fastgen.config import LOAD_FORMATS, EngineConfig
 from fastgen.distributed.group import SINGLE_RANK, TensorParallelGroup
 from fastgen.engine.scheduler import SchedulerOutput
 from fastgen.graphs import CudaGraphRunner, default_capture_sizes
+from fastgen.graphs.compiled_decode import CompiledDecodeStep
 from fastgen.models.build import default_dtype, skip_weight_init
 from fastgen.models.loader import load_weights
 from fastgen.models.registry import model_class
@@ -165,6 +166,8 @@ class ModelRunner:
         self.readback = TokenReadback(config.max_num_seqs, self.device)
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
                                       self.device) if sizes else None
+        self.compiled_decode = CompiledDecodeStep(self.model, self.kv_cache.layers) \
+            if config.compiled_decode_enabled else None
         self.step_sender = make_step_sender(self.inputs) if make_step_sender is not None else None
 
     @property
@@ -246,6 +249,8 @@ class ModelRunner:
         greedy = None
         if not layout.is_prefill and self.graphs is not None and layout.num_rows in self.graphs.sizes:
             logits, greedy = self.graphs.replay(inputs)
+        elif not layout.is_prefill and self.compiled_decode is not None:
+            logits, greedy = self.compiled_decode.step(inputs)
         elif layout.logit_spans:
             hidden = forward_hidden(self.model, inputs, self.kv_cache.layers)
             logits = self.model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))

@@ -83,3 +83,17 @@ def test_prefill_metadata_passes_through_prepare_unchanged():
     prefill = AttentionMetadata(True, meta.slot_mapping, meta.block_tables, meta.context_lens,
                                 torch.tensor([0, 3], dtype=torch.int32), 3, 3, None)
     assert TorchPagedBackend(build_op_set(False), 4).prepare(prefill) is prefill
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4)], ids=["gqa", "mha"])
+@pytest.mark.parametrize("lengths", [[1], [37], [7, 0, 130]], ids=["one", "one-long", "ragged+padding"])
+def test_reductions_form_of_the_compiled_step_equals_per_sequence_attention(heads, kv_heads, lengths):
+    """The formulation the compiled one-row step traces (broadcast products and sums), run
+    eagerly here: same result as the per-sequence reference, padding rows included."""
+    from fastgen.attention.torch_decode import _decode_attention_as_reductions
+
+    q, k_cache, v_cache, meta, keys, values = paged_batch(lengths, heads, kv_heads, 16, 4, torch.float32)
+    backend = TorchPagedBackend(build_op_set(False), 4)
+    index = backend.prepare(meta).decode_kv
+    out = _decode_attention_as_reductions(q, k_cache, v_cache, index, 0.25)
+    torch.testing.assert_close(out.double(), reference_decode(q, keys, values, 0.25), rtol=1e-5, atol=1e-5)

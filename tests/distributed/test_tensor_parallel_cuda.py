@@ -21,7 +21,8 @@ pytestmark = [
 ]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 ENGINE_ARGS = dict(device="cuda:0", dtype="float32", block_size=16, num_kv_blocks=128, max_num_seqs=8,
-                   max_num_batched_tokens=64, cuda_graph_batch_sizes=[1, 2, 4, 8], tensor_parallel_size=2)
+                   max_num_batched_tokens=64, cuda_graph_batch_sizes=[1, 2, 4, 8], tensor_parallel_size=2,
+                   enforce_eager=False)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])

@@ -1,0 +1,81 @@
+"""The compiled CPU decode step: its linear rewrite, and greedy parity with transformers through
+both of its graphs (one row, several rows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastgen import LLM, SamplingParams
+from fastgen.compile.gemv import gemv_linear, linears_as_gemv
+from tests.conftest import random_prompts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gemv_linear_equals_f_linear(dtype, bias, rows):
+    torch.manual_seed(0)
+    x = torch.randn(rows, 96).to(dtype)
+    weight = torch.randn(40, 96).to(dtype)
+    b = torch.randn(40).to(dtype) if bias else None
+    got, want = gemv_linear(x, weight, b), F.linear(x, weight, b)
+    assert got.dtype == dtype and got.shape == want.shape
+    # float32 sums in another order; bf16 rounds the same float32 sum once (a last-bit tie may differ).
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got, want, **tolerance)
+
+
+def test_linears_as_gemv_rewrites_every_linear_call():
+    def two_layers(x, w1, w2, b2):
+        return F.linear(torch.relu(F.linear(x, w1)), w2, b2)
+
+    gm = torch.fx.symbolic_trace(two_layers)
+    torch.manual_seed(1)
+    args = (torch.randn(1, 8), torch.randn(16, 8), torch.randn(4, 16), torch.randn(4))
+    want = gm(*args)
+    assert linears_as_gemv(gm) == 2
+    assert not any(node.target is F.linear for node in gm.graph.nodes)
+    torch.testing.assert_close(gm(*args), want)
+
+
+def compiled_llm(model: str) -> LLM:
+    return LLM(model, enforce_eager=False, dtype="float32", block_size=4, num_kv_blocks=256, max_num_seqs=8,
+               max_num_batched_tokens=64)
+
+
+def check_family(model, reference):
+    """One request alone (the one-row graph), then a ragged batch with a shared prefix and a
+    chunked prompt (the many-row graph, its batch size changing as requests finish)."""
+    llm = compiled_llm(model)
+    runner = llm.engine.runner
+    assert runner.compiled_decode is not None and runner.graphs is None
+    alone = random_prompts([11], seed=61)
+    prefix = random_prompts([9], seed=62)[0]
+    batch = random_prompts([3, 30], seed=63, prefix=prefix) + random_prompts([1, 100, 6], seed=64)
+    max_tokens = [12, 5, 20, 9, 16]
+    outputs = llm.generate(alone, SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True))
+    assert outputs[0].outputs[0].token_ids == reference(model, alone, 14)[0]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    outputs = llm.generate(batch, params)
+    for prompt, m, out in zip(batch, max_tokens, outputs):
+        assert out.outputs[0].token_ids == reference(model, [prompt], m)[0]
+    assert set(runner.compiled_decode.first_call_seconds) == {"one_row", "many_rows"}
+
+
+def test_compiled_decode_matches_transformers(tiny_models, reference):
+    check_family(tiny_models["qwen3"], reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2", "llama", "gpt2"])
+def test_compiled_decode_matches_transformers_every_family(tiny_models, reference, family):
+    check_family(tiny_models[family], reference)
+
+
+def test_triton_backend_engines_decode_eagerly(tiny_models):
+    """The compiled step is the torch backend's: an engine on another backend never builds it."""
+    llm = LLM(tiny_models["qwen3"], enforce_eager=False, attention_backend="triton", block_size=16,
+              num_kv_blocks=16, max_num_seqs=2, max_model_len=128)
+    assert llm.engine.runner.compiled_decode is None
