@@ -25,7 +25,7 @@ METRICS = {
 }
 # Settings that make two runs measure different things when they differ.
 _SETUP = [("environment", "device_name"), ("engine", "model"), ("engine", "dtype"), ("engine", "device"),
-          ("engine", "block_size"), ("engine", "max_num_seqs"), ("engine", "cuda_graphs"),
+          ("engine", "block_size"), ("engine", "max_num_seqs"), ("engine", "cuda_graphs"), ("engine", "compiled_decode"),
           ("engine", "torch_compile"), ("engine", "attention_backend")]
 
 

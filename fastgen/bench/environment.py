@@ -115,6 +115,7 @@ def engine_settings(llm, choice) -> dict:
         "enable_prefix_caching": config.enable_prefix_caching,
         "enforce_eager": config.enforce_eager,
         "cuda_graphs": runner.graphs is not None,
+        "compiled_decode": runner.compiled_decode is not None,
         "torch_compile": config.compile_enabled,
         "attention_backend": runner.backend.name,
         "seed": config.seed,

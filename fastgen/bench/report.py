@@ -53,11 +53,12 @@ def _fmt_stats(stats: dict) -> str:
 def _header(doc: dict) -> list[str]:
     env, eng = doc["environment"], doc["engine"]
     model = eng["model_preset"] and f"preset {eng['model_preset']} (dummy weights)" or eng["model"]
-    graphs = "CUDA graphs" if eng["cuda_graphs"] else "eager"
-    compiled = "compiled" if eng["torch_compile"] else "not compiled"
+    decode = ("CUDA graphs" if eng["cuda_graphs"] else
+              "compiled decode step" if eng.get("compiled_decode") else "eager decode")
+    compiled = "ops compiled" if eng["torch_compile"] else "ops eager"
     return [
         f"model      {model}  [{eng['architecture']}, {eng['num_parameters'] / 1e6:.1f}M params, {eng['dtype']}]",
-        f"device     {eng['device']} ({env['device_name']}); attention {eng['attention_backend']}, {graphs}, "
+        f"device     {eng['device']} ({env['device_name']}); attention {eng['attention_backend']}, {decode}, "
         f"{compiled}",
         f"engine     block_size {eng['block_size']}, max_num_seqs {eng['max_num_seqs']}, max_num_batched_tokens "
         f"{eng['max_num_batched_tokens']}, max_model_len {eng['max_model_len']}, {eng['num_kv_blocks']} KV blocks "
