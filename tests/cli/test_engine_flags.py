@@ -60,3 +60,14 @@ def test_flag_values_run_the_fields_check(argv, words):
         parser().parse_args(argv)
     for word in words:
         assert word in str(info.value)
+
+
+def test_generate_decodes_eagerly_unless_asked_and_bench_compiles():
+    """A one-shot `generate` would pay the compiled step's trace on every start; the bench and
+    the server keep the config's default (compiled on CPU)."""
+    from fastgen.cli.main import build_parser
+
+    cli = build_parser()
+    assert cli.parse_args(["generate", "hi"]).enforce_eager is True
+    assert cli.parse_args(["generate", "--no-enforce-eager", "hi"]).enforce_eager is False
+    assert cli.parse_args(["bench", "latency"]).enforce_eager is None
