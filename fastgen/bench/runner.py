@@ -4,7 +4,7 @@ run-to-completion loop, and the engine counters a run reports."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tqdm.auto import tqdm
 
@@ -58,8 +58,9 @@ class WarmUpTimes:
 
 
 def warm_up(engine, max_model_len: int) -> WarmUpTimes:
-    """Run two short requests, so one-time costs (allocator growth, lazy kernel compilation,
-    torch.compile) land outside the measurement; return what their steps took (the last of
+    """Run a short request alone, then two together, so one-time costs (allocator growth, lazy
+    kernel compilation, torch.compile: the compiled CPU decode step has a one-row and a
+    many-row graph) land outside the measurement; return what their steps took (the last of
     each kind: the first pays those one-time costs)."""
     input_len = max(1, min(16, max_model_len // 2))
     output_len = max(1, min(4, max_model_len - input_len))
@@ -73,6 +74,8 @@ def warm_up(engine, max_model_len: int) -> WarmUpTimes:
         elif step.is_prefill is not None:
             decode.append(time.perf_counter() - step.started_at)
 
+    alone = build_workload(replace(spec, num_prompts=1), engine.config.model_config.vocab_size)
+    run_requests(engine, alone, temperature=0.0, on_step=record)
     run_requests(engine, warmup, temperature=0.0, on_step=record)
     return WarmUpTimes(prefill[-1], decode[-1])
 
