@@ -103,6 +103,8 @@ class CompiledDecodeStep:
                     self.first_call_seconds[name])
         return out
 
+    # Two entry points with the same body: Dynamo keeps compiled graphs per code object, so each
+    # graph (and its backend) needs a function of its own, or the two would share one cache.
     def _forward_one_row(self, *args):
         return self._forward(*args)
 
