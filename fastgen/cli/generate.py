@@ -12,8 +12,8 @@ DESCRIPTION = """\
 Complete prompts with a model and print the completions (one prompt: just its text). Without
 --model the default model, SmolLM2-135M-Instruct, is used (converted once on first use).
 Decode runs eagerly unless --no-enforce-eager: a one-shot command would spend longer compiling
-the CPU decode step (about 20 s a start even when cached) or capturing CUDA graphs than it
-saves."""
+the CPU decode step (minutes the first time; loading it once saved takes a few seconds) or
+capturing CUDA graphs than it saves."""
 
 EPILOG = """\
 examples:

@@ -16,10 +16,10 @@ Shapes are symbolic in the batch and in the longest context L, so neither grows 
 compiles as the step changes. Nothing is padded: each step runs exactly its rows, so every
 slot it stores is a real one (see `store_kvcache_torch`).
 
-The first use of each graph compiles it (not start-up): one to three minutes on two cores.
-Inductor keeps the result in its on-disk cache ($TORCHINDUCTOR_CACHE_DIR, by default under
-fastgen's cache folder), so a later process traces the step again (about 20 seconds) but
-compiles nothing. That is why one-shot commands (`fastgen generate`) run eagerly by default.
+The first use of each graph compiles it (not start-up): one to three minutes on two cores. The
+compiled graph is saved under fastgen's cache folder (`fastgen.compile.saved_graphs`), keyed by
+everything its trace depends on, so a later process with the same model and fastgen loads it in
+a few seconds and neither traces nor compiles.
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_decode import DecodeKVIndex
 from fastgen.compile.gemv import linears_as_gemv
+from fastgen.compile.saved_graphs import graph_key, load_or_compile
 from fastgen.models.default_model import cache_dir
 from fastgen.worker.step_inputs import StepInputs
 
@@ -58,6 +60,18 @@ def inductor_backend(gemv: bool):
     return compile_graph
 
 
+def decode_step(model, input_ids, positions, slot_mapping, block_tables, context_lens, slots, bias, live,
+                kv_caches):
+    """What each graph holds: logits [rows, vocab] in the model's dtype and their argmax."""
+    index = DecodeKVIndex(slots, bias, live)
+    meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens, None, 1, slots.shape[1], None,
+                             decode_kv=index)
+    layers = list(zip(kv_caches[0::2], kv_caches[1::2]))
+    hidden = model(input_ids, positions, meta, layers)
+    logits = model.compute_logits(hidden)
+    return logits, logits.argmax(dim=-1)
+
+
 class CompiledDecodeStep:
     """model: the decoder; kv_layers: each layer's (k_cache, v_cache), which the step writes
     (`fastgen.worker.kv_cache.KVCache.layers`).
@@ -65,19 +79,21 @@ class CompiledDecodeStep:
     `step(inputs)` runs uploaded decode inputs (their metadata prepared by the torch backend)
     and returns the logits of every row and their argmax."""
 
+    GRAPHS = ("one_row", "many_rows")
+
     def __init__(self, model, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]):
-        # Inductor's default, a folder under /tmp, is often wiped at boot; keep compiled steps
-        # with fastgen's other cached artefacts unless the user chose a place.
+        # Inductor's default, a folder under /tmp, is often wiped at boot; keep its caches with
+        # fastgen's other cached artefacts unless the user chose a place.
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         self.model = model
         self.kv_caches = [cache for layer in kv_layers for cache in layer]
         for cache in self.kv_caches:
-            torch._dynamo.mark_static(cache)
-        self._one_row = torch.compile(self._forward_one_row, backend=inductor_backend(gemv=True), dynamic=True,
-                                      fullgraph=True)
-        self._many_rows = torch.compile(self._forward_many_rows, backend=inductor_backend(gemv=False), dynamic=True,
-                                        fullgraph=True)
-        self.first_call_seconds: dict[str, float] = {}  # "one_row" / "many_rows" -> compile + first run
+            torch._dynamo.mark_static(cache)  # one cache for the engine's life: its sizes are constants
+        self.paths = {name: cache_dir() / "compiled" / f"decode-{graph_key(name, model, model.config, self.kv_caches)}.pt"
+                      for name in self.GRAPHS}
+        self._graphs: dict[str, Callable] = {}
+        self.first_call_seconds: dict[str, float] = {}  # graph name -> load or compile, plus first run
+        self.loaded: set[str] = set()  # the graphs read from disk rather than compiled
 
     @torch.inference_mode()
     def step(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,37 +102,20 @@ class CompiledDecodeStep:
         assert index is not None, "decode metadata must pass through the torch backend's prepare()"
         args = (inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables, meta.context_lens,
                 index.slots, index.bias, index.live, self.kv_caches)
-        name, graph = ("one_row", self._one_row) if inputs.input_ids.shape[0] == 1 else ("many_rows", self._many_rows)
-        if name in self.first_call_seconds:
-            # Each function has one compiled graph, symbolic in every size that changes (rows
-            # >= 2 or exactly 1, contexts >= 2: a decode row attends to its prompt and its new
-            # token), and it always gets the same model, caches and dtypes: its guards can only
-            # pass, and checking them (hundreds of tensors) cost about 1 ms a step.
-            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                return graph(*args)
-        logger.info("compiling the CPU decode step for %s (first use; cached in %s)", name.replace("_", " "),
-                    os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        name = "one_row" if inputs.input_ids.shape[0] == 1 else "many_rows"
+        graph = self._graphs.get(name)
+        if graph is not None:
+            return graph(self.model, *args)
+        # Each graph is symbolic in every size that changes (rows >= 2 or exactly 1, contexts
+        # >= 2: a decode row attends to its prompt and its new token), so it is built once.
         start = time.perf_counter()
-        out = graph(*args)
+        graph, loaded = load_or_compile(decode_step, inductor_backend(gemv=name == "one_row"), args, self.model,
+                                        self.paths[name])
+        out = graph(self.model, *args)
+        self._graphs[name] = graph
         self.first_call_seconds[name] = time.perf_counter() - start
-        logger.info("compiled the CPU decode step for %s in %.1fs", name.replace("_", " "),
-                    self.first_call_seconds[name])
+        if loaded:
+            self.loaded.add(name)
+        logger.info("%s the CPU decode step for %s in %.1fs (%s)", "loaded" if loaded else "compiled",
+                    name.replace("_", " "), self.first_call_seconds[name], self.paths[name])
         return out
-
-    # Two entry points with the same body: Dynamo keeps compiled graphs per code object, so each
-    # graph (and its backend) needs a function of its own, or the two would share one cache.
-    def _forward_one_row(self, *args):
-        return self._forward(*args)
-
-    def _forward_many_rows(self, *args):
-        return self._forward(*args)
-
-    def _forward(self, input_ids, positions, slot_mapping, block_tables, context_lens, slots, bias, live, kv_caches):
-        """What each graph holds: logits [rows, vocab] in the model's dtype and their argmax."""
-        index = DecodeKVIndex(slots, bias, live)
-        meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens, None, 1, slots.shape[1], None,
-                                 decode_kv=index)
-        layers = list(zip(kv_caches[0::2], kv_caches[1::2]))
-        hidden = self.model(input_ids, positions, meta, layers)
-        logits = self.model.compute_logits(hidden)
-        return logits, logits.argmax(dim=-1)

@@ -3,12 +3,15 @@ both of its graphs (one row, several rows)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fastgen import LLM, SamplingParams
 from fastgen.compile.gemv import gemv_linear, linears_as_gemv
+from fastgen.compile.saved_graphs import graph_key
 from tests.conftest import random_prompts
 
 
@@ -62,10 +65,45 @@ def check_family(model, reference):
     for prompt, m, out in zip(batch, max_tokens, outputs):
         assert out.outputs[0].token_ids == reference(model, [prompt], m)[0]
     assert set(runner.compiled_decode.first_call_seconds) == {"one_row", "many_rows"}
+    return runner.compiled_decode
 
 
-def test_compiled_decode_matches_transformers(tiny_models, reference):
-    check_family(tiny_models["qwen3"], reference)
+def test_compiled_decode_matches_transformers(tiny_models, reference, private_cache):
+    """The first engine compiles both graphs and saves them; a second engine loads them, and
+    both match transformers."""
+    first = check_family(tiny_models["qwen3"], reference)
+    assert first.loaded == set() and all(path.is_file() for path in first.paths.values())
+    second = check_family(tiny_models["qwen3"], reference)
+    assert second.loaded == {"one_row", "many_rows"} and second.paths == first.paths
+
+
+def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, private_cache, caplog):
+    model = tiny_models["qwen3"]
+    prompt = random_prompts([7], seed=65)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    first = compiled_llm(model)
+    first.generate(prompt, params)
+    path = first.engine.runner.compiled_decode.paths["one_row"]
+    path.write_bytes(b"not a compiled graph")
+    llm = compiled_llm(model)
+    with caplog.at_level(logging.WARNING, logger="fastgen.compile.saved_graphs"):
+        out = llm.generate(prompt, params)
+    assert out[0].outputs[0].token_ids == reference(model, prompt, 6)[0]
+    assert llm.engine.runner.compiled_decode.loaded == set()
+    assert "could not load the compiled graph" in caplog.text
+    assert path.stat().st_size > 1000  # saved anew
+
+
+def test_graph_key_follows_shapes_and_configuration():
+    model = torch.nn.Linear(8, 4)
+    cache = [torch.zeros(16, 4, 2, 8)]
+    key = graph_key("one_row", model, "config-a", cache)
+    assert key == graph_key("one_row", model, "config-a", [torch.zeros(16, 4, 2, 8)])
+    assert key != graph_key("many_rows", model, "config-a", cache)
+    assert key != graph_key("one_row", model, "config-b", cache)
+    assert key != graph_key("one_row", model, "config-a", [torch.zeros(32, 4, 2, 8)])
+    assert key != graph_key("one_row", model, "config-a", [torch.zeros(16, 4, 2, 8, dtype=torch.bfloat16)])
+    assert key != graph_key("one_row", torch.nn.Linear(8, 5), "config-a", cache)
 
 
 @pytest.mark.slow
