@@ -54,11 +54,11 @@ def run(args: argparse.Namespace) -> int:
                               max_results=args.max_results, result_ttl_s=args.result_ttl,
                               retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout)
     if llm.engine.runner.compiled_decode is not None:
-        # Compile both CPU decode graphs now: otherwise the first requests to need each wait
-        # for it (about 20 s from Inductor's cache, minutes without).
+        # Load (or, the first time, compile) both CPU decode graphs now: otherwise the first
+        # requests to need each would wait for it (a few seconds when saved, minutes without).
         from fastgen.bench.runner import warm_up
 
-        print("fastgen: compiling the CPU decode step", file=sys.stderr, flush=True)
+        print("fastgen: loading or compiling the CPU decode step", file=sys.stderr, flush=True)
         warm_up(llm.engine, llm.config.max_model_len)
     print(f"fastgen: serving {llm.config.model} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     serve(llm, settings)

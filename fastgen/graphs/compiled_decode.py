@@ -89,8 +89,8 @@ class CompiledDecodeStep:
         self.kv_caches = [cache for layer in kv_layers for cache in layer]
         for cache in self.kv_caches:
             torch._dynamo.mark_static(cache)  # one cache for the engine's life: its sizes are constants
-        self.paths = {name: cache_dir() / "compiled" / f"decode-{graph_key(name, model, model.config, self.kv_caches)}.pt"
-                      for name in self.GRAPHS}
+        keys = {name: graph_key(name, model, model.config, self.kv_caches) for name in self.GRAPHS}
+        self.paths = {name: cache_dir() / "compiled" / f"decode-{key}.pt" for name, key in keys.items()}
         self._graphs: dict[str, Callable] = {}
         self.first_call_seconds: dict[str, float] = {}  # graph name -> load or compile, plus first run
         self.loaded: set[str] = set()  # the graphs read from disk rather than compiled
