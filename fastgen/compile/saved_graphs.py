@@ -9,9 +9,10 @@ A package is only valid for the exact code and shapes it was traced from, and it
 its guards off (they would reject an input made under another autograd mode, and checking
 hundreds of tensors costs about a millisecond a step). So everything a trace depends on goes into
 the file's name instead (`graph_key`): fastgen's source, torch, Python, the CPU's vector
-capability, the model's configuration and the shapes and dtypes of every parameter and static
-tensor. A package whose key matches was traced from the same program over the same shapes; any
-change makes a new key and so a new compile.
+capability, the thread count, the model's configuration and the shapes and dtypes of every
+parameter and static tensor. A package whose key matches was traced from the same program over
+the same fixed shapes (every other size is a symbol of its own: no duck shaping); any change
+makes a new key and so a new compile.
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ def source_digest() -> str:
 def graph_key(name: str, model: torch.nn.Module, model_config: object, static: Sequence[torch.Tensor]) -> str:
     """What a graph's trace depends on, hashed: its name, the program, the model's configuration
     (its floats become constants of the graph) and the shapes of the tensors it sees."""
+    from torch._inductor.utils import parallel_num_threads
+
+    # The thread count is written into Inductor's C++ (its OpenMP loops), so it is part of the key too.
     parts = [name, source_digest(), torch.__version__, platform.python_version(), sys.platform,
-             torch.backends.cpu.get_cpu_capability(), repr(model_config)]
+             torch.backends.cpu.get_cpu_capability(), f"threads {parallel_num_threads()}", repr(model_config)]
     parts += [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters()]
     parts += [f"{n}:{tuple(b.shape)}:{b.dtype}" for n, b in model.named_buffers()]
     parts += [f"static:{tuple(t.shape)}:{t.dtype}" for t in static]
@@ -70,7 +74,11 @@ def load_or_compile(fn: Callable, backend: Callable, args: tuple, model: torch.n
                            type(exc).__name__, exc)
     # Floats of the model (norm epsilon, RoPE base, attention scale) stay constants: the key
     # covers them, and an AOT trace cannot restart when one would otherwise become an input.
-    with torch._dynamo.config.patch(specialize_float=True):
+    # No duck shaping: sizes that happen to be equal in the example (4 rows attending to 4
+    # tokens) must stay separate symbols, or the graph would assume them equal for ever, and
+    # with its guards off nothing would notice.
+    with torch._dynamo.config.patch(specialize_float=True), \
+            torch.fx.experimental._config.patch(use_duck_shape=False):
         compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=True).aot_compile(((model, *args), {}))
     compiled.disable_guard_check()
     try:
@@ -78,6 +86,6 @@ def load_or_compile(fn: Callable, backend: Callable, args: tuple, model: torch.n
         start = time.perf_counter()
         compiled.save_compiled_function(str(path), external_data={"model": model})  # written atomically
         logger.debug("saved %s in %.2fs", path, time.perf_counter() - start)
-    except OSError as exc:  # a read-only cache: this process keeps its compiled graph all the same
-        logger.warning("could not save the compiled graph to %s: %s", path, exc)
+    except Exception as exc:  # a read-only cache, or a graph that does not serialise: keep it in memory
+        logger.warning("could not save the compiled graph to %s (%s: %s)", path, type(exc).__name__, exc)
     return compiled, False

@@ -77,6 +77,20 @@ def test_compiled_decode_matches_transformers(tiny_models, reference, private_ca
     assert second.loaded == {"one_row", "many_rows"} and second.paths == first.paths
 
 
+def test_many_row_graph_traced_with_rows_equal_to_context(tiny_models, reference, private_cache):
+    """The first many-row step has 3 rows attending to at most 3 tokens: the graph must keep rows
+    and context length apart, or every later step (other sizes, no guards) would go wrong."""
+    model = tiny_models["qwen3"]
+    llm = compiled_llm(model)
+    prompts = random_prompts([2, 1, 1], seed=66) + random_prompts([5, 13], seed=67)
+    max_tokens = [9, 4, 12, 7, 10]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    for prompt, m, out in zip(prompts[:3], max_tokens, llm.generate(prompts[:3], params[:3])):
+        assert out.outputs[0].token_ids == reference(model, [prompt], m)[0]
+    for prompt, m, out in zip(prompts, max_tokens, llm.generate(prompts, params)):
+        assert out.outputs[0].token_ids == reference(model, [prompt], m)[0]
+
+
 def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, private_cache, caplog):
     model = tiny_models["qwen3"]
     prompt = random_prompts([7], seed=65)
