@@ -21,6 +21,7 @@ from fastgen.models.build import default_dtype, skip_weight_init
 from fastgen.models.loader import load_weights
 from fastgen.models.registry import model_class
 from fastgen.worker.buffers import TokenReadback
+from fastgen.worker.cpu_allocator import keep_freed_memory
 from fastgen.worker.kv_cache import (
     KVCache,
     check_fits_one_sequence,
@@ -130,6 +131,8 @@ class ModelRunner:
         if self.device.type == "cuda":
             # Triton launches and graph capture use the thread's current device, not the tensors'.
             torch.cuda.set_device(self.device)
+        else:
+            keep_freed_memory()  # before the first step's activations come and go
         mc = config.model_config
         self.ops = build_op_set(config.compile_enabled)
         self.backend = select_backend(self.device, config.block_size, self.ops, config.attention_backend)
