@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -41,21 +42,25 @@ class DecodeKVIndex:
 
 def build_decode_kv_index(block_tables: torch.Tensor, context_lens: torch.Tensor, max_len: int,
                           block_size: int) -> DecodeKVIndex:
-    """block_tables: int32 [B, W] (-1 padded); context_lens: int32 [B]; max_len >= every length."""
+    """block_tables: int32 [B, W] (-1 padded); context_lens: int32 [B]; max_len >= every length.
+
+    Worked out in numpy over the host's copy of the two (on the CPU, the very same memory):
+    the dozen torch ops it takes cost about 0.15 ms a step, a sixth of the host's share of a
+    batch-1 decode step, and numpy does it in a few microseconds each."""
     max_len = max(max_len, 1)
     device = block_tables.device
-    pos = torch.arange(max_len, device=device)
+    pos = np.arange(max_len)
     width = -(-max_len // block_size)
-    tables = block_tables[:, :width].clamp_min(0).long()
-    lens = context_lens.long().unsqueeze(1)
-    real = pos.unsqueeze(0) < lens  # [B, L]
+    tables = np.maximum(block_tables.cpu().numpy()[:, :width], 0).astype(np.int64)
+    lens = context_lens.cpu().numpy().astype(np.int64)[:, None]
+    real = pos[None, :] < lens  # [B, L]
     slots = tables[:, pos // block_size] * block_size + pos % block_size
-    slots = torch.where(real, slots, slots[:, :1])
+    slots = np.where(real, slots, slots[:, :1])
     padding_row = lens == 0
-    bias = torch.zeros(real.shape, dtype=torch.float32, device=device)
-    bias.masked_fill_(~real & ~padding_row, float("-inf"))
-    live = (~padding_row).float().unsqueeze(2)
-    return DecodeKVIndex(slots, bias.unsqueeze(1), live)
+    bias = np.where(real | padding_row, np.float32(0), np.float32("-inf"))
+    live = (~padding_row).astype(np.float32)
+    arrays = (slots, bias.reshape(len(lens), 1, max_len), live.reshape(len(lens), 1, 1))  # contiguous, as traced
+    return DecodeKVIndex(*(torch.from_numpy(a).to(device) for a in arrays))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, index: DecodeKVIndex,
