@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import torch
 import torch.fx
+from torch._inductor import inductor_prims
 
 
 def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [..., K], weight [N, K], as a multiply and a row sum."""
-    out = (x.float().unsqueeze(-2) * weight.float()).sum(-1)
+    # The input is made a buffer of its own: left alone, Inductor inlines the RMSNorm that
+    # produced it into the row loop and recomputes it for every one of the N rows.
+    xf = x.float()
+    xf = inductor_prims.force_stride_order(xf, xf.stride())
+    out = (xf.unsqueeze(-2) * weight.float()).sum(-1)
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
