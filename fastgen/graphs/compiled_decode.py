@@ -77,7 +77,8 @@ class CompiledDecodeStep:
     (`fastgen.worker.kv_cache.KVCache.layers`).
 
     `step(inputs)` runs uploaded decode inputs (their metadata prepared by the torch backend)
-    and returns the logits of every row and their argmax."""
+    and returns the logits of every row and their argmax, or None where that graph could not be
+    built: the caller then runs the step eagerly, and the failed build is never tried again."""
 
     GRAPHS = ("one_row", "many_rows")
 
@@ -94,9 +95,10 @@ class CompiledDecodeStep:
         self._graphs: dict[str, Callable] = {}
         self.first_call_seconds: dict[str, float] = {}  # graph name -> load or compile, plus first run
         self.loaded: set[str] = set()  # the graphs read from disk rather than compiled
+        self.failed: set[str] = set()  # the graphs whose build raised: eager decode instead
 
     @torch.inference_mode()
-    def step(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
         meta = inputs.meta
         index = meta.decode_kv
         assert index is not None, "decode metadata must pass through the torch backend's prepare()"
@@ -106,12 +108,22 @@ class CompiledDecodeStep:
         graph = self._graphs.get(name)
         if graph is not None:
             return graph(self.model, *args)
+        if name in self.failed:
+            return None
         # Each graph is symbolic in every size that changes (rows >= 2 or exactly 1, contexts
         # >= 2: a decode row attends to its prompt and its new token), so it is built once.
         start = time.perf_counter()
-        graph, loaded = load_or_compile(decode_step, inductor_backend(gemv=name == "one_row"), args, self.model,
-                                        self.paths[name])
-        out = graph(self.model, *args)
+        try:
+            graph, loaded = load_or_compile(decode_step, inductor_backend(gemv=name == "one_row"), args,
+                                            self.model, self.paths[name])
+            out = graph(self.model, *args)
+        except Exception:  # a compiler bug or a missing C++ toolchain must not stop serving
+            # A graph that raised part-way may have stored some of this step's K/V; the eager
+            # forward the caller runs stores them again.
+            logger.exception("could not build the CPU decode step for %s; decoding those steps eagerly",
+                             name.replace("_", " "))
+            self.failed.add(name)
+            return None
         self._graphs[name] = graph
         self.first_call_seconds[name] = time.perf_counter() - start
         if loaded:

@@ -250,10 +250,11 @@ class ModelRunner:
         a time and handed to `on_span_logits(span index, logits)`."""
         inputs = self.inputs.upload(layout)
         greedy = None
-        if not layout.is_prefill and self.graphs is not None and layout.num_rows in self.graphs.sizes:
+        decode = not layout.is_prefill
+        if decode and self.graphs is not None and layout.num_rows in self.graphs.sizes:
             logits, greedy = self.graphs.replay(inputs)
-        elif not layout.is_prefill and self.compiled_decode is not None:
-            logits, greedy = self.compiled_decode.step(inputs)
+        elif decode and self.compiled_decode is not None and (step := self.compiled_decode.step(inputs)) is not None:
+            logits, greedy = step  # (None: that graph could not be built; the eager forward below)
         elif layout.logit_spans:
             hidden = forward_hidden(self.model, inputs, self.kv_cache.layers)
             logits = self.model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))

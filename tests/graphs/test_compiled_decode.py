@@ -108,6 +108,31 @@ def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, pri
     assert path.stat().st_size > 1000  # saved anew
 
 
+def test_a_graph_that_cannot_be_built_decodes_eagerly(tiny_models, reference, private_cache, monkeypatch,
+                                                     caplog):
+    """A compile that raises (a compiler bug, no C++ toolchain) is logged once, never retried,
+    and its steps decode eagerly: outputs still equal transformers."""
+    calls = []
+
+    def broken(*args):
+        calls.append(args)
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr("fastgen.graphs.compiled_decode.load_or_compile", broken)
+    model = tiny_models["qwen3"]
+    llm = compiled_llm(model)
+    prompts = random_prompts([7, 12], seed=68)
+    with caplog.at_level(logging.ERROR, logger="fastgen.graphs.compiled_decode"):
+        outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    for prompt, out in zip(prompts, outputs):
+        assert out.outputs[0].token_ids == reference(model, [prompt], 8)[0]
+    assert llm.engine.runner.compiled_decode.failed == {"many_rows"} and len(calls) == 1
+    assert "could not build the CPU decode step for many rows" in caplog.text
+    out = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == reference(model, prompts[:1], 5)[0]
+    assert llm.engine.runner.compiled_decode.failed == {"many_rows", "one_row"} and len(calls) == 2
+
+
 def test_graph_key_follows_shapes_and_configuration():
     model = torch.nn.Linear(8, 4)
     cache = [torch.zeros(16, 4, 2, 8)]
