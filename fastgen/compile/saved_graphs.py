@@ -13,6 +13,10 @@ capability, the thread count, the model's configuration and the shapes and dtype
 parameter and static tensor. A package whose key matches was traced from the same program over
 the same fixed shapes (every other size is a symbol of its own: no duck shaping); any change
 makes a new key and so a new compile.
+
+So every fastgen or torch upgrade leaves the old packages (5-10 MB each) behind: a package is
+marked used (its modification time) whenever it is loaded or saved, and packages beside it left
+unused for `UNUSED_DAYS` are deleted then.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import platform
 import sys
 import time
@@ -31,6 +36,8 @@ import torch
 import fastgen
 
 logger = logging.getLogger(__name__)
+
+UNUSED_DAYS = 30
 
 
 @functools.cache
@@ -68,6 +75,7 @@ def load_or_compile(fn: Callable, backend: Callable, args: tuple, model: torch.n
             with open(path, "rb") as f:
                 compiled = torch.compiler.load_compiled_function(f, external_data={"model": model})
             compiled.disable_guard_check()
+            mark_used_and_prune(path)
             return compiled, True
         except Exception as exc:  # a package of another torch, truncated or corrupt: compile anew
             logger.warning("could not load the compiled graph %s (%s: %s); compiling it again", path,
@@ -86,6 +94,24 @@ def load_or_compile(fn: Callable, backend: Callable, args: tuple, model: torch.n
         start = time.perf_counter()
         compiled.save_compiled_function(str(path), external_data={"model": model})  # written atomically
         logger.debug("saved %s in %.2fs", path, time.perf_counter() - start)
+        mark_used_and_prune(path)
     except Exception as exc:  # a read-only cache, or a graph that does not serialise: keep it in memory
         logger.warning("could not save the compiled graph to %s (%s: %s)", path, type(exc).__name__, exc)
     return compiled, False
+
+
+def mark_used_and_prune(path: Path) -> None:
+    """Mark the package at `path` used now, and delete the packages beside it (`*.pt` in its
+    folder) that no process has loaded or saved for `UNUSED_DAYS`."""
+    now = time.time()
+    try:
+        os.utime(path, (now, now))
+    except OSError:
+        pass
+    for other in path.parent.glob("*.pt"):
+        try:
+            if other != path and now - other.stat().st_mtime > UNUSED_DAYS * 86400:
+                other.unlink()
+                logger.info("removed the compiled graph %s, unused for %d days", other, UNUSED_DAYS)
+        except OSError:  # removed meanwhile by another process, or not ours to remove
+            pass

@@ -4,6 +4,8 @@ both of its graphs (one row, several rows)."""
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ import torch.nn.functional as F
 
 from fastgen import LLM, SamplingParams
 from fastgen.compile.gemv import gemv_linear, linears_as_gemv
-from fastgen.compile.saved_graphs import graph_key
+from fastgen.compile.saved_graphs import UNUSED_DAYS, graph_key
 from tests.conftest import random_prompts
 
 
@@ -99,6 +101,12 @@ def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, pri
     first.generate(prompt, params)
     path = first.engine.runner.compiled_decode.paths["one_row"]
     path.write_bytes(b"not a compiled graph")
+    # Packages beside it: one left unused for longer than UNUSED_DAYS, one used more recently.
+    day = 86400
+    stale, recent = path.parent / "decode-stale.pt", path.parent / "decode-recent.pt"
+    for package, age in ((stale, UNUSED_DAYS + 1), (recent, UNUSED_DAYS - 1)):
+        package.write_bytes(b"an older package")
+        os.utime(package, (time.time() - age * day,) * 2)
     llm = compiled_llm(model)
     with caplog.at_level(logging.WARNING, logger="fastgen.compile.saved_graphs"):
         out = llm.generate(prompt, params)
@@ -106,6 +114,7 @@ def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, pri
     assert llm.engine.runner.compiled_decode.loaded == set()
     assert "could not load the compiled graph" in caplog.text
     assert path.stat().st_size > 1000  # saved anew
+    assert not stale.exists() and recent.exists()
 
 
 def test_a_graph_that_cannot_be_built_decodes_eagerly(tiny_models, reference, private_cache, monkeypatch,
