@@ -15,8 +15,8 @@ the same fixed shapes (every other size is a symbol of its own: no duck shaping)
 makes a new key and so a new compile.
 
 So every fastgen or torch upgrade leaves the old packages (5-10 MB each) behind: a package is
-marked used (its modification time) whenever it is loaded or saved, and packages beside it left
-unused for `UNUSED_DAYS` are deleted then.
+marked used (its modification time) whenever it is loaded or saved, and packages of its kind
+beside it left unused for `UNUSED_DAYS` are deleted then.
 """
 
 from __future__ import annotations
@@ -75,11 +75,12 @@ def load_or_compile(fn: Callable, backend: Callable, args: tuple, model: torch.n
             with open(path, "rb") as f:
                 compiled = torch.compiler.load_compiled_function(f, external_data={"model": model})
             compiled.disable_guard_check()
-            mark_used_and_prune(path)
-            return compiled, True
         except Exception as exc:  # a package of another torch, truncated or corrupt: compile anew
             logger.warning("could not load the compiled graph %s (%s: %s); compiling it again", path,
                            type(exc).__name__, exc)
+        else:
+            mark_used_and_prune(path)
+            return compiled, True
     # Floats of the model (norm epsilon, RoPE base, attention scale) stay constants: the key
     # covers them, and an AOT trace cannot restart when one would otherwise become an input.
     # No duck shaping: sizes that happen to be equal in the example (4 rows attending to 4
@@ -94,21 +95,23 @@ def load_or_compile(fn: Callable, backend: Callable, args: tuple, model: torch.n
         start = time.perf_counter()
         compiled.save_compiled_function(str(path), external_data={"model": model})  # written atomically
         logger.debug("saved %s in %.2fs", path, time.perf_counter() - start)
-        mark_used_and_prune(path)
     except Exception as exc:  # a read-only cache, or a graph that does not serialise: keep it in memory
         logger.warning("could not save the compiled graph to %s (%s: %s)", path, type(exc).__name__, exc)
+    else:
+        mark_used_and_prune(path)
     return compiled, False
 
 
 def mark_used_and_prune(path: Path) -> None:
-    """Mark the package at `path` used now, and delete the packages beside it (`*.pt` in its
-    folder) that no process has loaded or saved for `UNUSED_DAYS`."""
+    """Mark the package at `path` used now, and delete the packages of its kind beside it (same
+    name prefix: `decode-*.pt`) that no process has loaded or saved for `UNUSED_DAYS`."""
     now = time.time()
     try:
         os.utime(path, (now, now))
     except OSError:
         pass
-    for other in path.parent.glob("*.pt"):
+    kind = path.name.split("-", 1)[0]
+    for other in path.parent.glob(f"{kind}-*.pt"):
         try:
             if other != path and now - other.stat().st_mtime > UNUSED_DAYS * 86400:
                 other.unlink()

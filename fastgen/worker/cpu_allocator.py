@@ -32,15 +32,21 @@ MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE /
 TRIM_THRESHOLD = 2**30
 
 # A user who tuned glibc's allocator through the environment has chosen; leave it alone.
-USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+def user_tuned_malloc() -> bool:
+    """Whether the environment already sets glibc's malloc thresholds or tunables."""
+    return any(name in os.environ for name in USER_SETTINGS) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
 
 
 @functools.cache
 def keep_freed_memory() -> bool:
     """Tune glibc's malloc for a process that runs CPU steps (once per process). Returns whether
     it did: False off Linux, on another C library (musl), or where the user set glibc's own
-    allocator variables."""
-    if not sys.platform.startswith("linux") or any(name in os.environ for name in USER_SETTINGS):
+    allocator variables (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, or a
+    `glibc.malloc.*` tunable in `GLIBC_TUNABLES`): setting any of them is also the way to opt out."""
+    if not sys.platform.startswith("linux") or user_tuned_malloc():
         return False
     try:
         libc = ctypes.CDLL(None)
@@ -50,6 +56,9 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     done = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-    if not done:
+    if done:
+        logger.info("raised glibc's mmap threshold to %d MiB and trim threshold to %d MiB (CPU steps reuse "
+                    "freed memory)", MMAP_THRESHOLD_MAX >> 20, TRIM_THRESHOLD >> 20)
+    else:
         logger.warning("could not raise glibc's mmap and trim thresholds; CPU steps may run slower")
     return done

@@ -251,10 +251,11 @@ class ModelRunner:
         inputs = self.inputs.upload(layout)
         greedy = None
         decode = not layout.is_prefill
+        compiled_cpu = decode and self.compiled_decode is not None
         if decode and self.graphs is not None and layout.num_rows in self.graphs.sizes:
             logits, greedy = self.graphs.replay(inputs)
-        elif decode and self.compiled_decode is not None and (step := self.compiled_decode.step(inputs)) is not None:
-            logits, greedy = step  # (None: that graph could not be built; the eager forward below)
+        elif compiled_cpu and (compiled := self.compiled_decode.step(inputs)) is not None:
+            logits, greedy = compiled  # (None: that graph could not be built; the eager forward below)
         elif layout.logit_spans:
             hidden = forward_hidden(self.model, inputs, self.kv_cache.layers)
             logits = self.model.compute_logits(hidden.index_select(0, inputs.meta.logits_indices))

@@ -75,8 +75,12 @@ def test_compiled_decode_matches_transformers(tiny_models, reference, private_ca
     both match transformers."""
     first = check_family(tiny_models["qwen3"], reference)
     assert first.loaded == set() and all(path.is_file() for path in first.paths.values())
+    week_ago = time.time() - 7 * 86400
+    for path in first.paths.values():
+        os.utime(path, (week_ago, week_ago))
     second = check_family(tiny_models["qwen3"], reference)
     assert second.loaded == {"one_row", "many_rows"} and second.paths == first.paths
+    assert all(path.stat().st_mtime > week_ago + 86400 for path in second.paths.values())  # loading marks use
 
 
 def test_many_row_graph_traced_with_rows_equal_to_context(tiny_models, reference, private_cache):

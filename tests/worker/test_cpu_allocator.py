@@ -8,9 +8,19 @@ import sys
 
 import pytest
 
-glibc_only = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None, reason="glibc's malloc"
-)
+
+def glibc_version() -> tuple[int, ...]:
+    try:
+        name = os.confstr("CS_GNU_LIBC_VERSION") or ""  # "glibc 2.36"
+    except (ValueError, OSError):
+        return ()
+    return tuple(int(part) for part in name.split()[-1].split(".")) if name.startswith("glibc") else ()
+
+
+# mallinfo2, which the probe reads, came with glibc 2.33.
+glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux") or glibc_version() < (2, 33),
+                                reason="glibc 2.33 or later")
+ALLOCATOR_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 
 # A fresh process (no earlier tuning, no torch): malloc and free an 8 MiB block, tuned or not,
 # and print how many new blocks glibc served from mmap, which a free hands back to the kernel.
@@ -37,8 +47,10 @@ print(tuned, mapped)
 
 
 def probe(mode: str, **env) -> tuple[str, int]:
+    """Run PROBE with glibc's allocator variables taken from `env` only, not inherited."""
+    inherited = {name: value for name, value in os.environ.items() if name not in ALLOCATOR_VARIABLES}
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True,
-                         env={**os.environ, **env})
+                         env={**inherited, **env})
     tuned, mapped = out.stdout.split()
     return tuned, int(mapped)
 
@@ -52,3 +64,5 @@ def test_tuned_heap_serves_activation_blocks_without_mmap():
 @glibc_only
 def test_user_allocator_settings_are_left_alone():
     assert probe("tuned", MALLOC_MMAP_THRESHOLD_="131072") == ("False", 1)
+    assert probe("tuned", GLIBC_TUNABLES="glibc.malloc.mmap_threshold=131072") == ("False", 1)
+    assert probe("tuned", GLIBC_TUNABLES="glibc.rtld.optional_static_tls=2048") == ("True", 0)  # not malloc's
