@@ -45,6 +45,12 @@ def test_linears_as_gemv_rewrites_every_linear_call():
     torch.testing.assert_close(gm(*args), want)
 
 
+def assert_each_equals_transformers(reference, model: str, prompts, max_tokens, outputs) -> None:
+    """Each output is transformers' greedy continuation of its prompt, max_tokens[i] long."""
+    for prompt, m, out in zip(prompts, max_tokens, outputs, strict=True):
+        assert out.outputs[0].token_ids == reference(model, [prompt], m)[0]
+
+
 def compiled_llm(model: str) -> LLM:
     return LLM(model, enforce_eager=False, dtype="float32", block_size=4, num_kv_blocks=256, max_num_seqs=8,
                max_num_batched_tokens=64)
@@ -63,9 +69,7 @@ def check_family(model, reference):
     outputs = llm.generate(alone, SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True))
     assert outputs[0].outputs[0].token_ids == reference(model, alone, 14)[0]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
-    outputs = llm.generate(batch, params)
-    for prompt, m, out in zip(batch, max_tokens, outputs):
-        assert out.outputs[0].token_ids == reference(model, [prompt], m)[0]
+    assert_each_equals_transformers(reference, model, batch, max_tokens, llm.generate(batch, params))
     assert set(runner.compiled_decode.first_call_seconds) == {"one_row", "many_rows"}
     return runner.compiled_decode
 
@@ -91,10 +95,9 @@ def test_many_row_graph_traced_with_rows_equal_to_context(tiny_models, reference
     prompts = random_prompts([2, 1, 1], seed=66) + random_prompts([5, 13], seed=67)
     max_tokens = [9, 4, 12, 7, 10]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
-    for prompt, m, out in zip(prompts[:3], max_tokens, llm.generate(prompts[:3], params[:3])):
-        assert out.outputs[0].token_ids == reference(model, [prompt], m)[0]
-    for prompt, m, out in zip(prompts, max_tokens, llm.generate(prompts, params)):
-        assert out.outputs[0].token_ids == reference(model, [prompt], m)[0]
+    assert_each_equals_transformers(reference, model, prompts[:3], max_tokens[:3],
+                                    llm.generate(prompts[:3], params[:3]))
+    assert_each_equals_transformers(reference, model, prompts, max_tokens, llm.generate(prompts, params))
 
 
 def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, private_cache, caplog):
@@ -137,8 +140,7 @@ def test_a_graph_that_cannot_be_built_decodes_eagerly(tiny_models, reference, pr
     prompts = random_prompts([7, 12], seed=68)
     with caplog.at_level(logging.ERROR, logger="fastgen.graphs.compiled_decode"):
         outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-    for prompt, out in zip(prompts, outputs):
-        assert out.outputs[0].token_ids == reference(model, [prompt], 8)[0]
+    assert_each_equals_transformers(reference, model, prompts, [8, 8], outputs)
     assert llm.engine.runner.compiled_decode.failed == {"many_rows"} and len(calls) == 1
     assert "could not build the CPU decode step for many rows" in caplog.text
     out = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
