@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from fastgen.attention.cpu_decode_kernel import kernel_supports, paged_decode_attention_cpu
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_decode import build_decode_kv_index, decode_attention
 from fastgen.kernels import store_kvcache_torch
@@ -81,4 +82,9 @@ class TorchPagedBackend:
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         assert meta.decode_kv is not None, "decode metadata must pass through prepare()"
+        # The one-row compiled step keeps the reductions Inductor fuses into its own loops
+        # (`decode_attention`): an op call there costs more than the attention it would run.
+        one_row_graph = torch.compiler.is_compiling() and q.shape[0] == 1
+        if not one_row_graph and kernel_supports(q, k_cache, v_cache):
+            return paged_decode_attention_cpu(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
         return decode_attention(q, k_cache, v_cache, meta.decode_kv, scale)

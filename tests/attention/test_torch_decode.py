@@ -1,4 +1,6 @@
-"""The CPU decode attention (exact K/V rows, two GEMMs) against per-sequence float64 attention."""
+"""The CPU decode attention against per-sequence float64 attention, both ways the backend runs
+it: the C++ kernel over the paged cache, and the torch path (exact K/V rows, two GEMMs) it takes
+for shapes the kernel does not handle."""
 
 from __future__ import annotations
 
@@ -23,6 +25,14 @@ def reference_decode(q, keys_per_seq, values_per_seq, scale):
         scores = torch.einsum("hd,lhd->hl", q[i].double(), k) * scale
         out[i] = torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), v)
     return out
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def decode_path(request, monkeypatch):
+    """Which way `TorchPagedBackend.decode` goes: the C++ kernel, or the torch gather and GEMMs."""
+    if request.param == "torch":
+        monkeypatch.setattr("fastgen.attention.torch_paged.kernel_supports", lambda *tensors: False)
+    return request.param
 
 
 def paged_batch(lengths, heads, kv_heads, dim, block_size, dtype):
@@ -52,7 +62,7 @@ def paged_batch(lengths, heads, kv_heads, dim, block_size, dtype):
 
 @pytest.mark.parametrize("block_size", [1, 4, 16, 256])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (6, 1), (3, 3)], ids=["gqa", "mqa", "mha"])
-def test_decode_over_ragged_lengths_equals_per_sequence_attention(block_size, heads, kv_heads):
+def test_decode_over_ragged_lengths_equals_per_sequence_attention(block_size, heads, kv_heads, decode_path):
     lengths = [1, 37, 5, 16, 64]
     q, k_cache, v_cache, meta, keys, values = paged_batch(lengths, heads, kv_heads, 16, block_size, torch.float32)
     backend = TorchPagedBackend(build_op_set(False), block_size)
@@ -60,7 +70,7 @@ def test_decode_over_ragged_lengths_equals_per_sequence_attention(block_size, he
     torch.testing.assert_close(out.double(), reference_decode(q, keys, values, 0.25), rtol=1e-5, atol=1e-5)
 
 
-def test_decode_in_bfloat16_stays_close_to_float64():
+def test_decode_in_bfloat16_stays_close_to_float64(decode_path):
     q, k_cache, v_cache, meta, keys, values = paged_batch([9, 130, 77], 9, 3, 64, 16, torch.bfloat16)
     backend = TorchPagedBackend(build_op_set(False), 16)
     out = backend.decode(q, k_cache, v_cache, backend.prepare(meta), 0.125)
@@ -68,7 +78,7 @@ def test_decode_in_bfloat16_stays_close_to_float64():
     torch.testing.assert_close(out.double(), reference_decode(q, keys, values, 0.125), rtol=2e-2, atol=2e-2)
 
 
-def test_padding_rows_of_a_decode_batch_give_zeros_and_leave_real_rows_alone():
+def test_padding_rows_of_a_decode_batch_give_zeros_and_leave_real_rows_alone(decode_path):
     """A padded batch (context length 0 and an all -1 table) attends to nothing: its rows are
     0, not NaN, and the real rows equal the unpadded batch's."""
     q, k_cache, v_cache, meta, keys, values = paged_batch([7, 0, 20, 0], 4, 2, 16, 4, torch.float32)

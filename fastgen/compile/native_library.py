@@ -1,0 +1,85 @@
+"""C++ sources of fastgen built once per machine into shared libraries, loaded with ctypes.
+
+A hand-written CPU kernel (e.g. `fastgen/attention/cpu_decode_kernel.cpp`) is plain C++ with a C
+entry point: no torch headers, so it builds in about a second with the C++ compiler Inductor
+uses anyway, and needs no build step at install time. It is built with `-march=native`, so the
+library's name carries a digest of the source, the compiler, the flags and the CPU's feature
+flags: a cache folder shared between different machines never hands one of them code for
+another's instruction set.
+
+Where there is no compiler (or the build fails) `load_native_library` returns None, once logged;
+every caller keeps a torch path for that case.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from fastgen.models.default_model import cache_dir
+
+logger = logging.getLogger(__name__)
+
+# -ffast-math lets `#pragma omp simd` loops call the vectorised expf (glibc's libmvec) and
+# reorder float sums; -fno-finite-math-only keeps -inf meaning -inf (a softmax starts from it).
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
+         "-shared", "-fPIC")
+
+
+def compiler() -> str | None:
+    """$CXX, else the first of g++, c++, clang++ on PATH."""
+    if explicit := os.environ.get("CXX"):
+        return explicit
+    return next((path for name in ("g++", "c++", "clang++") if (path := shutil.which(name))), None)
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+@functools.cache
+def load_native_library(source: Path) -> ctypes.CDLL | None:
+    """The shared library built from the C++ file `source` (built and cached under fastgen's
+    cache folder on first use), or None where it cannot be built or loaded."""
+    cxx = compiler()
+    if cxx is None:
+        logger.warning("no C++ compiler found (set CXX); %s is not built, its torch fallback runs", source.name)
+        return None
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+        digest = hashlib.sha256("\n".join([source.read_text(), cxx, version, " ".join(FLAGS), platform.machine(),
+                                           _cpu_flags()]).encode()).hexdigest()[:16]
+        target = cache_dir() / "native" / f"{source.stem}-{digest}.so"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Built beside the target and renamed into place: a concurrent process never loads
+            # a half-written library.
+            fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+            os.close(fd)
+            try:
+                subprocess.run([cxx, *FLAGS, str(source), "-o", partial], check=True, capture_output=True,
+                               text=True, timeout=600)
+                os.replace(partial, target)
+            finally:
+                if os.path.exists(partial):
+                    os.unlink(partial)
+            logger.info("built %s into %s", source.name, target)
+        return ctypes.CDLL(str(target))
+    except subprocess.CalledProcessError as exc:
+        logger.warning("could not build %s (%s); its torch fallback runs:\n%s", source.name, cxx, exc.stderr)
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("could not build or load %s (%s: %s); its torch fallback runs", source.name,
+                       type(exc).__name__, exc)
+    return None

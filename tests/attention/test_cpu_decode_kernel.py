@@ -1,0 +1,120 @@
+"""The C++ CPU decode attention kernel against float64 attention over the same paged cache.
+
+Unused slots of the caches hold NaN (`paged_cases`), so reading one wrong token shows as NaN."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+import pytest
+import torch
+
+from fastgen.attention import cpu_decode_kernel
+from fastgen.attention.cpu_decode_kernel import kernel_supports, paged_decode_attention_cpu
+from fastgen.compile import native_library
+from fastgen.kernels import paged_decode_attention_torch
+from tests.kernels.paged_cases import TOLERANCE, int32, paged_cache
+
+LENGTHS = [0, 1, 15, 16, 17, 40, 130]  # a padding row, block edges, more than one 16-token tile
+
+
+def run_case(dtype, head_dim, heads, kv_heads, block_size, lengths=LENGTHS, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    width = -(-max(lengths) // block_size) + 1  # wider than needed, -1 padded, as in the engine
+    k_cache, v_cache, tables = paged_cache(lengths, kv_heads, head_dim, block_size, width, dtype, gen)
+    q = torch.randn(len(lengths), heads, head_dim, generator=gen).to(dtype)
+    scale = head_dim**-0.5
+    expected = paged_decode_attention_torch(q.double(), k_cache.double(), v_cache.double(), tables,
+                                            int32(lengths), scale)
+    return q, k_cache, v_cache, tables, int32(lengths), scale, expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (9, 3), (16, 2), (32, 1)], ids=["mha", "gqa3", "gqa8", "mqa"])
+@pytest.mark.parametrize("block_size", [1, 16, 256])
+def test_kernel_equals_float64_attention_over_a_paged_cache(dtype, head_dim, heads, kv_heads, block_size):
+    q, k_cache, v_cache, tables, lens, scale, expected = run_case(dtype, head_dim, heads, kv_heads, block_size)
+    assert kernel_supports(q, k_cache, v_cache)
+    out = paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert torch.equal(out[0], torch.zeros_like(out[0]))  # the padding row
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("head_dim", [32, 256])
+def test_kernel_reads_queries_through_their_strides(head_dim):
+    """The model hands q as a view of the fused q|k|v projection: rows are not contiguous."""
+    q, k_cache, v_cache, tables, lens, scale, expected = run_case(torch.float32, head_dim, 8, 2, 16)
+    wide = torch.randn(q.shape[0], q.shape[1] * head_dim + 96)
+    view = wide[:, : q.shape[1] * head_dim].view(q.shape)
+    view.copy_(q)
+    assert not view.is_contiguous()
+    out = paged_decode_attention_cpu(view, k_cache, v_cache, tables, lens, scale)
+    torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=2e-3)
+
+
+def test_without_the_library_the_op_runs_the_torch_path(monkeypatch):
+    q, k_cache, v_cache, tables, lens, scale, expected = run_case(torch.bfloat16, 64, 9, 3, 16)
+    monkeypatch.setattr(cpu_decode_kernel, "_entry_point", lambda: None)
+    out = paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, scale)
+    torch.testing.assert_close(out.double(), expected, rtol=3e-2, atol=3e-2)
+
+
+def test_kernel_supports_only_what_it_was_compiled_for():
+    q, k_cache, v_cache, *_ = run_case(torch.float32, 64, 8, 2, 16, lengths=[3])
+    assert kernel_supports(q, k_cache, v_cache)
+    assert not kernel_supports(q.half(), k_cache.half(), v_cache.half())  # no fp16 instance
+    assert not kernel_supports(q.bfloat16(), k_cache, v_cache)  # mixed dtypes
+    assert not kernel_supports(q[..., :48], k_cache[..., :48].contiguous(), v_cache[..., :48].contiguous())
+    three = torch.zeros(*k_cache.shape[:2], 3, 64)
+    assert not kernel_supports(q, three, three)  # 8 query heads do not split over 3 KV heads
+    assert not kernel_supports(q, k_cache.transpose(0, 1), v_cache)  # a cache that is not contiguous
+
+
+def test_a_head_dim_without_a_kernel_decodes_through_the_torch_path():
+    from fastgen.attention import AttentionMetadata
+    from fastgen.attention.torch_paged import TorchPagedBackend
+    from fastgen.compile import build_op_set
+
+    lengths = [5, 0, 33]
+    q, k_cache, v_cache, tables, lens, scale, expected = run_case(torch.float32, 48, 6, 2, 4, lengths=lengths)
+    k_cache, v_cache = k_cache.nan_to_num(), v_cache.nan_to_num()  # the torch path reads masked slots
+    meta = AttentionMetadata(False, torch.full((3,), -1), tables, lens, None, 1, max(lengths), None)
+    backend = TorchPagedBackend(build_op_set(False), 4)
+    out = backend.decode(q, k_cache, v_cache, backend.prepare(meta), scale)
+    torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=2e-3)
+
+
+def test_native_library_is_built_once_and_reused(monkeypatch, private_cache):
+    source = cpu_decode_kernel.SOURCE
+    assert native_library.load_native_library.__wrapped__(source) is not None
+    built = list((private_cache / "native").glob("cpu_decode_kernel-*.so"))
+    assert len(built) == 1
+    real_run = subprocess.run
+
+    def run_without_compiling(cmd, *args, **kwargs):
+        assert "--version" in cmd, f"the library was built again: {cmd}"
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(native_library.subprocess, "run", run_without_compiling)
+    assert native_library.load_native_library.__wrapped__(source) is not None
+    assert list((private_cache / "native").glob("*.so")) == built
+
+
+def test_native_library_without_a_compiler_is_none_and_says_why(monkeypatch, private_cache, caplog):
+    monkeypatch.setenv("CXX", str(private_cache / "no-such-compiler"))
+    with caplog.at_level(logging.WARNING):
+        assert native_library.load_native_library.__wrapped__(cpu_decode_kernel.SOURCE) is None
+    assert "cpu_decode_kernel.cpp" in caplog.text and "torch fallback" in caplog.text
+
+
+def test_native_library_that_fails_to_compile_is_none_and_shows_the_error(tmp_path, private_cache, caplog):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    with caplog.at_level(logging.WARNING):
+        assert native_library.load_native_library.__wrapped__(broken) is None
+    assert "could not build broken.cpp" in caplog.text
+    assert not list((private_cache / "native").glob("*.so")), "no library, and no half-written file, is left"
