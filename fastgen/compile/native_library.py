@@ -28,10 +28,9 @@ from fastgen.models.default_model import cache_dir
 
 logger = logging.getLogger(__name__)
 
-# -ffast-math lets `#pragma omp simd` loops call the vectorised expf (glibc's libmvec) and
-# reorder float sums; -fno-finite-math-only keeps -inf meaning -inf (a softmax starts from it).
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
-         "-shared", "-fPIC")
+# Never -ffast-math: linked into a shared library it sets flush-to-zero and denormals-are-zero
+# for the whole process at load time (crtfastmath), which changes every other float op in it.
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp", "-shared", "-fPIC")
 
 
 def compiler() -> str | None:

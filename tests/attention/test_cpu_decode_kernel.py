@@ -118,3 +118,21 @@ def test_native_library_that_fails_to_compile_is_none_and_shows_the_error(tmp_pa
         assert native_library.load_native_library.__wrapped__(broken) is None
     assert "could not build broken.cpp" in caplog.text
     assert not list((private_cache / "native").glob("*.so")), "no library, and no half-written file, is left"
+
+
+def test_loading_the_library_leaves_the_process_float_mode_alone(private_cache):
+    """No flush-to-zero or denormals-are-zero: a denormal stays nonzero after the library loads
+    (a -ffast-math build would switch both on for the whole process)."""
+    import sys
+
+    probe = (
+        "import torch\n"
+        "from fastgen.attention.cpu_decode_kernel import _entry_point\n"
+        "assert _entry_point() is not None\n"
+        "tiny = float('5e-324')\n"
+        "assert tiny > 0.0 and tiny * 1.0 != 0.0, 'denormals flushed'\n"
+        "assert torch.tensor([1e-40]).mul(1.0).item() != 0.0, 'torch denormals flushed'\n"
+    )
+    env = {**__import__("os").environ, "FASTGEN_CACHE": str(private_cache)}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
