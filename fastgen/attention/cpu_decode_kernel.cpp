@@ -3,16 +3,17 @@
 //
 // The torch path gathers every sequence's K and V into a [batch, longest context] copy and runs
 // two bmm's over it: each step writes and re-reads the whole context, padded to the longest
-// sequence. Here each (sequence, KV head) task walks its own tokens once for K and once for V,
-// shares each loaded K/V row across the query heads of its group (GQA), and keeps scores,
-// softmax and the output sum in float32.
+// sequence. Here each task (a sequence, or one KV head of it when sequences are few) walks its
+// own tokens once for K and once for V, shares each loaded K/V row across the query heads of its
+// group (GQA), and keeps scores, softmax and the output sum in float32.
 //
 // Arithmetic, as torch's CPU flash attention (what transformers' SDPA runs) does it: q.k summed
 // in float32 and scaled; exp(score - max) in float32, summed in float32 and rounded to the cache
 // dtype for P.V; P.V summed in float32, divided by the sum and rounded once to the output dtype.
 //
-// Written with GCC/Clang vector extensions (16 float32 lanes), not ISA intrinsics: the compiler
-// maps them onto AVX-512, AVX2 or SSE, whichever the machine has (built with -march=native).
+// Written with GCC/Clang vector extensions (16 float32 lanes): the compiler maps them onto
+// AVX-512, AVX2 or SSE, whichever the machine has (built with -march=native). The one ISA
+// intrinsic is AVX512-BF16's dot product for bf16 q.k, where the CPU has it.
 
 #include <algorithm>
 #include <cmath>
@@ -37,8 +38,6 @@ inline vf load16(const uint16_t* p) {  // 16 bf16 -> float32: the bf16 bits are 
   vu u = __builtin_convertvector(h, vu) << 16;
   vf v; std::memcpy(&v, &u, sizeof v); return v;
 }
-inline float to_float(float x) { return x; }
-inline float to_float(uint16_t x) { uint32_t b = uint32_t(x) << 16; float f; std::memcpy(&f, &b, 4); return f; }
 inline void store(float x, float* out) { *out = x; }
 inline void store(float x, uint16_t* out) {  // float32 -> bf16, round to nearest even (as torch)
   uint32_t b; std::memcpy(&b, &x, 4);

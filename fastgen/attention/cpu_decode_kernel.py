@@ -3,9 +3,9 @@
 `torch.ops.fastgen.paged_decode_attention_cpu` reads each sequence's K/V in place through its
 block table, so the compiled CPU decode step (`fastgen.graphs.compiled_decode`) calls it like any
 other op and its saved graphs hold no reference to the library. At batch 32 on SmolLM2-135M's
-shapes (bf16, 2 threads) it took 0.13 ms a layer where the gather and two bmm's of
-`fastgen.attention.torch_decode` took 0.30-0.43 ms: that path writes every context into a copy
-padded to the longest one and reads it back.
+shapes (bf16, 2 threads, each layer's cache cold as in a real step) it took 0.165-0.173 ms a layer
+where the gather and two bmm's of `fastgen.attention.torch_decode` took 0.45-0.50 ms: that path
+writes every context into a copy padded to the longest one and reads it back.
 
 The library is built on first use (about a second, `fastgen.compile.native_library`). Where it
 cannot be built the op runs the torch path instead, so a graph saved on one machine still runs on

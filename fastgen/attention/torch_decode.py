@@ -1,5 +1,9 @@
 """CPU decode attention over each sequence's real tokens: two batched GEMMs, no block gather.
 
+Since the C++ kernel (`fastgen.attention.cpu_decode_kernel`) took over batched decode, this is the
+path for the one-row compiled step (its reductions form), for shapes the kernel has no instance
+for, and the kernel's fallback where it cannot be built.
+
 SDPA over whole gathered blocks with a boolean mask cost about 1 ms a layer at batch 32 on two
 cores (its flash kernel is built for long queries, not one token). Here the step first works out,
 once for all layers, the cache slot of every token each sequence attends to (`DecodeKVIndex`);
