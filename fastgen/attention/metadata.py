@@ -9,6 +9,7 @@ import torch
 
 if TYPE_CHECKING:
     from fastgen.attention.torch_decode import DecodeKVIndex
+    from fastgen.attention.torch_paged import CausalRows
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class AttentionMetadata:
         decode, where nothing may read the host during graph replay).
     decode_kv: the CPU backend's per-step index of the K/V rows each decode sequence reads,
         added by its `prepare` (None elsewhere).
+    causal_rows: the CPU backend's prefill counterpart: every new token as a row of its own with
+        its sequence's block table and the tokens it sees, added by its `prepare`.
     logits_indices: int64 [S], which of the T hidden states feed the LM head (the last token of
         each sequence that samples this step); None in decode, where every row does.
     """
@@ -45,3 +48,4 @@ class AttentionMetadata:
     query_lens_host: tuple[int, ...] = ()
     context_lens_host: tuple[int, ...] = ()
     decode_kv: DecodeKVIndex | None = None
+    causal_rows: CausalRows | None = None

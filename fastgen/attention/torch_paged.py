@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +26,35 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return blocks.flatten(0, 1)[:length]
 
 
+@dataclasses.dataclass(frozen=True)
+class CausalRows:
+    """A prefill step's new tokens as rows of decode attention, shared by every layer of the step.
+
+    Causal attention over a paged cache is, for the token at position p of a sequence, decode
+    attention over that sequence's first p + 1 cached tokens. So once this step's K/V are
+    stored, the decode kernel runs a whole prefill (every prompt, chunk or prefix-cached
+    remainder) in one call, reading K/V in place.
+
+    block_tables: int32 [T, W], the block table of each token's sequence.
+    context_lens: int32 [T], each token's position + 1 (the tokens it sees).
+    """
+
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+
+
+def build_causal_rows(meta: AttentionMetadata) -> CausalRows:
+    """The rows of a prefill step, worked out on the host from its query and context lengths."""
+    query_lens = np.asarray(meta.query_lens_host, dtype=np.int64)
+    history = np.asarray(meta.context_lens_host, dtype=np.int64) - query_lens  # tokens cached before
+    seq_of_row = np.repeat(np.arange(len(query_lens)), query_lens)
+    first_row = np.cumsum(query_lens) - query_lens
+    position = history[seq_of_row] + np.arange(len(seq_of_row)) - first_row[seq_of_row]
+    device = meta.block_tables.device
+    tables = meta.block_tables.index_select(0, torch.from_numpy(seq_of_row).to(device))
+    return CausalRows(tables, torch.from_numpy((position + 1).astype(np.int32)).to(device))
+
+
 class TorchPagedBackend:
     """ops: the (possibly compiled) element-wise op set the q/k preparation runs on;
     block_size: the cache's, which the decode index needs."""
@@ -37,7 +67,8 @@ class TorchPagedBackend:
 
     def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
         if meta.is_prefill:
-            return meta
+            # (Without host lengths, as in metadata made by hand, prefill takes the per-sequence loop.)
+            return dataclasses.replace(meta, causal_rows=build_causal_rows(meta)) if meta.query_lens_host else meta
         index = build_decode_kv_index(meta.block_tables, meta.context_lens, meta.max_context_len, self.block_size)
         return dataclasses.replace(meta, decode_kv=index)
 
@@ -54,6 +85,9 @@ class TorchPagedBackend:
         store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping)
 
     def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        rows = meta.causal_rows
+        if rows is not None and kernel_supports(q, k_cache, v_cache):
+            return paged_decode_attention_cpu(q, k_cache, v_cache, rows.block_tables, rows.context_lens, scale)
         out = torch.empty_like(q)
         start = 0
         for i, (q_len, ctx_len) in enumerate(zip(meta.query_lens_host, meta.context_lens_host)):

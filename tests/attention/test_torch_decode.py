@@ -88,7 +88,7 @@ def test_padding_rows_of_a_decode_batch_give_zeros_and_leave_real_rows_alone(dec
     torch.testing.assert_close(out.double(), reference_decode(q, keys, values, 0.25), rtol=1e-5, atol=1e-5)
 
 
-def test_prefill_metadata_passes_through_prepare_unchanged():
+def test_prefill_metadata_without_host_lengths_passes_through_prepare_unchanged():
     _, _, _, meta, _, _ = paged_batch([3], 2, 1, 8, 4, torch.float32)
     prefill = AttentionMetadata(True, meta.slot_mapping, meta.block_tables, meta.context_lens,
                                 torch.tensor([0, 3], dtype=torch.int32), 3, 3, None)
