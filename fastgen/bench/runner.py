@@ -59,8 +59,8 @@ class WarmUpTimes:
 
 def warm_up(engine, max_model_len: int) -> WarmUpTimes:
     """Run a short request alone, then two together, so one-time costs (allocator growth, lazy
-    kernel compilation, torch.compile: the compiled CPU decode step has a one-row and a
-    many-row graph) land outside the measurement; return what their steps took (the last of
+    kernel compilation, torch.compile: the compiled CPU steps have a prefill graph and a
+    one-row and a many-row decode graph) land outside the measurement; return what their steps took (the last of
     each kind: the first pays those one-time costs)."""
     input_len = max(1, min(16, max_model_len // 2))
     output_len = max(1, min(4, max_model_len - input_len))

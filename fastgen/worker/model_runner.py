@@ -245,13 +245,15 @@ class ModelRunner:
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Upload a filled step, run the model on it and copy its forks' blocks: what every
         tensor-parallel rank runs. Returns the logits of the rows that sample (decode: every row,
-        padding included) and, from a decode graph, their argmax (else None). The logits of
+        padding included) and, from a CUDA graph or a compiled CPU graph, their argmax (else None). The logits of
         each of `layout.logit_spans` (hidden rows [a, b), prompt logprobs) are formed one span at
         a time and handed to `on_span_logits(span index, logits)`."""
         inputs = self.inputs.upload(layout)
         greedy = None
         decode = not layout.is_prefill
-        compiled_cpu = decode and self.compiled_decode is not None
+        # The compiled CPU graphs form the sampling rows' logits only, so a step that wants
+        # other rows' logits (prompt logprobs) runs eagerly.
+        compiled_cpu = self.compiled_decode is not None and not layout.logit_spans
         if decode and self.graphs is not None and layout.num_rows in self.graphs.sizes:
             logits, greedy = self.graphs.replay(inputs)
         elif compiled_cpu and (compiled := self.compiled_decode.step(inputs)) is not None:

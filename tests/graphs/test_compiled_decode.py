@@ -1,5 +1,5 @@
-"""The compiled CPU decode step: its linear rewrite, and greedy parity with transformers through
-both of its graphs (one row, several rows)."""
+"""The compiled CPU steps: the decode step's linear rewrite, and greedy parity with transformers
+through all three graphs (decode of one row, decode of several rows, prefill)."""
 
 from __future__ import annotations
 
@@ -58,10 +58,14 @@ def compiled_llm(model: str) -> LLM:
 
 def check_family(model, reference):
     """One request alone (the one-row graph), then a ragged batch with a shared prefix and a
-    chunked prompt (the many-row graph, its batch size changing as requests finish)."""
+    chunked prompt (the many-row graph, its batch size changing as requests finish). Every
+    prompt goes through the prefill graph: alone (one sampled row), the batch's (a one-token
+    prompt among them), a prefix-cached remainder and the 100-token prompt's chunks (64 tokens
+    a step: later chunks attend to the earlier ones in the cache)."""
     llm = compiled_llm(model)
     runner = llm.engine.runner
     assert runner.compiled_decode is not None and runner.graphs is None
+    assert runner.compiled_decode.runs_prefill
     alone = random_prompts([11], seed=61)
     prefix = random_prompts([9], seed=62)[0]
     batch = random_prompts([3, 30], seed=63, prefix=prefix) + random_prompts([1, 100, 6], seed=64)
@@ -70,12 +74,12 @@ def check_family(model, reference):
     assert outputs[0].outputs[0].token_ids == reference(model, alone, 14)[0]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     assert_each_equals_transformers(reference, model, batch, max_tokens, llm.generate(batch, params))
-    assert set(runner.compiled_decode.first_call_seconds) == {"one_row", "many_rows"}
+    assert set(runner.compiled_decode.first_call_seconds) == {"one_row", "many_rows", "prefill"}
     return runner.compiled_decode
 
 
 def test_compiled_decode_matches_transformers(tiny_models, reference, private_cache):
-    """The first engine compiles both graphs and saves them; a second engine loads them, and
+    """The first engine compiles the three graphs and saves them; a second engine loads them, and
     both match transformers."""
     first = check_family(tiny_models["qwen3"], reference)
     assert first.loaded == set() and all(path.is_file() for path in first.paths.values())
@@ -83,7 +87,7 @@ def test_compiled_decode_matches_transformers(tiny_models, reference, private_ca
     for path in first.paths.values():
         os.utime(path, (week_ago, week_ago))
     second = check_family(tiny_models["qwen3"], reference)
-    assert second.loaded == {"one_row", "many_rows"} and second.paths == first.paths
+    assert second.loaded == {"one_row", "many_rows", "prefill"} and second.paths == first.paths
     assert all(path.stat().st_mtime > week_ago + 86400 for path in second.paths.values())  # loading marks use
 
 
@@ -118,7 +122,7 @@ def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, pri
     with caplog.at_level(logging.WARNING, logger="fastgen.compile.saved_graphs"):
         out = llm.generate(prompt, params)
     assert out[0].outputs[0].token_ids == reference(model, prompt, 6)[0]
-    assert llm.engine.runner.compiled_decode.loaded == set()
+    assert llm.engine.runner.compiled_decode.loaded == {"prefill"}  # one_row compiled anew
     assert "could not load the compiled graph" in caplog.text
     assert path.stat().st_size > 1000  # saved anew
     assert not stale.exists() and recent.exists()
@@ -127,7 +131,7 @@ def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, pri
 def test_a_graph_that_cannot_be_built_decodes_eagerly(tiny_models, reference, private_cache, monkeypatch,
                                                      caplog):
     """A compile that raises (a compiler bug, no C++ toolchain) is logged once, never retried,
-    and its steps decode eagerly: outputs still equal transformers."""
+    and its steps run eagerly: outputs still equal transformers."""
     calls = []
 
     def broken(*args):
@@ -141,11 +145,11 @@ def test_a_graph_that_cannot_be_built_decodes_eagerly(tiny_models, reference, pr
     with caplog.at_level(logging.ERROR, logger="fastgen.graphs.compiled_decode"):
         outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert_each_equals_transformers(reference, model, prompts, [8, 8], outputs)
-    assert llm.engine.runner.compiled_decode.failed == {"many_rows"} and len(calls) == 1
-    assert "could not build the CPU decode step for many rows" in caplog.text
+    assert llm.engine.runner.compiled_decode.failed == {"prefill", "many_rows"} and len(calls) == 2
+    assert "could not build the CPU step graph many_rows" in caplog.text
     out = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
     assert out[0].outputs[0].token_ids == reference(model, prompts[:1], 5)[0]
-    assert llm.engine.runner.compiled_decode.failed == {"many_rows", "one_row"} and len(calls) == 2
+    assert llm.engine.runner.compiled_decode.failed == {"prefill", "many_rows", "one_row"} and len(calls) == 3
 
 
 def test_graph_key_follows_shapes_and_configuration():
