@@ -15,6 +15,7 @@ from fastgen import LLM, SamplingParams
 from fastgen.compile.gemv import gemv_linear, linears_as_gemv
 from fastgen.compile.saved_graphs import UNUSED_DAYS, graph_key
 from tests.conftest import random_prompts
+from tests.tiny_models import hf_greedy
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -89,6 +90,20 @@ def test_compiled_decode_matches_transformers(tiny_models, reference, private_ca
     second = check_family(tiny_models["qwen3"], reference)
     assert second.loaded == {"one_row", "many_rows", "prefill"} and second.paths == first.paths
     assert all(path.stat().st_mtime > week_ago + 86400 for path in second.paths.values())  # loading marks use
+
+
+def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, private_cache):
+    """The graphs in bf16 (the CPU default where it is native): Inductor's fused loops round each
+    intermediate where eager torch does (`emulate_precision_casts`) and attention follows torch's
+    flash kernel, so the first tokens equal transformers' own bf16 run (later ones may part after
+    a near-tie, as in eager bf16)."""
+    model = tiny_models["qwen3"]
+    prompts = random_prompts([5, 30, 64], seed=3)
+    llm = LLM(model, enforce_eager=False, dtype="bfloat16", block_size=16, num_kv_blocks=64)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    expected = hf_greedy(model, prompts, 3, dtype=torch.bfloat16)
+    assert [o.outputs[0].token_ids[:2] for o in outputs] == [e[:2] for e in expected]
+    assert set(llm.engine.runner.compiled_decode.first_call_seconds) == {"prefill", "many_rows"}
 
 
 def test_many_row_graph_traced_with_rows_equal_to_context(tiny_models, reference, private_cache):
