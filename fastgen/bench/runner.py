@@ -60,8 +60,8 @@ class WarmUpTimes:
 def warm_up(engine, max_model_len: int) -> WarmUpTimes:
     """Run a short request alone, then two together, so one-time costs (allocator growth, lazy
     kernel compilation, torch.compile: the compiled CPU steps have a prefill graph and a
-    one-row and a many-row decode graph) land outside the measurement; return what their steps took (the last of
-    each kind: the first pays those one-time costs)."""
+    one-row and a many-row decode graph) land outside the measurement; return what their steps
+    took (the last of each kind: the first pays those one-time costs)."""
     input_len = max(1, min(16, max_model_len // 2))
     output_len = max(1, min(4, max_model_len - input_len))
     spec = WorkloadSpec(2, IntRange(input_len, input_len), IntRange(output_len, output_len), seed=_WARMUP_SEED)

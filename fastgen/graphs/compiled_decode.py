@@ -19,7 +19,8 @@ Python in between. Three graphs serve every step:
 
 Shapes are symbolic in the batch and in the longest context L, so neither grows into new
 compiles as the step changes. Nothing is padded: each step runs exactly its rows, so every
-slot it stores is a real one (see `store_kvcache_torch`).
+slot it stores is a real one (see `store_kvcache_torch`); only the prefill graph's LM head gets a
+repeated row when a step samples fewer than two.
 
 The first use of each graph compiles it (not start-up): one to three minutes on two cores. The
 compiled graph is saved under fastgen's cache folder (`fastgen.compile.saved_graphs`), keyed by
