@@ -121,9 +121,9 @@ def store_kvcache_torch(
     """Plain-torch twin of `store_kvcache` (same contract), for CPU and as a test oracle.
 
     Not graph-capturable: the -1 filter gives a data-dependent shape. Under torch.compile (the
-    compiled CPU decode step, `fastgen.graphs.compiled_decode`) there is no filter: that step
-    never pads its batch and a decode row always writes its token, so no slot is -1, and the
-    store compiles into an in-place scatter into the cache.
+    compiled CPU steps, `fastgen.graphs.compiled_decode`) there is no filter: those steps never
+    pad their batch, a decode row always writes its token, and a prefill step with a -1 slot runs
+    eagerly, so no slot is -1, and the store compiles into an in-place scatter into the cache.
     """
     check_store_args(key, value, k_cache, v_cache, slot_mapping)
     num_kv_heads, head_dim = key.shape[1:]

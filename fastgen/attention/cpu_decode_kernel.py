@@ -37,6 +37,13 @@ def kernel_supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             and heads % kv_heads == 0)
 
 
+def kernel_built() -> bool:
+    """Whether the kernel's library is built on this machine (building it now, on first call).
+    Decode runs the op either way (it falls back by itself); prefill asks first, since the
+    fallback would gather every token's whole context, quadratic in the prompt's length."""
+    return _entry_point() is not None
+
+
 @functools.cache
 def _entry_point():
     library = load_native_library(SOURCE)

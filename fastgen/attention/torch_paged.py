@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fastgen.attention.cpu_decode_kernel import kernel_supports, paged_decode_attention_cpu
+from fastgen.attention.cpu_decode_kernel import kernel_built, kernel_supports, paged_decode_attention_cpu
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_decode import build_decode_kv_index, decode_attention
 from fastgen.kernels import store_kvcache_torch
@@ -67,8 +67,10 @@ class TorchPagedBackend:
 
     def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
         if meta.is_prefill:
-            # (Without host lengths, as in metadata made by hand, prefill takes the per-sequence loop.)
-            return dataclasses.replace(meta, causal_rows=build_causal_rows(meta)) if meta.query_lens_host else meta
+            # Without the kernel's library (or off a CPU, or without host lengths, as in metadata
+            # made by hand) prefill takes the per-sequence loop.
+            use_kernel = meta.query_lens_host and meta.block_tables.device.type == "cpu" and kernel_built()
+            return dataclasses.replace(meta, causal_rows=build_causal_rows(meta)) if use_kernel else meta
         index = build_decode_kv_index(meta.block_tables, meta.context_lens, meta.max_context_len, self.block_size)
         return dataclasses.replace(meta, decode_kv=index)
 

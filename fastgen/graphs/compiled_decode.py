@@ -18,9 +18,10 @@ Python in between. Three graphs serve every step:
   A step that wants prompt logprobs, or a one-token step, runs eagerly.
 
 Shapes are symbolic in the batch and in the longest context L, so neither grows into new
-compiles as the step changes. Nothing is padded: each step runs exactly its rows, so every
-slot it stores is a real one (see `store_kvcache_torch`); only the prefill graph's LM head gets a
-repeated row when a step samples fewer than two.
+compiles as the step changes. Nothing is padded: each step runs exactly its rows, and a step
+with a slot of -1 runs eagerly, so every slot a graph stores is a real one (see
+`store_kvcache_torch`); only the prefill graph's LM head gets a repeated row when a step samples
+fewer than two.
 
 The first use of each graph compiles it (not start-up): one to three minutes on two cores. The
 compiled graph is saved under fastgen's cache folder (`fastgen.compile.saved_graphs`), keyed by
@@ -37,7 +38,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastgen.attention.cpu_decode_kernel import kernel_supports
+from fastgen.attention.cpu_decode_kernel import kernel_built, kernel_supports
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_decode import DecodeKVIndex
 from fastgen.attention.torch_paged import CausalRows
@@ -81,11 +82,12 @@ def prefill_step(model, input_ids, positions, slot_mapping, row_tables, row_lens
 
 
 def kernel_runs_prefill(model, kv_caches: list[torch.Tensor]) -> bool:
-    """Whether the CPU attention kernel covers this model's prefill (the graph holds no other
-    prefill attention: the per-sequence loop reads host lengths, which a graph cannot)."""
+    """Whether the CPU attention kernel covers this model's prefill, its library built (the
+    graph holds no other prefill attention: the per-sequence loop reads host lengths, which a
+    graph cannot)."""
     layer = next(m for m in model.modules() if isinstance(m, PagedAttention))
     q = torch.empty(1, layer.num_heads, layer.head_dim, dtype=kv_caches[0].dtype)
-    return kernel_supports(q, kv_caches[0], kv_caches[1])
+    return kernel_supports(q, kv_caches[0], kv_caches[1]) and kernel_built()
 
 
 def decode_step(model, input_ids, positions, slot_mapping, block_tables, context_lens, slots, bias, live,
@@ -139,10 +141,12 @@ class CompiledDecodeStep:
 
     def _prefill(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Logits and argmax of a prefill step's sampling rows, or None where the step runs
-        eagerly: a one-token step (the graph's token count is a symbol >= 2), or attention the
-        kernel does not cover."""
+        eagerly: a one-token step (the graph's token count is a symbol >= 2), attention the
+        kernel does not cover, or a token whose K/V must not be stored (slot -1: a prompt whose
+        blocks are all prefix-cached recomputes its last token). The graph's store has no -1
+        filter (a data-dependent shape), and -1 would index the cache's last slot."""
         meta = inputs.meta
-        if not self.runs_prefill or inputs.input_ids.shape[0] < 2:
+        if not self.runs_prefill or inputs.input_ids.shape[0] < 2 or bool((meta.slot_mapping < 0).any()):
             return None
         assert meta.causal_rows is not None, "prefill metadata must pass through the torch backend's prepare()"
         # The sampled-row count is a symbol >= 2 too: a step sampling fewer rows repeats its

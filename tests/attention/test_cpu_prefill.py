@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastgen.attention import AttentionMetadata
+from fastgen.attention import AttentionMetadata, cpu_decode_kernel
 from fastgen.attention.torch_paged import TorchPagedBackend, build_causal_rows
 from fastgen.compile import build_op_set
 from fastgen.kernels import store_kvcache_torch
@@ -82,12 +82,10 @@ def test_causal_rows_give_each_token_its_table_and_position():
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (6, 1), (3, 3)], ids=["gqa", "mqa", "mha"])
 def test_prefill_through_the_kernel_equals_causal_attention_per_sequence(block_size, heads, kv_heads):
     q, k, v, k_cache, v_cache, meta, full = prefill_step(SEQS, heads, kv_heads, 16, block_size, torch.float32)
-    out = run_prefill(TorchPagedBackend(build_op_set(False), block_size), q, k, v, k_cache, v_cache, meta, 0.25)
-    start = 0
-    for (k_all, v_all, history), (_, new) in zip(full, SEQS):
-        want = reference_prefill(q[start : start + new], k_all, v_all, history, 0.25)
-        torch.testing.assert_close(out[start : start + new].double(), want, rtol=1e-5, atol=1e-5)
-        start += new
+    backend = TorchPagedBackend(build_op_set(False), block_size)
+    assert backend.prepare(meta).causal_rows is not None  # the kernel's way
+    out = run_prefill(backend, q, k, v, k_cache, v_cache, meta, 0.25)
+    assert_each_sequence_equals_reference(out, q, full, SEQS, 0.25)
 
 
 def test_bfloat16_prefill_through_the_kernel_matches_the_sdpa_loop(monkeypatch):
@@ -102,9 +100,31 @@ def test_bfloat16_prefill_through_the_kernel_matches_the_sdpa_loop(monkeypatch):
     torch.testing.assert_close(kernel.float(), loop.float(), rtol=1.6e-2, atol=1e-2)
 
 
-def test_prefill_with_a_head_dim_the_kernel_lacks_takes_the_sdpa_loop():
-    q, k, v, k_cache, v_cache, meta, full = prefill_step([(0, 9), (4, 5)], 4, 2, 48, 4, torch.float32)
+def assert_each_sequence_equals_reference(out, q, full, seqs, scale):
+    start = 0
+    for (k_all, v_all, history), (_, new) in zip(full, seqs):
+        want = reference_prefill(q[start : start + new], k_all, v_all, history, scale)
+        torch.testing.assert_close(out[start : start + new].double(), want, rtol=1e-5, atol=1e-5)
+        start += new
+
+
+def test_prefill_with_a_head_dim_the_kernel_lacks_takes_the_sdpa_loop(monkeypatch):
+    seqs = [(0, 9), (4, 5)]
+    q, k, v, k_cache, v_cache, meta, full = prefill_step(seqs, 4, 2, 48, 4, torch.float32)
+    kernel_calls = []
+    monkeypatch.setattr("fastgen.attention.torch_paged.paged_decode_attention_cpu",
+                        lambda *args: kernel_calls.append(args))
     out = run_prefill(TorchPagedBackend(build_op_set(False), 4), q, k, v, k_cache, v_cache, meta, 0.2)
-    k_all, v_all, history = full[1]
-    torch.testing.assert_close(out[9:].double(), reference_prefill(q[9:], k_all, v_all, history, 0.2),
-                               rtol=1e-5, atol=1e-5)
+    assert kernel_calls == []
+    assert_each_sequence_equals_reference(out, q, full, seqs, 0.2)
+
+
+def test_without_the_kernel_library_prefill_takes_the_sdpa_loop(monkeypatch):
+    """The op's own fallback would gather every token's whole context (quadratic in the prompt):
+    prefill never goes through it, it asks whether the library built."""
+    monkeypatch.setattr(cpu_decode_kernel, "_entry_point", lambda: None)
+    q, k, v, k_cache, v_cache, meta, full = prefill_step(SEQS, 4, 2, 16, 4, torch.float32)
+    backend = TorchPagedBackend(build_op_set(False), 4)
+    assert backend.prepare(meta).causal_rows is None
+    assert_each_sequence_equals_reference(run_prefill(backend, q, k, v, k_cache, v_cache, meta, 0.25), q, full,
+                                          SEQS, 0.25)

@@ -106,6 +106,23 @@ def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, 
     assert set(llm.engine.runner.compiled_decode.first_call_seconds) == {"prefill", "many_rows"}
 
 
+def test_a_step_with_a_token_it_must_not_store_never_writes_the_cache(tiny_models, reference, private_cache):
+    """A prompt whose blocks are all in the prefix cache recomputes its last token without storing
+    it (slot -1). A compiled store has no -1 filter (-1 would index the cache's last slot), so
+    that step runs eagerly: outputs equal transformers and the last slot, which no sequence owns
+    here (blocks are handed out lowest first), keeps what it held."""
+    model = tiny_models["qwen3"]
+    llm = compiled_llm(model)  # block_size 4, 256 blocks
+    prompt, other = random_prompts([8], seed=69), random_prompts([5], seed=70)  # 8 tokens: two whole blocks
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm.generate(prompt, params)  # its two blocks stay in the prefix cache
+    k_cache, v_cache = llm.engine.runner.kv_cache.layers[0]
+    before = k_cache[-1, -1].clone(), v_cache[-1, -1].clone()
+    outputs = llm.generate(prompt + other, params)
+    assert_each_equals_transformers(reference, model, prompt + other, [4, 4], outputs)
+    assert torch.equal(k_cache[-1, -1], before[0]) and torch.equal(v_cache[-1, -1], before[1])
+
+
 def test_many_row_graph_traced_with_rows_equal_to_context(tiny_models, reference, private_cache):
     """The first many-row step has 3 rows attending to at most 3 tokens: the graph must keep rows
     and context length apart, or every later step (other sizes, no guards) would go wrong."""
