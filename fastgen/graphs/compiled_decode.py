@@ -9,7 +9,8 @@ Python in between. Three graphs serve every step:
 - decode, one row: every linear layer is rewritten into a multiply and a row sum
   (`fastgen.compile.gemv`) and attention into broadcast products and sums, so nearly the whole
   layer becomes Inductor reductions that stream the weights at the memory bandwidth;
-- decode, two rows or more: the linears stay GEMMs (oneDNN), attention is the C++ kernel
+- decode, two rows or more: the linears stay GEMMs (oneDNN, over weights packed once:
+  `fastgen.compile.packed_linear`), attention is the C++ kernel
   (`fastgen.attention.cpu_decode_kernel`), and Inductor fuses what lies between them;
 - prefill (two tokens or more): the same, with every new token a row of the attention kernel
   (`CausalRows`) and the LM head over the sampling rows only. Eager, the element-wise work
@@ -43,6 +44,7 @@ from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_decode import DecodeKVIndex
 from fastgen.attention.torch_paged import CausalRows
 from fastgen.compile.gemv import linears_as_gemv
+from fastgen.compile.packed_linear import linears_as_packed, pack_linear_weights
 from fastgen.compile.saved_graphs import graph_key, load_or_compile
 from fastgen.layers.attention import PagedAttention
 from fastgen.models.default_model import cache_dir
@@ -53,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 def inductor_backend(gemv: bool):
     """A Dynamo backend: Inductor with its C++ wrapper over the graph, its linears rewritten
-    into GEMV reductions first when `gemv`."""
+    first: into GEMV reductions when `gemv`, else into products over packed weights."""
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor import config
@@ -61,6 +63,8 @@ def inductor_backend(gemv: bool):
 
         if gemv:
             linears_as_gemv(gm)
+        else:
+            linears_as_packed(gm)
         # Precision casts emulated in the GEMM graph: a fused kernel then rounds each
         # intermediate to bf16 where eager torch (and so transformers) does. The GEMV graph
         # goes without: emulation there stopped the reductions streaming (30 ms a step, not 10).
@@ -123,6 +127,7 @@ class CompiledDecodeStep:
         keys = {name: graph_key(name, model, model.config, self.kv_caches) for name in self.GRAPHS}
         self.paths = {name: cache_dir() / "compiled" / f"decode-{key}.pt" for name, key in keys.items()}
         self.runs_prefill = kernel_runs_prefill(model, self.kv_caches)
+        self.packed_weights = pack_linear_weights(model)  # the many-row and prefill graphs' GEMMs
         self._graphs: dict[str, Callable] = {}
         self.first_call_seconds: dict[str, float] = {}  # graph name -> load or compile, plus first run
         self.loaded: set[str] = set()  # the graphs read from disk rather than compiled

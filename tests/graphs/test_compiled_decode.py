@@ -92,11 +92,17 @@ def test_compiled_decode_matches_transformers(tiny_models, reference, private_ca
     assert all(path.stat().st_mtime > week_ago + 86400 for path in second.paths.values())  # loading marks use
 
 
-def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, private_cache):
+def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, private_cache, monkeypatch):
     """The graphs in bf16 (the CPU default where it is native): Inductor's fused loops round each
-    intermediate where eager torch does (`emulate_precision_casts`) and attention follows torch's
-    flash kernel, so the first tokens equal transformers' own bf16 run (later ones may part after
-    a near-tie, as in eager bf16)."""
+    intermediate where eager torch does (`emulate_precision_casts`), the GEMMs over packed weights
+    give F.linear's results, and attention follows torch's flash kernel, so the first tokens
+    equal transformers' own bf16 run (later ones may part after a near-tie, as in eager bf16)."""
+    from fastgen.compile import packed_linear
+
+    packed_products = []
+    real = packed_linear._packed_product
+    monkeypatch.setattr(packed_linear, "_packed_product",
+                        lambda *args: packed_products.append(args[0].shape[0]) or real(*args))
     model = tiny_models["qwen3"]
     prompts = random_prompts([5, 30, 64], seed=3)
     llm = LLM(model, enforce_eager=False, dtype="bfloat16", block_size=16, num_kv_blocks=64)
@@ -104,6 +110,7 @@ def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, 
     expected = hf_greedy(model, prompts, 3, dtype=torch.bfloat16)
     assert [o.outputs[0].token_ids[:2] for o in outputs] == [e[:2] for e in expected]
     assert set(llm.engine.runner.compiled_decode.first_call_seconds) == {"prefill", "many_rows"}
+    assert llm.engine.runner.compiled_decode.packed_weights > 0 and len(packed_products) > 0
 
 
 def test_a_step_with_a_token_it_must_not_store_never_writes_the_cache(tiny_models, reference, private_cache):

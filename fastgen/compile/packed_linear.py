@@ -1,0 +1,89 @@
+"""Linear layers over weights laid out once for oneDNN, for the many-row CPU graphs.
+
+oneDNN's bf16 GEMM computes from a blocked weight layout. Given a plain [N, K] weight it reorders
+the whole weight into that layout on every call: at 32 rows that pass costs about as much as the
+product. One 32-row decode step of SmolLM2-135M (121 products: four a layer and the LM head,
+weights cold as in a real step, 2 cores) took 21.6 ms with plain weights and 16.6 ms with weights
+reordered beforehand (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`), with the
+same results bit for bit. Inductor cannot take such an opaque oneDNN tensor as a graph input, so the
+graphs call `fastgen::packed_linear` instead of `F.linear` (`linears_as_packed`, the counterpart
+of `fastgen.compile.gemv` for many rows): the op receives the plain weight, which the graph holds
+like any parameter, and looks up its packed twin here. A weight with no twin (not packed, another
+dtype) goes through `F.linear`, so a saved graph runs the same either way.
+
+The cost is memory: the packed twins are a second copy of every linear weight (269 MB for
+SmolLM2-135M in bf16). The one-row graph keeps reading the plain weights, which its reductions
+stream faster than a GEMM does. Only bf16 weights are packed: in float32, torch's own GEMM is not
+oneDNN's, so its results would change.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+# Packed twins by the plain weight's identity (address, shape, strides). An entry leaves with its
+# weight (a finalizer), so a later model whose weight reuses the address never meets a stale twin.
+_twins: dict[tuple, torch.Tensor] = {}
+
+
+def _identity(weight: torch.Tensor) -> tuple:
+    return weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype
+
+
+def pack_linear_weights(model: nn.Module) -> int:
+    """Give every bf16 linear weight of `model` on the CPU a packed twin (once per weight);
+    returns how many weights have one. Weights must not change afterwards."""
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(module, nn.Linear) or weight is None or weight.dtype != torch.bfloat16 \
+                or weight.device.type != "cpu" or weight.dim() != 2:
+            continue
+        key = _identity(weight)
+        if key not in _twins:
+            with torch.no_grad():
+                _twins[key] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            weakref.finalize(weight, _twins.pop, key, None)
+        count += 1
+    return count
+
+
+def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@torch.library.custom_op("fastgen::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias), through weight's packed twin where it has one."""
+    packed = _twins.get(_identity(weight))
+    if packed is None or x.dtype != weight.dtype:
+        return F.linear(x, weight, bias)
+    return _packed_product(x.contiguous(), packed, bias)
+
+
+@packed_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+_LINEARS = {torch._C._nn.linear, torch.nn.functional.linear}
+
+
+def linears_as_packed(gm: torch.fx.GraphModule) -> int:
+    """Rewrite every linear call of a Dynamo graph into `fastgen::packed_linear`, in place;
+    returns how many."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _LINEARS:
+            args = list(node.args) + [None] * (3 - len(node.args))
+            node.args = (args[0], args[1], node.kwargs.get("bias", args[2]))
+            node.kwargs = {}
+            node.target = torch.ops.fastgen.packed_linear.default
+            count += 1
+    gm.recompile()
+    return count

@@ -1,0 +1,80 @@
+"""Linear layers over packed oneDNN weights (`fastgen.compile.packed_linear`): bit for bit what
+F.linear gives, only for the weights that were packed, and never for a freed weight's address."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastgen.compile import packed_linear as pl
+
+
+@pytest.fixture
+def product_calls(monkeypatch):
+    """How many products went through a packed twin."""
+    calls = []
+    real = pl._packed_product
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr(pl, "_packed_product", counting)
+    return calls
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 5, 64, 700])
+def test_packed_products_equal_f_linear_bit_for_bit(rows, bias, product_calls):
+    torch.manual_seed(0)
+    layer = nn.Linear(96, 200, bias=bias).bfloat16()
+    assert pl.pack_linear_weights(layer) == 1
+    x = torch.randn(rows, 96).bfloat16()
+    got = pl.packed_linear(x, layer.weight, layer.bias)
+    assert torch.equal(got, F.linear(x, layer.weight, layer.bias))
+    assert len(product_calls) == 1
+
+
+def test_float32_weights_stay_plain(product_calls):
+    layer = nn.Linear(16, 8)
+    assert pl.pack_linear_weights(layer) == 0
+    x = torch.randn(3, 16)
+    assert torch.equal(pl.packed_linear(x, layer.weight, layer.bias), F.linear(x, layer.weight, layer.bias))
+    assert product_calls == []
+
+
+def test_an_unpacked_weight_goes_through_f_linear(product_calls):
+    layer = nn.Linear(16, 8, bias=False).bfloat16()
+    x = torch.randn(3, 16).bfloat16()
+    assert torch.equal(pl.packed_linear(x, layer.weight, None), F.linear(x, layer.weight))
+    assert product_calls == []
+
+
+def test_a_freed_weight_takes_its_twin_with_it():
+    layer = nn.Linear(32, 24, bias=False).bfloat16()
+    pl.pack_linear_weights(layer)
+    key = pl._identity(layer.weight)
+    assert key in pl._twins
+    del layer
+    gc.collect()
+    assert key not in pl._twins
+
+
+def test_linears_as_packed_rewrites_every_linear_call(product_calls):
+    def two_layers(x, w1, w2, b2):
+        return F.linear(torch.relu(F.linear(x, w1)), w2, bias=b2)
+
+    gm = torch.fx.symbolic_trace(two_layers)
+    torch.manual_seed(1)
+    first, second = nn.Linear(8, 16, bias=False).bfloat16(), nn.Linear(16, 4).bfloat16()
+    pl.pack_linear_weights(nn.Sequential(first, second))
+    args = (torch.randn(5, 8).bfloat16(), first.weight, second.weight, second.bias)
+    want = gm(*args)
+    assert pl.linears_as_packed(gm) == 2
+    assert not any(node.target is F.linear for node in gm.graph.nodes)
+    assert torch.equal(gm(*args), want)
+    assert len(product_calls) == 2
