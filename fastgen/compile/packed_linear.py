@@ -26,6 +26,8 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+from fastgen.cpu_features import has_native_bf16
+
 # Packed twins by the plain weight's identity (address, shape, strides). An entry leaves with its
 # weight (a finalizer), so a later model whose weight reuses the address never meets a stale twin.
 _twins: dict[tuple, torch.Tensor] = {}
@@ -35,22 +37,28 @@ def _identity(weight: torch.Tensor) -> tuple:
     return weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype
 
 
+def packable_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The weights `pack_linear_weights` would pack: every bf16 linear weight on the CPU, where
+    the CPU computes bf16 natively (elsewhere oneDNN has no bf16 GEMM worth packing for, and
+    may refuse to reorder)."""
+    if not has_native_bf16():
+        return []
+    return [module.weight for module in model.modules()
+            if isinstance(module, nn.Linear) and module.weight.dtype == torch.bfloat16
+            and module.weight.device.type == "cpu" and module.weight.dim() == 2]
+
+
 def pack_linear_weights(model: nn.Module) -> int:
-    """Give every bf16 linear weight of `model` on the CPU a packed twin (once per weight);
-    returns how many weights have one. Weights must not change afterwards."""
-    count = 0
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if not isinstance(module, nn.Linear) or weight is None or weight.dtype != torch.bfloat16 \
-                or weight.device.type != "cpu" or weight.dim() != 2:
-            continue
+    """Give every weight of `packable_weights(model)` a packed twin (once per weight); returns
+    how many have one. Weights must not change afterwards."""
+    weights = packable_weights(model)
+    for weight in weights:
         key = _identity(weight)
         if key not in _twins:
             with torch.no_grad():
                 _twins[key] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             weakref.finalize(weight, _twins.pop, key, None)
-        count += 1
-    return count
+    return len(weights)
 
 
 def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -75,15 +83,18 @@ _LINEARS = {torch._C._nn.linear, torch.nn.functional.linear}
 
 
 def linears_as_packed(gm: torch.fx.GraphModule) -> int:
-    """Rewrite every linear call of a Dynamo graph into `fastgen::packed_linear`, in place;
-    returns how many."""
+    """Rewrite every bf16 linear call of a Dynamo graph into `fastgen::packed_linear`, in place;
+    returns how many. Others stay Inductor's own GEMMs: no twin would ever serve them."""
     count = 0
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _LINEARS:
-            args = list(node.args) + [None] * (3 - len(node.args))
-            node.args = (args[0], args[1], node.kwargs.get("bias", args[2]))
-            node.kwargs = {}
-            node.target = torch.ops.fastgen.packed_linear.default
-            count += 1
+        if node.op != "call_function" or node.target not in _LINEARS:
+            continue
+        args = dict(zip(("input", "weight", "bias"), node.args), **node.kwargs)
+        weight = args["weight"].meta.get("example_value") if isinstance(args["weight"], torch.fx.Node) else None
+        if weight is not None and weight.dtype != torch.bfloat16:
+            continue
+        node.args, node.kwargs = (args["input"], args["weight"], args.get("bias")), {}
+        node.target = torch.ops.fastgen.packed_linear.default
+        count += 1
     gm.recompile()
     return count

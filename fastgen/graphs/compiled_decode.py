@@ -44,10 +44,11 @@ from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_decode import DecodeKVIndex
 from fastgen.attention.torch_paged import CausalRows
 from fastgen.compile.gemv import linears_as_gemv
-from fastgen.compile.packed_linear import linears_as_packed, pack_linear_weights
+from fastgen.compile.packed_linear import linears_as_packed, pack_linear_weights, packable_weights
 from fastgen.compile.saved_graphs import graph_key, load_or_compile
 from fastgen.layers.attention import PagedAttention
 from fastgen.models.default_model import cache_dir
+from fastgen.worker.memory import check_fits
 from fastgen.worker.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
@@ -127,7 +128,8 @@ class CompiledDecodeStep:
         keys = {name: graph_key(name, model, model.config, self.kv_caches) for name in self.GRAPHS}
         self.paths = {name: cache_dir() / "compiled" / f"decode-{key}.pt" for name, key in keys.items()}
         self.runs_prefill = kernel_runs_prefill(model, self.kv_caches)
-        self.packed_weights = pack_linear_weights(model)  # the many-row and prefill graphs' GEMMs
+        self.packed_weights = 0  # packed at the first use of a graph that reads them (`_pack_weights`)
+        self._packing_tried = False
         self._graphs: dict[str, Callable] = {}
         self.first_call_seconds: dict[str, float] = {}  # graph name -> load or compile, plus first run
         self.loaded: set[str] = set()  # the graphs read from disk rather than compiled
@@ -168,12 +170,28 @@ class CompiledDecodeStep:
         logits, greedy = out
         return logits[:num_sampled], greedy[:num_sampled]
 
+    def _pack_weights(self) -> None:
+        """Pack the weights for the many-row and prefill graphs' GEMMs, once, where the copies
+        fit in memory (else those GEMMs reorder the plain weights on every call, as before)."""
+        if self._packing_tried:
+            return
+        self._packing_tried = True
+        needed = sum(weight.numel() * weight.element_size() for weight in packable_weights(self.model))
+        try:
+            check_fits("packed copies of the linear weights (the compiled CPU steps' GEMMs)", needed,
+                       torch.device("cpu"), "those GEMMs use the plain weights instead")
+            self.packed_weights = pack_linear_weights(self.model)
+        except (ValueError, RuntimeError) as exc:  # short of memory, or oneDNN refused the reorder
+            logger.warning("not packing the linear weights: %s", exc)
+
     def _run(self, name: str, args: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
         graph = self._graphs.get(name)
         if graph is not None:
             return graph(self.model, *args)
         if name in self.failed:
             return None
+        if name != "one_row":
+            self._pack_weights()
         # Each graph is symbolic in every size that changes (rows >= 2 or exactly 1, contexts
         # >= 2: a decode row attends to its prompt and its new token), so it is built once.
         start = time.perf_counter()

@@ -11,6 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastgen.compile import packed_linear as pl
+from fastgen.cpu_features import has_native_bf16
+
+native_bf16 = pytest.mark.skipif(not has_native_bf16(), reason="packs only where the CPU computes bf16 natively")
 
 
 @pytest.fixture
@@ -27,13 +30,15 @@ def product_calls(monkeypatch):
     return calls
 
 
+@native_bf16
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 5, 64, 700])
 def test_packed_products_equal_f_linear_bit_for_bit(rows, bias, product_calls):
+    """At SmolLM2's gate|up shape (K = 576, past oneDNN's K blocking)."""
     torch.manual_seed(0)
-    layer = nn.Linear(96, 200, bias=bias).bfloat16()
+    layer = nn.Linear(576, 1536, bias=bias).bfloat16()
     assert pl.pack_linear_weights(layer) == 1
-    x = torch.randn(rows, 96).bfloat16()
+    x = torch.randn(rows, 576).bfloat16()
     got = pl.packed_linear(x, layer.weight, layer.bias)
     assert torch.equal(got, F.linear(x, layer.weight, layer.bias))
     assert len(product_calls) == 1
@@ -54,6 +59,7 @@ def test_an_unpacked_weight_goes_through_f_linear(product_calls):
     assert product_calls == []
 
 
+@native_bf16
 def test_a_freed_weight_takes_its_twin_with_it():
     layer = nn.Linear(32, 24, bias=False).bfloat16()
     pl.pack_linear_weights(layer)
@@ -64,6 +70,7 @@ def test_a_freed_weight_takes_its_twin_with_it():
     assert key not in pl._twins
 
 
+@native_bf16
 def test_linears_as_packed_rewrites_every_linear_call(product_calls):
     def two_layers(x, w1, w2, b2):
         return F.linear(torch.relu(F.linear(x, w1)), w2, bias=b2)
@@ -78,3 +85,29 @@ def test_linears_as_packed_rewrites_every_linear_call(product_calls):
     assert not any(node.target is F.linear for node in gm.graph.nodes)
     assert torch.equal(gm(*args), want)
     assert len(product_calls) == 2
+
+
+def test_nothing_is_packed_where_the_cpu_lacks_native_bf16(monkeypatch, product_calls):
+    monkeypatch.setattr(pl, "has_native_bf16", lambda: False)
+    layer = nn.Linear(16, 8, bias=False).bfloat16()
+    assert pl.pack_linear_weights(layer) == 0
+    x = torch.randn(3, 16).bfloat16()
+    assert torch.equal(pl.packed_linear(x, layer.weight, None), F.linear(x, layer.weight))
+    assert product_calls == []
+
+
+def test_dynamo_graphs_keep_float32_linears_as_inductor_gemms():
+    """Only bf16 linears become the op (a float32 weight never has a twin); the others stay
+    Inductor's own GEMMs."""
+    counts = []
+
+    def backend(gm, example_inputs):
+        counts.append(pl.linears_as_packed(gm))
+        return gm.forward
+
+    f32, bf16 = nn.Linear(8, 4), nn.Linear(8, 4).bfloat16()
+    both = torch.compile(lambda x, y: (f32(x), bf16(y)), backend=backend, fullgraph=True)
+    x, y = torch.randn(2, 8), torch.randn(2, 8).bfloat16()
+    out = both(x, y)
+    assert counts == [1]
+    assert torch.equal(out[0], f32(x)) and torch.equal(out[1], bf16(y))
