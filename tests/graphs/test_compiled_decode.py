@@ -97,7 +97,8 @@ def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, 
     """The graphs in bf16 (the CPU default where it is native): Inductor's fused loops round each
     intermediate where eager torch does (`emulate_precision_casts`), the GEMMs over packed weights
     give F.linear's results, and attention follows torch's flash kernel, so the first tokens
-    equal transformers' own bf16 run (later ones may part after a near-tie, as in eager bf16)."""
+    equal transformers' own bf16 run (later ones may part after a near-tie, as in eager bf16).
+    A second engine loads the saved graphs: they find the new model's packed weights too."""
     from fastgen.compile import packed_linear
 
     packed_products = []
@@ -106,15 +107,17 @@ def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, 
                         lambda *args: packed_products.append(args[0].shape[0]) or real(*args))
     model = tiny_models["qwen3"]
     prompts = random_prompts([5, 30, 64], seed=3)
-    llm = LLM(model, enforce_eager=False, dtype="bfloat16", block_size=16, num_kv_blocks=64)
-    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     expected = hf_greedy(model, prompts, 3, dtype=torch.bfloat16)
-    assert [o.outputs[0].token_ids[:2] for o in outputs] == [e[:2] for e in expected]
-    assert set(llm.engine.runner.compiled_decode.first_call_seconds) == {"prefill", "many_rows"}
-    if has_native_bf16():  # every linear of a forward found its packed twin
+    for loaded in (set(), {"prefill", "many_rows"}):
+        packed_products.clear()
+        llm = LLM(model, enforce_eager=False, dtype="bfloat16", block_size=16, num_kv_blocks=64)
+        outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+        assert [o.outputs[0].token_ids[:2] for o in outputs] == [e[:2] for e in expected]
         compiled = llm.engine.runner.compiled_decode
-        assert compiled.packed_weights == sum(isinstance(m, torch.nn.Linear) for m in llm.engine.runner.model.modules())
-        assert len(packed_products) >= compiled.packed_weights
+        assert set(compiled.first_call_seconds) == {"prefill", "many_rows"} and compiled.loaded == loaded
+        if has_native_bf16():  # every linear of a forward found its packed twin
+            linears = sum(isinstance(m, torch.nn.Linear) for m in llm.engine.runner.model.modules())
+            assert compiled.packed_weights == linears and len(packed_products) >= linears
 
 
 def test_a_step_with_a_token_it_must_not_store_never_writes_the_cache(tiny_models, reference, private_cache):
