@@ -34,7 +34,8 @@ def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out.to(x.dtype)
 
 
-_LINEARS = {torch._C._nn.linear, torch.nn.functional.linear}
+# How a linear layer's call appears in a Dynamo graph (also what `packed_linear` rewrites).
+LINEAR_CALLS = {torch._C._nn.linear, torch.nn.functional.linear}
 
 
 def linears_as_gemv(gm: torch.fx.GraphModule) -> int:
@@ -44,7 +45,7 @@ def linears_as_gemv(gm: torch.fx.GraphModule) -> int:
     Inductor sees the reduction and fuses it with its neighbours."""
     count = 0
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _LINEARS:
+        if node.op == "call_function" and node.target in LINEAR_CALLS:
             node.target = gemv_linear
             count += 1
     gm.recompile()

@@ -26,6 +26,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+from fastgen.compile.gemv import LINEAR_CALLS
 from fastgen.cpu_features import has_native_bf16
 
 # Packed twins by the plain weight's identity (address, shape, strides). An entry leaves with its
@@ -79,15 +80,12 @@ def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-_LINEARS = {torch._C._nn.linear, torch.nn.functional.linear}
-
-
 def linears_as_packed(gm: torch.fx.GraphModule) -> int:
     """Rewrite every bf16 linear call of a Dynamo graph into `fastgen::packed_linear`, in place;
     returns how many. Others stay Inductor's own GEMMs: no twin would ever serve them."""
     count = 0
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in _LINEARS:
+        if node.op != "call_function" or node.target not in LINEAR_CALLS:
             continue
         args = dict(zip(("input", "weight", "bias"), node.args), **node.kwargs)
         weight = args["weight"].meta.get("example_value") if isinstance(args["weight"], torch.fx.Node) else None
