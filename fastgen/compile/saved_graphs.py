@@ -81,12 +81,15 @@ def load_or_compile(fn: Callable, backend: Callable, args: tuple, model: torch.n
         else:
             mark_used_and_prune(path)
             return compiled, True
-    # Floats of the model (norm epsilon, RoPE base, attention scale) stay constants: the key
-    # covers them, and an AOT trace cannot restart when one would otherwise become an input.
+    # Floats of the model (norm epsilon, RoPE base, attention scale) and the code's ints (the
+    # flat weights' offsets and shapes: `fastgen.compile.flat_weights`) stay constants: the key
+    # covers them, an AOT trace cannot restart when one would otherwise become an input, and
+    # each symbolic int would be one more input to fetch on every call. Sizes stay symbolic:
+    # they are read from tensors, which `dynamic=True` covers.
     # No duck shaping: sizes that happen to be equal in the example (4 rows attending to 4
     # tokens) must stay separate symbols, or the graph would assume them equal for ever, and
     # with its guards off nothing would notice.
-    with torch._dynamo.config.patch(specialize_float=True), \
+    with torch._dynamo.config.patch(specialize_float=True, specialize_int=True), \
             torch.fx.experimental._config.patch(use_duck_shape=False):
         compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=True).aot_compile(((model, *args), {}))
     compiled.disable_guard_check()
