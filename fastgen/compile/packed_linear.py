@@ -1,37 +1,56 @@
-"""Linear layers over weights laid out once for oneDNN, for the many-row CPU graphs.
+"""Linear layers over weights laid out once for a CPU GEMM kernel, for the many-row CPU graphs.
 
-oneDNN's bf16 GEMM computes from a blocked weight layout. Given a plain [N, K] weight it reorders
-the whole weight into that layout on every call: at 32 rows that pass costs about as much as the
+A bf16 GEMM computes from a weight layout of its own. oneDNN, given a plain [N, K] weight, reorders
+the whole weight into its layout on every call: at 32 rows that pass costs about as much as the
 product. One 32-row decode step of SmolLM2-135M (121 products: four a layer and the LM head,
-weights cold as in a real step, 2 cores) took 21.6 ms with plain weights and 16.6 ms with weights
-reordered beforehand (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`), with the
-same results bit for bit. Inductor cannot take such an opaque oneDNN tensor as a graph input, so the
-graphs call `fastgen::packed_linear` instead of `F.linear` (`linears_as_packed`, the counterpart
-of `fastgen.compile.gemv` for many rows): the op receives the plain weight, which the graph holds
-like any parameter, and looks up its packed twin here. A weight with no twin (not packed, another
-dtype) goes through `F.linear`, so a saved graph runs the same either way.
+weights cold as in a real step, 2 cores of an AMD EPYC with AVX-512 BF16) took 21.6 ms with plain
+weights, 16.6 ms through oneDNN over weights it had reordered beforehand
+(`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`), and 12.2 ms through fastgen's
+own kernel over weights packed for it (`fastgen.compile.cpu_gemm`). So each bf16 linear weight gets
+a packed twin once: fastgen's layout where that kernel runs and the CPU has no AMX (whose tile
+kernels oneDNN uses), else oneDNN's.
 
-The cost is memory: the packed twins are a second copy of every linear weight (269 MB for
-SmolLM2-135M in bf16). The one-row graph keeps reading the plain weights, which its reductions
-stream faster than a GEMM does. Only bf16 weights are packed: in float32, torch's own GEMM is not
-oneDNN's, so its results would change.
+Inductor cannot take such a packed tensor as a graph input (an opaque oneDNN tensor raised a
+LoweringException), so the graphs call `fastgen::packed_linear` instead of `F.linear`
+(`linears_as_packed`, the counterpart of `fastgen.compile.gemv` for many rows): the op receives
+the plain weight, which the graph holds like any parameter, and looks up its twin here. A weight
+with no twin (not packed, another dtype) goes through `F.linear`, so a saved graph runs the same
+either way.
+
+The cost is memory: the twins are a second copy of every linear weight (269 MB for SmolLM2-135M
+in bf16). The one-row graph keeps reading the plain weights, which its reductions stream as fast.
+Only bf16 weights are packed: in float32, torch's own GEMM is neither kernel, so results would
+change. oneDNN's products equal F.linear's bit for bit; fastgen's sum the same products in the
+same order and matched F.linear in all but a few outputs in ten thousand.
 """
 
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+from fastgen.compile import cpu_gemm
 from fastgen.compile.gemv import LINEAR_CALLS
-from fastgen.cpu_features import has_native_bf16
+from fastgen.cpu_features import cpu_flags, has_native_bf16
+
+
+class Twin(NamedTuple):
+    """A weight [out_features, K] packed for `kernel`: "fastgen" (`fastgen.compile.cpu_gemm`) or
+    "onednn"."""
+
+    kernel: str
+    packed: torch.Tensor
+    out_features: int
+
 
 # Packed twins by the plain weight's identity (address, shape, strides). An entry leaves with its
 # weight (a finalizer), so a later model whose weight reuses the address never meets a stale twin.
-_twins: dict[tuple, torch.Tensor] = {}
+_twins: dict[tuple, Twin] = {}
 
 
 def _identity(weight: torch.Tensor) -> tuple:
@@ -49,30 +68,42 @@ def packable_weights(model: nn.Module) -> list[torch.Tensor]:
             and module.weight.device.type == "cpu" and module.weight.dim() == 2]
 
 
-def pack_linear_weights(model: nn.Module) -> int:
-    """Give every weight of `packable_weights(model)` a packed twin (once per weight); returns
-    how many have one. Weights must not change afterwards."""
+def packing_kernel() -> str:
+    """The kernel twins are packed for here: fastgen's where it runs and the CPU has no AMX,
+    else oneDNN's."""
+    return "fastgen" if cpu_gemm.gemm_available() and "amx_bf16" not in cpu_flags() else "onednn"
+
+
+def pack_linear_weights(model: nn.Module, kernel: str | None = None) -> int:
+    """Give every weight of `packable_weights(model)` a packed twin for `kernel` (default:
+    `packing_kernel()`), once per weight; returns how many have one. Weights must not change
+    afterwards."""
     weights = packable_weights(model)
+    kernel = kernel or packing_kernel()
     for weight in weights:
         key = _identity(weight)
         if key not in _twins:
             with torch.no_grad():
-                _twins[key] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+                packed = cpu_gemm.pack_weight(weight.detach()) if kernel == "fastgen" \
+                    else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+                _twins[key] = Twin(kernel, packed, weight.shape[0])
             weakref.finalize(weight, _twins.pop, key, None)
     return len(weights)
 
 
-def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+def _packed_product(x: torch.Tensor, twin: Twin, bias: torch.Tensor | None) -> torch.Tensor:
+    if twin.kernel == "fastgen":
+        return cpu_gemm.packed_gemm(x, twin.packed, twin.out_features, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, twin.packed, bias, "none", [], "")
 
 
 @torch.library.custom_op("fastgen::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear(x, weight, bias), through weight's packed twin where it has one."""
-    packed = _twins.get(_identity(weight))
-    if packed is None or x.dtype != weight.dtype:
+    twin = _twins.get(_identity(weight))
+    if twin is None or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
-    return _packed_product(x.contiguous(), packed, bias)
+    return _packed_product(x.contiguous(), twin, bias)
 
 
 @packed_linear.register_fake

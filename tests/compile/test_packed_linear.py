@@ -1,5 +1,6 @@
-"""Linear layers over packed oneDNN weights (`fastgen.compile.packed_linear`): bit for bit what
-F.linear gives, only for the weights that were packed, and never for a freed weight's address."""
+"""Linear layers over packed weights (`fastgen.compile.packed_linear`, `fastgen.compile.cpu_gemm`):
+oneDNN's twins bit for bit what F.linear gives, fastgen's within one rounding of it; only for the
+weights that were packed, and never for a freed weight's address."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastgen.compile import cpu_gemm
 from fastgen.compile import packed_linear as pl
 from fastgen.cpu_features import has_native_bf16
 
 native_bf16 = pytest.mark.skipif(not has_native_bf16(), reason="packs only where the CPU computes bf16 natively")
+fastgen_gemm = pytest.mark.skipif(not cpu_gemm.gemm_available(), reason="fastgen's GEMM needs AVX-512 BF16")
 
 
 @pytest.fixture
@@ -33,15 +36,72 @@ def product_calls(monkeypatch):
 @native_bf16
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 5, 64, 700])
-def test_packed_products_equal_f_linear_bit_for_bit(rows, bias, product_calls):
+def test_onednn_twins_give_f_linear_bit_for_bit(rows, bias, product_calls):
     """At SmolLM2's gate|up shape (K = 576, past oneDNN's K blocking)."""
     torch.manual_seed(0)
     layer = nn.Linear(576, 1536, bias=bias).bfloat16()
-    assert pl.pack_linear_weights(layer) == 1
+    assert pl.pack_linear_weights(layer, kernel="onednn") == 1
     x = torch.randn(rows, 576).bfloat16()
     got = pl.packed_linear(x, layer.weight, layer.bias)
     assert torch.equal(got, F.linear(x, layer.weight, layer.bias))
     assert len(product_calls) == 1
+
+
+def _bf16_ulp(t: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 values at each element's magnitude."""
+    exponent = torch.floor(torch.log2(t.float().abs().clamp_min(2.0 ** -120)))
+    return torch.pow(2.0, exponent - 7)
+
+
+@fastgen_gemm
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 5, 64, 700])
+def test_fastgen_twins_match_f_linear_within_one_rounding(rows, bias, product_calls):
+    """The same products summed in the same order: nearly every output equal to F.linear's, the
+    rest one bf16 step away, and no further from the exact product than F.linear is."""
+    torch.manual_seed(0)
+    layer = nn.Linear(576, 1536, bias=bias).bfloat16()
+    assert pl.pack_linear_weights(layer, kernel="fastgen") == 1
+    x = torch.randn(rows, 576).bfloat16()
+    got = pl.packed_linear(x, layer.weight, layer.bias)
+    want = F.linear(x, layer.weight, layer.bias)
+    assert len(product_calls) == 1 and got.dtype == torch.bfloat16 and got.shape == want.shape
+    assert (got == want).float().mean() > 0.99
+    # One bf16 step apart at most, plus fp32 summing's own error where the sum cancels to near 0.
+    magnitude = x.double().abs() @ layer.weight.double().abs().T
+    assert torch.all((got.double() - want.double()).abs() <= _bf16_ulp(want) + 2.0 ** -20 * magnitude)
+    exact = x.double() @ layer.weight.double().T + (layer.bias.double() if bias else 0)
+    ours, theirs = (got.double() - exact).abs().mean(), (want.double() - exact).abs().mean()
+    assert ours <= theirs * 1.01
+
+
+@fastgen_gemm
+@pytest.mark.parametrize(("rows", "out_features", "in_features"),
+                         [(1, 1, 1), (3, 50, 7), (9, 47, 33), (17, 97, 64), (8, 48, 2), (33, 200, 129)])
+def test_fastgen_gemm_covers_ragged_shapes(rows, out_features, in_features):
+    """Rows past a register tile, columns past a panel (masked stores), an odd K (a last pair
+    with one real element): against the exact product, within bf16's rounding."""
+    torch.manual_seed(rows)
+    weight = torch.randn(out_features, in_features).bfloat16()
+    bias = torch.randn(out_features).bfloat16()
+    x = torch.randn(rows, in_features).bfloat16()
+    got = cpu_gemm.packed_gemm(x, cpu_gemm.pack_weight(weight), out_features, bias)
+    exact = x.double() @ weight.double().T + bias.double()
+    assert torch.all((got.double() - exact).abs() <= _bf16_ulp(exact) + 1e-6 * in_features)
+    batched = cpu_gemm.packed_gemm(x.view(1, rows, in_features), cpu_gemm.pack_weight(weight), out_features, None)
+    assert batched.shape == (1, rows, out_features)
+    assert torch.equal(batched[0], cpu_gemm.packed_gemm(x, cpu_gemm.pack_weight(weight), out_features, None))
+
+
+def test_the_packing_kernel_is_fastgens_only_where_it_runs_and_the_cpu_lacks_amx(monkeypatch):
+    monkeypatch.setattr(pl.cpu_gemm, "gemm_available", lambda: True)
+    monkeypatch.setattr(pl, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    assert pl.packing_kernel() == "fastgen"
+    monkeypatch.setattr(pl, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
+    assert pl.packing_kernel() == "onednn"
+    monkeypatch.setattr(pl.cpu_gemm, "gemm_available", lambda: False)
+    monkeypatch.setattr(pl, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    assert pl.packing_kernel() == "onednn"
 
 
 def test_float32_weights_stay_plain(product_calls):
@@ -78,7 +138,7 @@ def test_linears_as_packed_rewrites_every_linear_call(product_calls):
     gm = torch.fx.symbolic_trace(two_layers)
     torch.manual_seed(1)
     first, second = nn.Linear(8, 16, bias=False).bfloat16(), nn.Linear(16, 4).bfloat16()
-    pl.pack_linear_weights(nn.Sequential(first, second))
+    pl.pack_linear_weights(nn.Sequential(first, second), kernel="onednn")  # bit for bit: see above
     args = (torch.randn(5, 8).bfloat16(), first.weight, second.weight, second.bias)
     want = gm(*args)
     assert pl.linears_as_packed(gm) == 2
