@@ -16,6 +16,7 @@
 // oneDNN's bf16 GEMM on the same CPU gave on SmolLM2's shapes, all but a few outputs in ten
 // thousand identical to F.linear.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -30,6 +31,7 @@ namespace {
 
 constexpr int64_t kPanel = 48;  // output columns per panel: three vectors of 16 fp32 lanes
 constexpr int64_t kRows = 8;    // rows of A per register tile
+constexpr int64_t kChunkBytes = 256 * 1024;  // of A, swept by every panel in turn
 
 int64_t num_pairs(int64_t k) { return (k + 1) / 2; }
 
@@ -142,15 +144,23 @@ int fastgen_gemm(const uint16_t* a, const uint16_t* packed, const float* bias, u
 #if FASTGEN_HAVE_BF16
     const int64_t pairs = num_pairs(k);
     const int64_t panels = (n + kPanel - 1) / kPanel;
-    #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) {
-        const uint16_t* panel = packed + p * pairs * 2 * kPanel;
-        const int64_t col = p * kPanel;
-        const int64_t cols = n - col < kPanel ? n - col : kPanel;
-        const float* b = bias ? bias + col : nullptr;
-        for (int64_t r = 0; r < m; r += kRows) {
-            const int left = static_cast<int>(m - r < kRows ? m - r : kRows);
-            rows(left, a + r * k, k, panel, b, c + r * n + col, n, cols);
+    // Many rows (prefill) go in chunks of about 256 KiB of A, which stay in L2 while every panel
+    // sweeps them (else each panel reads all of A from L3). At 3,183 rows (SmolLM2's shapes,
+    // alternating in one process) that was 1-2% faster than unchunked, at 855-890 GFLOP/s
+    // against oneDNN's 646-856.
+    const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);
+    #pragma omp parallel
+    for (int64_t first = 0; first < m; first += chunk) {
+        const int64_t last = std::min(m, first + chunk);
+        #pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; ++p) {
+            const uint16_t* panel = packed + p * pairs * 2 * kPanel;
+            const int64_t col = p * kPanel;
+            const int64_t cols = std::min(kPanel, n - col);
+            const float* b = bias ? bias + col : nullptr;
+            for (int64_t r = first; r < last; r += kRows) {
+                rows(static_cast<int>(std::min(kRows, last - r)), a + r * k, k, panel, b, c + r * n + col, n, cols);
+            }
         }
     }
     return 0;
