@@ -64,10 +64,10 @@ def packed_gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tenso
     """F.linear(x, weight, bias) for x bf16 [..., K] and `packed = pack_weight(weight)` (weight
     [n, K]); bias: [n] or None."""
     k = x.shape[-1]
-    rows = x.reshape(-1, k).contiguous()
+    rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, k).contiguous()
     out = torch.empty(*x.shape[:-1], n, dtype=torch.bfloat16)
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()
-    status = _library().fastgen_gemm(rows.data_ptr(), packed.data_ptr(), 0 if bias32 is None else bias32.data_ptr(),
+    status = _library().fastgen_gemm(rows.data_ptr(), packed.data_ptr(), None if bias32 is None else bias32.data_ptr(),
                                      out.data_ptr(), rows.shape[0], n, k)
     if status != 0:
         raise RuntimeError("fastgen's CPU GEMM has no kernel for this CPU")
