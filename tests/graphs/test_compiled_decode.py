@@ -96,8 +96,9 @@ def test_compiled_decode_matches_transformers(tiny_models, reference, private_ca
 def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, private_cache, monkeypatch):
     """The graphs in bf16 (the CPU default where it is native): Inductor's fused loops round each
     intermediate where eager torch does (`emulate_precision_casts`), the GEMMs over packed weights
-    give F.linear's results (oneDNN's exactly, fastgen's within one rounding), and attention follows torch's flash kernel, so the first tokens
-    equal transformers' own bf16 run (later ones may part after a near-tie, as in eager bf16).
+    give F.linear's results (oneDNN's exactly, fastgen's within one rounding), and attention
+    follows torch's flash kernel, so the first tokens equal transformers' own bf16 run (later
+    ones may part after a near-tie, as in eager bf16).
     A second engine loads the saved graphs: they find the new model's packed weights too."""
     from fastgen.compile import packed_linear
 
