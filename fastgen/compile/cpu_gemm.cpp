@@ -120,10 +120,10 @@ int64_t fastgen_gemm_packed_size(int64_t n, int64_t k) {
 }
 
 // w: bf16 [n, k] row-major; packed: fastgen_gemm_packed_size(n, k) bf16 elements.
-void fastgen_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k) {
+void fastgen_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k, int num_threads) {
     const int64_t pairs = num_pairs(k);
     const int64_t panels = (n + kPanel - 1) / kPanel;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t p = 0; p < panels; ++p) {
         uint16_t* out = packed + p * pairs * 2 * kPanel;
         for (int64_t q = 0; q < pairs; ++q) {
@@ -138,9 +138,10 @@ void fastgen_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k
 }
 
 // a: bf16 [m, k] row-major; packed: from fastgen_gemm_pack; bias: fp32 [n] or null;
-// c: bf16 [m, n] row-major. Returns 0, or -1 where the library has no kernel for this CPU.
+// c: bf16 [m, n] row-major; k >= 1; num_threads: torch's (as Inductor's own loops use).
+// Returns 0, or -1 where the library has no kernel for this CPU.
 int fastgen_gemm(const uint16_t* a, const uint16_t* packed, const float* bias, uint16_t* c, int64_t m, int64_t n,
-                 int64_t k) {
+                 int64_t k, int num_threads) {
 #if FASTGEN_HAVE_BF16
     const int64_t pairs = num_pairs(k);
     const int64_t panels = (n + kPanel - 1) / kPanel;
@@ -149,7 +150,7 @@ int fastgen_gemm(const uint16_t* a, const uint16_t* packed, const float* bias, u
     // alternating in one process) that was 1-2% faster than unchunked, at 855-890 GFLOP/s
     // against oneDNN's 646-856.
     const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);
-    #pragma omp parallel
+    #pragma omp parallel num_threads(num_threads)
     for (int64_t first = 0; first < m; first += chunk) {
         const int64_t last = std::min(m, first + chunk);
         #pragma omp for schedule(static)
@@ -165,7 +166,7 @@ int fastgen_gemm(const uint16_t* a, const uint16_t* packed, const float* bias, u
     }
     return 0;
 #else
-    (void)a, (void)packed, (void)bias, (void)c, (void)m, (void)n, (void)k;
+    (void)a, (void)packed, (void)bias, (void)c, (void)m, (void)n, (void)k, (void)num_threads;
     return -1;
 #endif
 }

@@ -33,9 +33,9 @@ def _library():
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     library.fastgen_gemm_packed_size.argtypes = [i64, i64]
     library.fastgen_gemm_packed_size.restype = i64
-    library.fastgen_gemm_pack.argtypes = [pointer, pointer, i64, i64]
+    library.fastgen_gemm_pack.argtypes = [pointer, pointer, i64, i64, ctypes.c_int]
     library.fastgen_gemm_pack.restype = None
-    library.fastgen_gemm.argtypes = [pointer, pointer, pointer, pointer, i64, i64, i64]
+    library.fastgen_gemm.argtypes = [pointer, pointer, pointer, pointer, i64, i64, i64, ctypes.c_int]
     library.fastgen_gemm.restype = ctypes.c_int
     return library
 
@@ -43,6 +43,12 @@ def _library():
 def gemm_available() -> bool:
     """Whether this machine runs the kernel (building its library now, on first call)."""
     return _library() is not None
+
+
+@functools.lru_cache(maxsize=None)
+def packed_size(n: int, k: int) -> int:
+    """Elements of the packed form of an [n, k] weight (cached: checked on every product)."""
+    return _library().fastgen_gemm_packed_size(n, k)
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -55,20 +61,23 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
                          f"on {weight.device}")
     weight = weight.contiguous()
     n, k = weight.shape
-    packed = torch.empty(library.fastgen_gemm_packed_size(n, k), dtype=torch.bfloat16)
-    library.fastgen_gemm_pack(weight.data_ptr(), packed.data_ptr(), n, k)
+    packed = torch.empty(packed_size(n, k), dtype=torch.bfloat16)
+    library.fastgen_gemm_pack(weight.data_ptr(), packed.data_ptr(), n, k, torch.get_num_threads())
     return packed
 
 
 def packed_gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x bf16 [..., K] and `packed = pack_weight(weight)` (weight
-    [n, K]); bias: [n] or None."""
+    [n, K], K >= 1); bias: [n] or None."""
     k = x.shape[-1]
+    if x.dtype != torch.bfloat16 or k < 1 or packed.numel() != packed_size(n, k):
+        raise ValueError(f"packed_gemm: x {x.dtype} [..., {k}] does not fit a weight of {n} rows packed into "
+                         f"{packed.numel()} elements")
     rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, k).contiguous()
     out = torch.empty(*x.shape[:-1], n, dtype=torch.bfloat16)
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()
     status = _library().fastgen_gemm(rows.data_ptr(), packed.data_ptr(), None if bias32 is None else bias32.data_ptr(),
-                                     out.data_ptr(), rows.shape[0], n, k)
+                                     out.data_ptr(), rows.shape[0], n, k, torch.get_num_threads())
     if status != 0:
         raise RuntimeError("fastgen's CPU GEMM has no kernel for this CPU")
     return out

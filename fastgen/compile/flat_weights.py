@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-# Each weight starts on a 128-byte boundary: cache-line (and AVX-512 vector) aligned, as a
-# weight of its own allocation would be.
+# Each weight starts 128 bytes (a multiple of) from its buffer's start, which is huge-page aligned
+# on Linux: cache-line (and AVX-512 vector) aligned, as a weight of its own allocation would be.
 ALIGN_BYTES = 128
 
 HUGE_PAGE_BYTES = 2 << 20
@@ -84,7 +84,8 @@ def weight_views(buffers: tuple[torch.Tensor, ...] | list[torch.Tensor],
 
 def _empty_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialised flat tensor; on a Linux host, in memory advised for huge pages."""
-    if device.type != "cpu" or not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+    linux_host = device.type == "cpu" and sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
+    if numel == 0 or not linux_host:
         return torch.empty(numel, dtype=dtype, device=device)
     nbytes = numel * dtype.itemsize
     # Anonymous memory, started at a huge-page boundary inside a mapping one huge page longer.

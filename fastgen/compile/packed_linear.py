@@ -41,18 +41,20 @@ from fastgen.cpu_features import cpu_flags, has_native_bf16
 
 class Twin(NamedTuple):
     """A weight packed for `kernel`: "fastgen" (`fastgen.compile.cpu_gemm`) or "onednn"; with the
-    shape and strides of the weight it was packed from."""
+    shape and strides of the weight it was packed from, and that weight's tensor (`source`): it
+    holds the memory, so no other weight can come to live at the address while the entry lives,
+    even if the parameter's data is replaced meanwhile."""
 
     kernel: str
     packed: torch.Tensor
     shape: torch.Size
     stride: tuple[int, ...]
+    source: torch.Tensor
 
 
 # Packed twins by the plain weight's address (checked against its shape and strides at lookup:
 # one dict read, about 0.3 us, where a tuple key of all four cost 2 us on every product). An
-# entry leaves with its weight (a finalizer), so a later model whose weight reuses the address
-# never meets a stale twin.
+# entry leaves with its weight's parameter (a finalizer).
 _twins: dict[int, Twin] = {}
 
 
@@ -61,6 +63,11 @@ def _twin_of(weight: torch.Tensor) -> Twin | None:
     if twin is None or twin.shape != weight.shape or twin.stride != weight.stride() or weight.dtype != torch.bfloat16:
         return None
     return twin
+
+
+def _forget(key: int, twin: Twin) -> None:
+    if _twins.get(key) is twin:  # not a later weight's twin at the same address
+        del _twins[key]
 
 
 def packable_weights(model: nn.Module) -> list[torch.Tensor]:
@@ -92,8 +99,8 @@ def pack_linear_weights(model: nn.Module, kernel: str | None = None) -> int:
                 packed = cpu_gemm.pack_weight(weight.detach()) if kernel == "fastgen" \
                     else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             key = weight.data_ptr()
-            _twins[key] = Twin(kernel, packed, weight.shape, weight.stride())
-            weakref.finalize(weight, _twins.pop, key, None)
+            twin = _twins[key] = Twin(kernel, packed, weight.shape, weight.stride(), weight.detach())
+            weakref.finalize(weight, _forget, key, twin)
     return len(weights)
 
 
@@ -107,8 +114,8 @@ def _packed_product(x: torch.Tensor, twin: Twin, bias: torch.Tensor | None) -> t
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear(x, weight, bias), through weight's packed twin where it has one."""
     twin = _twin_of(weight)
-    if twin is None or x.dtype != weight.dtype:
-        return F.linear(x, weight, bias)
+    if twin is None or x.dtype != weight.dtype or x.shape[-1] != weight.shape[1] or 0 in weight.shape:
+        return F.linear(x, weight, bias)  # (which also reports a shape mismatch)
     return _packed_product(x.contiguous(), twin, bias)
 
 

@@ -47,7 +47,7 @@ def test_every_parameter_becomes_a_view_of_its_dtypes_buffer_with_its_values():
         kind = next(k for n, k, *_ in flat.slots if n == name)
         buffer = flat.buffers[kind]
         assert p.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
-        assert p.data_ptr() % ALIGN_BYTES == 0
+        assert (p.data_ptr() - buffer.data_ptr()) % ALIGN_BYTES == 0
     assert model.head.weight is model.embed.weight
     assert model.offset is offset_buffer
 
@@ -73,8 +73,17 @@ def test_weights_formed_from_the_buffers_run_the_model_as_before():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are asked for on Linux hosts")
 def test_a_host_buffer_starts_on_a_huge_page_boundary():
+    torch.manual_seed(0)
     model = nn.Linear(300, 300)
+    reference = copy.deepcopy(model)
     flat = flatten_weights(model)
     assert flat.buffers[0].data_ptr() % HUGE_PAGE_BYTES == 0
     x = torch.randn(2, 300)
-    assert torch.equal(model(x), torch.nn.functional.linear(x, model.weight, model.bias))
+    assert torch.equal(model(x), reference(x))
+
+
+def test_a_model_with_an_empty_parameter_flattens():
+    model = Tiny()
+    model.empty = nn.Parameter(torch.empty(0, 4, dtype=torch.float16))
+    flat = flatten_weights(model)
+    assert model.empty.shape == (0, 4) and any(b.dtype == torch.float16 and b.numel() == 0 for b in flat.buffers)

@@ -77,7 +77,8 @@ def test_fastgen_twins_match_f_linear_within_one_rounding(rows, bias, product_ca
 
 @fastgen_gemm
 @pytest.mark.parametrize(("rows", "out_features", "in_features"),
-                         [(1, 1, 1), (3, 50, 7), (9, 47, 33), (17, 97, 64), (8, 48, 2), (33, 200, 129)])
+                         [(1, 1, 1), (3, 50, 7), (9, 47, 33), (17, 97, 64), (8, 48, 2), (33, 200, 129),
+                          (300, 100, 1024)])  # the last: three chunks of A (128 rows at K = 1024)
 def test_fastgen_gemm_covers_ragged_shapes(rows, out_features, in_features):
     """Rows past a register tile, columns past a panel (masked stores), an odd K (a last pair
     with one real element): against the exact product, within bf16's rounding."""
@@ -91,6 +92,29 @@ def test_fastgen_gemm_covers_ragged_shapes(rows, out_features, in_features):
     batched = cpu_gemm.packed_gemm(x.view(1, rows, in_features), cpu_gemm.pack_weight(weight), out_features, None)
     assert batched.shape == (1, rows, out_features)
     assert torch.equal(batched[0], cpu_gemm.packed_gemm(x, cpu_gemm.pack_weight(weight), out_features, None))
+
+
+@native_bf16
+def test_a_view_at_a_packed_weights_address_with_another_shape_finds_no_twin(product_calls):
+    layer = nn.Linear(64, 32, bias=False).bfloat16()
+    pl.pack_linear_weights(layer)
+    x = torch.randn(3, 64).bfloat16()
+    first_rows = layer.weight[:16]  # same address, other shape
+    assert torch.equal(pl.packed_linear(x, first_rows, None), F.linear(x, first_rows))
+    square = layer.weight.detach().reshape(64, 32).t()  # other strides
+    y = torch.randn(3, 64).bfloat16()
+    assert torch.equal(pl.packed_linear(y, square, None), F.linear(y, square))
+    assert product_calls == []
+    pl.packed_linear(x, layer.weight, None)
+    assert len(product_calls) == 1
+
+
+@native_bf16
+def test_a_mismatched_input_width_raises_as_f_linear_does():
+    layer = nn.Linear(64, 32, bias=False).bfloat16()
+    pl.pack_linear_weights(layer)
+    with pytest.raises(RuntimeError):
+        pl.packed_linear(torch.randn(3, 65).bfloat16(), layer.weight, None)
 
 
 def test_the_packing_kernel_is_fastgens_only_where_it_runs_and_the_cpu_lacks_amx(monkeypatch):
