@@ -3,8 +3,8 @@
 A saved compiled step (`fastgen.compile.saved_graphs`) is called through Dynamo's Python
 prologue, which fetches every tensor the graph reads, weight by weight through the module tree,
 and hands each to the compiled code, which turns each into a handle: about 1 us a tensor. For
-SmolLM2-135M's 244 weights that was about 0.3 ms of a 7-8 ms batch-1 step, the part of the step
-that is neither the model nor the engine.
+SmolLM2-135M's 182 weight tensors that was about 0.3 ms of a 7-8 ms batch-1 step, the part of
+the step that is neither the model nor the engine.
 
 Here every parameter becomes a view of one flat buffer of its dtype (`flatten_weights`), and a
 compiled step takes those buffers and forms each weight inside the graph (`weight_views`: a view
