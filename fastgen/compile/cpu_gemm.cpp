@@ -56,7 +56,6 @@ void tile(const uint16_t* a, int64_t k, const uint16_t* panel, const float* bias
         for (int j = 0; j < 3; ++j) acc[r][j] = _mm512_setzero_ps();
     }
     const int64_t pairs = num_pairs(k);
-    const int64_t full = k / 2;  // pairs read as one 32-bit load
     for (int64_t p = 0; p < pairs; ++p) {
         const uint16_t* w = panel + p * 2 * kPanel;
         // The panel is streamed from memory on the first row block: ask for 3 KiB ahead.
@@ -67,14 +66,7 @@ void tile(const uint16_t* a, int64_t k, const uint16_t* panel, const float* bias
         const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + 32);
         const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + 64);
         for (int r = 0; r < R; ++r) {
-            __m512bh x;
-            if (p < full) {
-                int32_t pair;
-                std::memcpy(&pair, a + r * k + 2 * p, 4);
-                x = (__m512bh)_mm512_set1_epi32(pair);
-            } else {
-                x = a_pair(a + r * k, p, k);
-            }
+            const __m512bh x = a_pair(a + r * k, p, k);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, w0);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, w1);
             acc[r][2] = _mm512_dpbf16_ps(acc[r][2], x, w2);

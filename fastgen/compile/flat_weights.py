@@ -56,18 +56,17 @@ def flatten_weights(module: nn.Module) -> FlatWeights:
     for _, p in params:
         if (p.dtype, p.device) not in kinds:
             kinds.append((p.dtype, p.device))
-    offsets: list[int] = []
+    places: list[tuple[int, int]] = []  # per parameter: (buffer index, offset)
     sizes = [0] * len(kinds)
     for _, p in params:
         kind = kinds.index((p.dtype, p.device))
         align = max(1, ALIGN_BYTES // p.element_size())
-        offsets.append(sizes[kind])
+        places.append((kind, sizes[kind]))
         sizes[kind] += math.ceil(p.numel() / align) * align
     buffers = tuple(_empty_buffer(size, dtype, device) for size, (dtype, device) in zip(sizes, kinds))
     slots = []
     with torch.no_grad():
-        for (name, p), offset in zip(params, offsets):
-            kind = kinds.index((p.dtype, p.device))
+        for (name, p), (kind, offset) in zip(params, places):
             view = buffers[kind][offset : offset + p.numel()].view(p.shape)
             view.copy_(p)
             p.data = view

@@ -40,15 +40,13 @@ from fastgen.cpu_features import cpu_flags, has_native_bf16
 
 
 class Twin(NamedTuple):
-    """A weight packed for `kernel`: "fastgen" (`fastgen.compile.cpu_gemm`) or "onednn"; with the
-    shape and strides of the weight it was packed from, and that weight's tensor (`source`): it
+    """A weight packed for `kernel`: "fastgen" (`fastgen.compile.cpu_gemm`) or "onednn", and the
+    weight it was packed from (`source`: its shape and strides are checked at lookup, and it
     holds the memory, so no other weight can come to live at the address while the entry lives,
-    even if the parameter's data is replaced meanwhile."""
+    even if the parameter's data is replaced meanwhile)."""
 
     kernel: str
     packed: torch.Tensor
-    shape: torch.Size
-    stride: tuple[int, ...]
     source: torch.Tensor
 
 
@@ -60,7 +58,8 @@ _twins: dict[int, Twin] = {}
 
 def _twin_of(weight: torch.Tensor) -> Twin | None:
     twin = _twins.get(weight.data_ptr())
-    if twin is None or twin.shape != weight.shape or twin.stride != weight.stride() or weight.dtype != torch.bfloat16:
+    if (twin is None or twin.source.shape != weight.shape or twin.source.stride() != weight.stride()
+            or weight.dtype != torch.bfloat16):
         return None
     return twin
 
@@ -72,8 +71,8 @@ def _forget(key: int, twin: Twin) -> None:
 
 def packable_weights(model: nn.Module) -> list[torch.Tensor]:
     """The weights `pack_linear_weights` would pack: every bf16 linear weight on the CPU, where
-    the CPU computes bf16 natively (elsewhere oneDNN has no bf16 GEMM worth packing for, and
-    may refuse to reorder)."""
+    the CPU computes bf16 natively (elsewhere neither kernel has a bf16 GEMM worth packing for,
+    and oneDNN may refuse to reorder)."""
     if not has_native_bf16():
         return []
     return [module.weight for module in model.modules()
@@ -99,14 +98,14 @@ def pack_linear_weights(model: nn.Module, kernel: str | None = None) -> int:
                 packed = cpu_gemm.pack_weight(weight.detach()) if kernel == "fastgen" \
                     else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             key = weight.data_ptr()
-            twin = _twins[key] = Twin(kernel, packed, weight.shape, weight.stride(), weight.detach())
+            twin = _twins[key] = Twin(kernel, packed, weight.detach())
             weakref.finalize(weight, _forget, key, twin)
     return len(weights)
 
 
 def _packed_product(x: torch.Tensor, twin: Twin, bias: torch.Tensor | None) -> torch.Tensor:
     if twin.kernel == "fastgen":
-        return cpu_gemm.packed_gemm(x, twin.packed, twin.shape[0], bias)
+        return cpu_gemm.packed_gemm(x, twin.packed, twin.source.shape[0], bias)
     return torch.ops.mkldnn._linear_pointwise(x, twin.packed, bias, "none", [], "")
 
 

@@ -9,8 +9,8 @@ Python in between. Three graphs serve every step:
 - decode, one row: every linear layer is rewritten into a multiply and a row sum
   (`fastgen.compile.gemv`) and attention into broadcast products and sums, so nearly the whole
   layer becomes Inductor reductions that stream the weights at the memory bandwidth;
-- decode, two rows or more: the linears stay GEMMs (oneDNN, over weights packed once:
-  `fastgen.compile.packed_linear`), attention is the C++ kernel
+- decode, two rows or more: the linears stay GEMMs (fastgen's or oneDNN's, over weights packed
+  once: `fastgen.compile.packed_linear`), attention is the C++ kernel
   (`fastgen.attention.cpu_decode_kernel`), and Inductor fuses what lies between them;
 - prefill (two tokens or more): the same, with every new token a row of the attention kernel
   (`CausalRows`) and the LM head over the sampling rows only. Eager, the element-wise work
@@ -218,7 +218,7 @@ class CompiledDecodeStep:
             check_fits("packed copies of the linear weights (the compiled CPU steps' GEMMs)", needed,
                        torch.device("cpu"), "those GEMMs use the plain weights instead")
             self.packed_weights = pack_linear_weights(self.model)
-        except (ValueError, RuntimeError) as exc:  # short of memory, or oneDNN refused the reorder
+        except (ValueError, RuntimeError) as exc:  # short of memory, or a kernel refused to pack
             logger.warning("not packing the linear weights: %s", exc)
 
     def _run(self, name: str, args: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
