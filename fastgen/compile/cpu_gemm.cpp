@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <omp.h>
+
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define FASTGEN_HAVE_BF16 1
@@ -48,20 +50,34 @@ inline __m512bh a_pair(const uint16_t* row, int64_t p, int64_t k) {
     return (__m512bh)_mm512_set1_epi32(pair);
 }
 
+// What a row block asks the memory for while it computes: the next `lines` cache lines of the
+// panel its thread computes next, from `from` (into L2, spread evenly over the k loop), and,
+// with `own`, its own panel 3 KiB ahead of use (into L1: for a panel nothing fetched before).
+struct Prefetch {
+    const char* from;
+    int64_t lines;
+    bool own;
+};
+
 template <int R>
 void tile(const uint16_t* a, int64_t k, const uint16_t* panel, const float* bias, uint16_t* c, int64_t ldc,
-          int64_t cols) {
+          int64_t cols, Prefetch ahead) {
     __m512 acc[R][3];
     for (int r = 0; r < R; ++r) {
         for (int j = 0; j < 3; ++j) acc[r][j] = _mm512_setzero_ps();
     }
     const int64_t pairs = num_pairs(k);
+    const int64_t lines_per_pair = (ahead.lines + pairs - 1) / pairs;
+    int64_t line = 0;
     for (int64_t p = 0; p < pairs; ++p) {
         const uint16_t* w = panel + p * 2 * kPanel;
-        // The panel is streamed from memory on the first row block: ask for 3 KiB ahead.
-        _mm_prefetch(reinterpret_cast<const char*>(w + 2 * kPanel * 16), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(w + 2 * kPanel * 16 + 32), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(w + 2 * kPanel * 16 + 64), _MM_HINT_T0);
+        if (ahead.own) {
+            _mm_prefetch(reinterpret_cast<const char*>(w + 2 * kPanel * 16), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(w + 2 * kPanel * 16 + 32), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(w + 2 * kPanel * 16 + 64), _MM_HINT_T0);
+        }
+        for (int64_t i = 0; i < lines_per_pair && line < ahead.lines; ++i, ++line)
+            _mm_prefetch(ahead.from + 64 * line, _MM_HINT_T1);
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w);
         const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + 32);
         const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + 64);
@@ -85,16 +101,16 @@ void tile(const uint16_t* a, int64_t k, const uint16_t* panel, const float* bias
 }
 
 void rows(int r, const uint16_t* a, int64_t k, const uint16_t* panel, const float* bias, uint16_t* c, int64_t ldc,
-          int64_t cols) {
+          int64_t cols, Prefetch ahead) {
     switch (r) {
-        case 8: tile<8>(a, k, panel, bias, c, ldc, cols); break;
-        case 7: tile<7>(a, k, panel, bias, c, ldc, cols); break;
-        case 6: tile<6>(a, k, panel, bias, c, ldc, cols); break;
-        case 5: tile<5>(a, k, panel, bias, c, ldc, cols); break;
-        case 4: tile<4>(a, k, panel, bias, c, ldc, cols); break;
-        case 3: tile<3>(a, k, panel, bias, c, ldc, cols); break;
-        case 2: tile<2>(a, k, panel, bias, c, ldc, cols); break;
-        default: tile<1>(a, k, panel, bias, c, ldc, cols); break;
+        case 8: tile<8>(a, k, panel, bias, c, ldc, cols, ahead); break;
+        case 7: tile<7>(a, k, panel, bias, c, ldc, cols, ahead); break;
+        case 6: tile<6>(a, k, panel, bias, c, ldc, cols, ahead); break;
+        case 5: tile<5>(a, k, panel, bias, c, ldc, cols, ahead); break;
+        case 4: tile<4>(a, k, panel, bias, c, ldc, cols, ahead); break;
+        case 3: tile<3>(a, k, panel, bias, c, ldc, cols, ahead); break;
+        case 2: tile<2>(a, k, panel, bias, c, ldc, cols, ahead); break;
+        default: tile<1>(a, k, panel, bias, c, ldc, cols, ahead); break;
     }
 }
 
@@ -142,17 +158,36 @@ int fastgen_gemm(const uint16_t* a, const uint16_t* packed, const float* bias, u
     // alternating in one process) that was 1-2% faster than unchunked, at 855-890 GFLOP/s
     // against oneDNN's 646-856.
     const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);
+    const int64_t panel_elements = pairs * 2 * kPanel;
+    const int64_t panel_lines = (panel_elements * 2 + 63) / 64;
     #pragma omp parallel num_threads(num_threads)
-    for (int64_t first = 0; first < m; first += chunk) {
-        const int64_t last = std::min(m, first + chunk);
-        #pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; ++p) {
-            const uint16_t* panel = packed + p * pairs * 2 * kPanel;
-            const int64_t col = p * kPanel;
-            const int64_t cols = std::min(kPanel, n - col);
-            const float* b = bias ? bias + col : nullptr;
-            for (int64_t r = first; r < last; r += kRows) {
-                rows(static_cast<int>(std::min(kRows, last - r)), a + r * k, k, panel, b, c + r * n + col, n, cols);
+    {
+        // Each thread takes a contiguous range of panels, so it knows which panel comes next and
+        // fetches it while the current one computes: the row blocks after a panel's first reuse
+        // it from cache and leave the memory idle otherwise. At 32 rows (SmolLM2's 121 products
+        // of a decode step, weights cold, alternating in one process) this took 11.8 against
+        // 13.4 ms; at 16 rows 4.8-5.7 against 5.9-6.4; prefill sizes were unchanged.
+        const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        const int64_t begin = panels * thread / threads, end = panels * (thread + 1) / threads;
+        for (int64_t first = 0; first < m; first += chunk) {
+            const int64_t last = std::min(m, first + chunk);
+            const int64_t blocks = (last - first + kRows - 1) / kRows;
+            for (int64_t p = begin; p < end; ++p) {
+                const uint16_t* panel = packed + p * panel_elements;
+                const int64_t next = p + 1 < end ? p + 1 : (last < m ? begin : -1);
+                const char* next_panel = next < 0 ? nullptr : reinterpret_cast<const char*>(packed + next * panel_elements);
+                const int64_t col = p * kPanel;
+                const int64_t cols = std::min(kPanel, n - col);
+                const float* b = bias ? bias + col : nullptr;
+                for (int64_t block = 0; block < blocks; ++block) {
+                    const int64_t r = first + block * kRows;
+                    // The row blocks share the next panel's lines out between them.
+                    const int64_t lo = panel_lines * block / blocks, hi = panel_lines * (block + 1) / blocks;
+                    const Prefetch ahead{next_panel ? next_panel + 64 * lo : nullptr, next_panel ? hi - lo : 0,
+                                         block == 0 && p == begin && first == 0};
+                    rows(static_cast<int>(std::min(kRows, last - r)), a + r * k, k, panel, b, c + r * n + col, n,
+                         cols, ahead);
+                }
             }
         }
     }
