@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512BF16__)
@@ -159,18 +160,117 @@ template <typename T, int D>
 struct Scratch {
   std::vector<int64_t> rows;  // element offset of each context token's row in the cache
   std::vector<float> scores;  // [query heads of the task, padded context]
-  std::vector<vf> acc;        // [query heads of the task, D / 16]
   std::vector<vf> partial;    // [query heads of the task, 16 tokens]
   std::vector<float> inv_total;
   std::vector<QueryRow<T, D>> q;  // [query heads of the task]
+  std::vector<uint16_t> probs;     // bf16 only: P's bits, [query heads of the task, padded context]
+  std::vector<uint16_t> zero_row = std::vector<uint16_t>(D);
 };
+
+// The V pass walks one KV head's rows once for several of its query heads, their running sums
+// held in registers: this many heads at a time, so the sums fill at most 16 vector registers.
+// (Sums kept in memory, every head's updated for every token, cost more than the K pass.)
+template <int D> constexpr int64_t kHeadsPerPass = D >= 256 ? 1 : 256 / D;
+
+// out[h] = sum_t p[h][t] * V[t] / total[h] for the N query heads h0.. sharing the KV head whose
+// rows start `v_offset` into each token's; float32 products and sums.
+template <typename T, int D, int N>
+void weigh_values_f32(const T* v_cache, int64_t v_offset, int64_t len, int64_t padded, Scratch<T, D>& s, int64_t h0,
+                    T* out) {
+  constexpr int C = D / 16;
+  vf acc[N][C] = {};
+  const float* p = s.scores.data() + h0 * padded;
+  for (int64_t t = 0; t < len; ++t) {
+    const T* row = v_cache + s.rows[t] + v_offset;
+    vf v[C];
+    for (int c = 0; c < C; ++c) v[c] = load16(row + c * 16);
+    for (int n = 0; n < N; ++n)
+      for (int c = 0; c < C; ++c) acc[n][c] += p[n * padded + t] * v[c];
+  }
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) {
+      float lanes[16];
+      const vf normalised = acc[n][c] * s.inv_total[h0 + n];
+      std::memcpy(lanes, &normalised, sizeof lanes);
+      for (int l = 0; l < 16; ++l) store(lanes[l], out + n * D + c * 16 + l);
+    }
+}
+
+#if defined(__AVX512BF16__)
+// The same for bf16 on CPUs with AVX512-BF16, two tokens at a time: their V rows are interleaved
+// into (token t, token t + 1) pairs, and `vdpbf16ps` adds p[t] v[t] and p[t + 1] v[t + 1] into each
+// float32 lane. The products are exact (P is already rounded to bf16) and summed in float32, as in
+// the float32 path, at a third of its instructions. An odd context's last pair takes a zero row.
+// The interleave works within 128-bit lanes, so sum c holds dim 32 (c / 2) + 8 k + 4 (c % 2) + j in
+// lane 4 k + j.
+template <int D, int N>
+void weigh_values_bf16(const uint16_t* v_cache, int64_t v_offset, int64_t len, int64_t padded,
+                       Scratch<uint16_t, D>& s, int64_t h0, uint16_t* out) {
+  static_assert(D % 32 == 0);
+  constexpr int C = D / 16;
+  __m512 acc[N][C];
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) acc[n][c] = _mm512_setzero_ps();
+  const uint16_t* p = s.probs.data() + h0 * padded;  // bf16, a zero past the context
+  for (int64_t t = 0; t < len; t += 2) {
+    const uint16_t* row0 = v_cache + s.rows[t] + v_offset;
+    const uint16_t* row1 = t + 1 < len ? v_cache + s.rows[t + 1] + v_offset : s.zero_row.data();
+    __m512i pairs[C];
+    for (int c = 0; c < C / 2; ++c) {
+      const __m512i a = _mm512_loadu_si512(row0 + 32 * c), b = _mm512_loadu_si512(row1 + 32 * c);
+      pairs[2 * c] = _mm512_unpacklo_epi16(a, b);
+      pairs[2 * c + 1] = _mm512_unpackhi_epi16(a, b);
+    }
+    for (int n = 0; n < N; ++n) {
+      uint32_t pair;
+      std::memcpy(&pair, p + n * padded + t, 4);
+      const __m512bh weights = (__m512bh)_mm512_set1_epi32(int(pair));
+      for (int c = 0; c < C; ++c) acc[n][c] = _mm512_dpbf16_ps(acc[n][c], weights, (__m512bh)pairs[c]);
+    }
+  }
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) {
+      float lanes[16];
+      _mm512_storeu_ps(lanes, _mm512_mul_ps(acc[n][c], _mm512_set1_ps(s.inv_total[h0 + n])));
+      for (int l = 0; l < 16; ++l)
+        store(lanes[l], out + n * D + 32 * (c / 2) + 8 * (l / 4) + 4 * (c % 2) + l % 4);
+    }
+}
+#endif
+
+template <typename T, int D, int N>
+void weigh_values_n(const T* v_cache, int64_t v_offset, int64_t len, int64_t padded, Scratch<T, D>& s,
+                           int64_t h0, T* out) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, uint16_t> && D % 32 == 0) {
+    weigh_values_bf16<D, N>(v_cache, v_offset, len, padded, s, h0, out);
+    return;
+  }
+#endif
+  weigh_values_f32<T, D, N>(v_cache, v_offset, len, padded, s, h0, out);
+}
+
+// weigh_values_n for a count of heads known at run time (at most kHeadsPerPass<D>).
+template <typename T, int D>
+void weigh_values(int64_t n, const T* v_cache, int64_t v_offset, int64_t len, int64_t padded, Scratch<T, D>& s,
+                  int64_t h0, T* out) {
+  static_assert(kHeadsPerPass<D> <= 16);
+  switch (n) {
+#define FASTGEN_CASE(k) \
+    case k: if constexpr (k <= kHeadsPerPass<D>) weigh_values_n<T, D, k>(v_cache, v_offset, len, padded, s, h0, out); return;
+    FASTGEN_CASE(1) FASTGEN_CASE(2) FASTGEN_CASE(3) FASTGEN_CASE(4) FASTGEN_CASE(5) FASTGEN_CASE(6)
+    FASTGEN_CASE(7) FASTGEN_CASE(8) FASTGEN_CASE(9) FASTGEN_CASE(10) FASTGEN_CASE(11) FASTGEN_CASE(12)
+    FASTGEN_CASE(13) FASTGEN_CASE(14) FASTGEN_CASE(15) FASTGEN_CASE(16)
+#undef FASTGEN_CASE
+  }
+}
+
 
 // One sequence, KV heads [kv_first, kv_first + kv_count) and their query heads. Each token's
 // rows of those heads lie side by side in the cache, so a task that takes every KV head reads
 // whole contiguous rows, which streams from memory far better than one head's slice of each.
 template <typename T, int D>
 void attend_one(const Args& a, int64_t seq, int64_t kv_first, int64_t kv_count, Scratch<T, D>& s) {
-  constexpr int C = D / 16;
   const int64_t group = a.heads / a.kv_heads;
   const int64_t nq = kv_count * group;  // query heads of this task, kv-head major
   const int64_t first_head = kv_first * group;
@@ -184,7 +284,7 @@ void attend_one(const Args& a, int64_t seq, int64_t kv_first, int64_t kv_count, 
   s.rows.resize(len);
   s.scores.resize(nq * padded);
   s.q.resize(nq);
-  s.acc.assign(nq * C, vf{});
+  if constexpr (std::is_same_v<T, uint16_t>) s.probs.resize(nq * padded);
   s.partial.resize(nq * 16);
   s.inv_total.resize(nq);
   const int64_t token_stride = a.kv_heads * D;
@@ -199,6 +299,7 @@ void attend_one(const Args& a, int64_t seq, int64_t kv_first, int64_t kv_count, 
 
   // Scores, sixteen tokens at a time: each KV head's K row feeds every query head of its group.
   const T* k_cache = static_cast<const T*>(a.k_cache);
+  const T* v_cache = static_cast<const T*>(a.v_cache);
   for (int64_t t0 = 0; t0 < len; t0 += 16) {
     const int64_t n = std::min<int64_t>(16, len - t0);
     for (int64_t i = 0; i < 16; ++i) {
@@ -207,7 +308,10 @@ void attend_one(const Args& a, int64_t seq, int64_t kv_first, int64_t kv_count, 
         continue;
       }
       const T* row = k_cache + s.rows[t0 + i];
-      if (t0 + i + kAhead < len) prefetch_row(k_cache + s.rows[t0 + i + kAhead], kv_count * D);
+      if (t0 + i + kAhead < len) {  // V too: the V pass then finds its rows in cache
+        prefetch_row(k_cache + s.rows[t0 + i + kAhead], kv_count * D);
+        prefetch_row(v_cache + s.rows[t0 + i + kAhead], kv_count * D);
+      }
       for (int64_t g = 0; g < kv_count; ++g)
         for (int64_t h = g * group; h < (g + 1) * group; ++h) s.partial[h * 16 + i] = s.q[h].dot(row + g * D);
     }
@@ -234,33 +338,22 @@ void attend_one(const Args& a, int64_t seq, int64_t kv_first, int64_t kv_count, 
       total += e;
       const vf rounded = round16<T>(e);
       std::memcpy(p + t, &rounded, sizeof rounded);
+      if constexpr (std::is_same_v<T, uint16_t>) {  // the bf16 bits are the float's top half
+        vu bits;
+        std::memcpy(&bits, &rounded, sizeof bits);
+        const vh top = __builtin_convertvector(bits >> 16, vh);
+        std::memcpy(s.probs.data() + h * padded + t, &top, sizeof top);
+      }
     }
     float sum = 0.f;
     for (int l = 0; l < 16; ++l) sum += total[l];
     s.inv_total[h] = 1.f / sum;
   }
 
-  const T* v_cache = static_cast<const T*>(a.v_cache);
-  for (int64_t t = 0; t < len; ++t) {
-    const T* row = v_cache + s.rows[t];
-    if (t + kAhead < len) prefetch_row(v_cache + s.rows[t + kAhead], kv_count * D);
-    for (int64_t g = 0; g < kv_count; ++g) {
-      vf v[C];
-      for (int c = 0; c < C; ++c) v[c] = load16(row + g * D + c * 16);
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float p = s.scores[h * padded + t];
-        vf* acc = s.acc.data() + h * C;
-        for (int c = 0; c < C; ++c) acc[c] += p * v[c];
-      }
-    }
-  }
-  for (int64_t h = 0; h < nq; ++h)
-    for (int c = 0; c < C; ++c) {
-      float lanes[16];
-      const vf normalised = s.acc[h * C + c] * s.inv_total[h];
-      std::memcpy(lanes, &normalised, sizeof lanes);
-      for (int l = 0; l < 16; ++l) store(lanes[l], out + h * D + c * 16 + l);
-    }
+  for (int64_t g = 0; g < kv_count; ++g)
+    for (int64_t h = g * group; h < (g + 1) * group; h += kHeadsPerPass<D>)
+      weigh_values<T, D>(std::min<int64_t>(kHeadsPerPass<D>, (g + 1) * group - h), v_cache, g * D, len, padded, s,
+                         h, out + h * D);
 }
 
 template <typename T, int D>

@@ -31,7 +31,7 @@ def run_case(dtype, head_dim, heads, kv_heads, block_size, lengths=LENGTHS, seed
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("head_dim", [16, 64, 128])
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (9, 3), (16, 2), (32, 1)], ids=["mha", "gqa3", "gqa8", "mqa"])
 @pytest.mark.parametrize("block_size", [1, 16, 256])
 def test_kernel_equals_float64_attention_over_a_paged_cache(dtype, head_dim, heads, kv_heads, block_size):
