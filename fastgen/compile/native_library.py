@@ -48,18 +48,29 @@ def _cpu_flags() -> str:
         return ""
 
 
+def torch_abi_flags() -> tuple[str, ...]:
+    """Flags for a source that uses torch's stable C ABI (`torch/csrc/stable`): its headers, and
+    the libraries that export it. The torch version goes into the library's digest with them."""
+    import torch
+
+    root = Path(torch.__file__).parent
+    return (f"-I{root / 'include'}", f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-ltorch_cpu", "-lc10",
+            f"-DFASTGEN_TORCH_VERSION={torch.__version__}")
+
+
 @functools.cache
-def load_native_library(source: Path) -> ctypes.CDLL | None:
+def load_native_library(source: Path, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The shared library built from the C++ file `source` (built and cached under fastgen's
-    cache folder on first use), or None where it cannot be built or loaded."""
+    cache folder on first use), or None where it cannot be built or loaded. `extra_flags` go on
+    the compiler's command line after the common ones (e.g. `torch_abi_flags()`)."""
     cxx = compiler()
     if cxx is None:
         logger.warning("no C++ compiler found (set CXX); %s is not built, its torch fallback runs", source.name)
         return None
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
-        digest = hashlib.sha256("\n".join([source.read_text(), cxx, version, " ".join(FLAGS), platform.machine(),
-                                           _cpu_flags()]).encode()).hexdigest()[:16]
+        digest = hashlib.sha256("\n".join([source.read_text(), cxx, version, " ".join(FLAGS + extra_flags),
+                                           platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
         target = cache_dir() / "native" / f"{source.stem}-{digest}.so"
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +79,7 @@ def load_native_library(source: Path) -> ctypes.CDLL | None:
             fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
             os.close(fd)
             try:
-                subprocess.run([cxx, *FLAGS, str(source), "-o", partial], check=True, capture_output=True,
+                subprocess.run([cxx, *FLAGS, str(source), "-o", partial, *extra_flags], check=True, capture_output=True,
                                text=True, timeout=600)
                 os.replace(partial, target)
             finally:

@@ -26,7 +26,10 @@ same order and matched F.linear in all but a few outputs in ten thousand.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import weakref
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -36,6 +39,7 @@ from torch import nn
 
 from fastgen.compile import cpu_gemm
 from fastgen.compile.gemv import LINEAR_CALLS
+from fastgen.compile.native_library import load_native_library, torch_abi_flags
 from fastgen.cpu_features import cpu_flags, has_native_bf16
 
 
@@ -49,6 +53,8 @@ class Twin(NamedTuple):
     packed: torch.Tensor
     source: torch.Tensor
 
+
+OP_SOURCE = Path(__file__).with_name("packed_linear_op.cpp")
 
 # Packed twins by the plain weight's address (checked against its shape and strides at lookup:
 # one dict read, about 0.3 us, where a tuple key of all four cost 2 us on every product). An
@@ -67,6 +73,25 @@ def _twin_of(weight: torch.Tensor) -> Twin | None:
 def _forget(key: int, twin: Twin) -> None:
     if _twins.get(key) is twin:  # not a later weight's twin at the same address
         del _twins[key]
+        if twin.kernel == "fastgen" and (library := _native_kernel()) is not None:
+            library.fastgen_packed_linear_drop_twin(key, twin.packed.data_ptr())
+
+
+@functools.cache
+def _native_kernel():
+    """The op's C++ CPU kernel (`packed_linear_op.cpp`, loading it registers it), told where
+    fastgen's GEMM is; None where either cannot be built. The Python kernel below serves then."""
+    gemm = cpu_gemm._library()
+    library = load_native_library(OP_SOURCE, torch_abi_flags()) if gemm is not None else None
+    if library is None:
+        return None
+    pointer, i64 = ctypes.c_void_p, ctypes.c_int64
+    library.fastgen_packed_linear_set_gemm.argtypes = [pointer]
+    library.fastgen_packed_linear_add_twin.argtypes = [pointer, pointer, i64, i64, i64, i64]
+    library.fastgen_packed_linear_drop_twin.argtypes = [pointer, pointer]
+    library.fastgen_packed_linear_served.restype = i64
+    library.fastgen_packed_linear_set_gemm(ctypes.cast(gemm.fastgen_gemm, pointer))
+    return library
 
 
 def packable_weights(model: nn.Module) -> list[torch.Tensor]:
@@ -100,6 +125,8 @@ def pack_linear_weights(model: nn.Module, kernel: str | None = None) -> int:
             key = weight.data_ptr()
             twin = _twins[key] = Twin(kernel, packed, weight.detach())
             weakref.finalize(weight, _forget, key, twin)
+            if kernel == "fastgen" and (library := _native_kernel()) is not None:
+                library.fastgen_packed_linear_add_twin(key, packed.data_ptr(), *weight.shape, *weight.stride())
     return len(weights)
 
 
@@ -109,18 +136,41 @@ def _packed_product(x: torch.Tensor, twin: Twin, bias: torch.Tensor | None) -> t
     return torch.ops.mkldnn._linear_pointwise(x, twin.packed, bias, "none", [], "")
 
 
-@torch.library.custom_op("fastgen::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias), through weight's packed twin where it has one."""
+def _through_twin(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     twin = _twin_of(weight)
     if twin is None or x.dtype != weight.dtype or x.shape[-1] != weight.shape[1] or 0 in weight.shape:
         return F.linear(x, weight, bias)  # (which also reports a shape mismatch)
     return _packed_product(x.contiguous(), twin, bias)
 
 
+@torch.library.custom_op("fastgen::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias), through weight's packed twin where it has one. On the CPU, once
+    fastgen's GEMM has packed a twin, the C++ kernel (`packed_linear_op.cpp`) serves this op."""
+    return _through_twin(x, weight, bias)
+
+
+@torch.library.custom_op("fastgen::packed_linear_fallback", mutates_args=())
+def packed_linear_fallback(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """This Python kernel of `packed_linear` under a name of its own: what the C++ kernel calls
+    for a product it cannot serve itself (a oneDNN twin, no twin, an unusual input)."""
+    return _through_twin(x, weight, bias)
+
+
 @packed_linear.register_fake
 def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@packed_linear_fallback.register_fake
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def products_served_natively() -> int:
+    """How many products the C++ kernel has computed over fastgen twins in this process."""
+    library = _native_kernel()
+    return 0 if library is None else library.fastgen_packed_linear_served()
 
 
 def linears_as_packed(gm: torch.fx.GraphModule) -> int:

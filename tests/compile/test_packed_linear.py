@@ -21,12 +21,20 @@ fastgen_gemm = pytest.mark.skipif(not cpu_gemm.gemm_available(), reason="fastgen
 
 @pytest.fixture
 def product_calls(monkeypatch):
-    """How many products went through a packed twin."""
-    calls = []
+    """How many products went through a packed twin: in Python, or in the C++ kernel."""
+
+    class Calls:
+        python = 0
+        native_before = pl.products_served_natively()
+
+        def __len__(self):
+            return self.python + pl.products_served_natively() - self.native_before
+
+    calls = Calls()
     real = pl._packed_product
 
     def counting(*args):
-        calls.append(args[0].shape)
+        calls.python += 1
         return real(*args)
 
     monkeypatch.setattr(pl, "_packed_product", counting)
@@ -104,7 +112,7 @@ def test_a_view_at_a_packed_weights_address_with_another_shape_finds_no_twin(pro
     square = layer.weight.detach().reshape(64, 32).t()  # other strides
     y = torch.randn(3, 64).bfloat16()
     assert torch.equal(pl.packed_linear(y, square, None), F.linear(y, square))
-    assert product_calls == []
+    assert len(product_calls) == 0
     pl.packed_linear(x, layer.weight, None)
     assert len(product_calls) == 1
 
@@ -133,14 +141,14 @@ def test_float32_weights_stay_plain(product_calls):
     assert pl.pack_linear_weights(layer) == 0
     x = torch.randn(3, 16)
     assert torch.equal(pl.packed_linear(x, layer.weight, layer.bias), F.linear(x, layer.weight, layer.bias))
-    assert product_calls == []
+    assert len(product_calls) == 0
 
 
 def test_an_unpacked_weight_goes_through_f_linear(product_calls):
     layer = nn.Linear(16, 8, bias=False).bfloat16()
     x = torch.randn(3, 16).bfloat16()
     assert torch.equal(pl.packed_linear(x, layer.weight, None), F.linear(x, layer.weight))
-    assert product_calls == []
+    assert len(product_calls) == 0
 
 
 @native_bf16
@@ -177,7 +185,7 @@ def test_nothing_is_packed_where_the_cpu_lacks_native_bf16(monkeypatch, product_
     assert pl.pack_linear_weights(layer) == 0
     x = torch.randn(3, 16).bfloat16()
     assert torch.equal(pl.packed_linear(x, layer.weight, None), F.linear(x, layer.weight))
-    assert product_calls == []
+    assert len(product_calls) == 0
 
 
 def test_dynamo_graphs_keep_float32_linears_as_inductor_gemms():
@@ -195,3 +203,47 @@ def test_dynamo_graphs_keep_float32_linears_as_inductor_gemms():
     out = both(x, y)
     assert counts == [1]
     assert torch.equal(out[0], f32(x)) and torch.equal(out[1], bf16(y))
+
+
+@pytest.fixture
+def native_kernel():
+    """The op's C++ kernel, loaded (it serves every later call of the op in this process)."""
+    if not cpu_gemm.gemm_available() or pl._native_kernel() is None:
+        pytest.skip("fastgen's GEMM or the op's C++ kernel cannot be built here")
+    return pl._native_kernel()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_cpp_kernel_computes_what_the_python_kernel_does(native_kernel, bias):
+    """Bit for bit (the same GEMM over the same twin), for 2-d and 3-d inputs, and it counts."""
+    torch.manual_seed(0)
+    layer = nn.Linear(576, 960, bias=bias).bfloat16()
+    pl.pack_linear_weights(layer, kernel="fastgen")
+    for x in (torch.randn(32, 576).bfloat16(), torch.randn(2, 5, 576).bfloat16()):
+        before = pl.products_served_natively()
+        got = pl.packed_linear(x, layer.weight, layer.bias)
+        assert pl.products_served_natively() == before + 1
+        assert torch.equal(got, pl._through_twin(x, layer.weight, layer.bias))
+        torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-2, atol=1e-2)
+
+
+def test_the_cpp_kernel_hands_what_it_cannot_serve_to_the_python_kernel(native_kernel, product_calls):
+    """A oneDNN twin (bit for bit F.linear), a strided input, a float32 bias, a wrong width: each
+    as the Python kernel does it."""
+    torch.manual_seed(0)
+    onednn = nn.Linear(576, 192).bfloat16()
+    pl.pack_linear_weights(onednn, kernel="onednn")
+    x = torch.randn(8, 576).bfloat16()
+    before = pl.products_served_natively()
+    assert torch.equal(pl.packed_linear(x, onednn.weight, onednn.bias), F.linear(x, onednn.weight, onednn.bias))
+    assert product_calls.python == 1 and pl.products_served_natively() == before
+
+    ours = nn.Linear(576, 192, bias=False).bfloat16()
+    pl.pack_linear_weights(ours, kernel="fastgen")
+    strided = torch.randn(8, 1152).bfloat16()[:, ::2]
+    want = pl._through_twin(strided.contiguous(), ours.weight, None)
+    assert torch.equal(pl.packed_linear(strided, ours.weight, None), want)
+    bias32 = torch.randn(192)
+    assert torch.equal(pl.packed_linear(x, ours.weight, bias32), pl._through_twin(x, ours.weight, bias32))
+    with pytest.raises(RuntimeError):  # as F.linear raises it
+        pl.packed_linear(torch.randn(3, 575).bfloat16(), ours.weight, None)
