@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from fastgen.bench.stats import median
+
 PEERS = ("transformers", "llama.cpp")
 
 
@@ -61,22 +63,18 @@ class TransformersPeer:
         return {"backend": self.name, "version": self.version, "batch_size": batch_size, "elapsed_s": elapsed,
                 "output_tokens": tokens, "output_tokens_per_s": tokens / elapsed}
 
-    def decode_rate(self, prompts: list[list[int]], new_tokens: int, iters: int) -> dict:
-        """Decode tokens/s of one batch: (new_tokens - 1) steps, timed as a whole generate minus a
-        one-token generate (its prefill), medians over `iters`."""
-        self.generate(prompts, 2)  # warm-up
-        whole, first = [], []
-        for _ in range(iters):
-            start = time.perf_counter()
-            self.generate(prompts, 1)
-            first.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            self.generate(prompts, new_tokens)
-            whole.append(time.perf_counter() - start)
-        decode_s = _median(whole) - _median(first)
-        return {"backend": self.name, "version": self.version,
-                "decode_tokens_per_s": len(prompts) * (new_tokens - 1) / decode_s,
-                "prefill_ms": _median(first) * 1000.0}
+    def warm_up(self, prompts: list[list[int]]) -> None:
+        self.generate(prompts, 2)
+
+    def decode_once(self, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
+        """(prefill seconds, decode seconds) of one batch: a one-token generate, and a whole
+        generate minus it."""
+        start = time.perf_counter()
+        self.generate(prompts, 1)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        self.generate(prompts, new_tokens)
+        return first, time.perf_counter() - start - first
 
 
 class LlamaCppPeer:
@@ -92,28 +90,26 @@ class LlamaCppPeer:
         self.llm = llama_cpp.Llama(gguf_path, n_ctx=context_len, n_threads=threads, n_threads_batch=threads,
                                    n_batch=min(context_len, 512), verbose=False)
 
-    def _generate(self, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+    def warm_up(self, prompts: list[list[int]]) -> None:
+        self.decode_once(prompts, 2)
+
+    def decode_once(self, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
         """(prefill seconds, decode seconds) of one greedy request."""
         import numpy as np
 
+        if len(prompts) != 1:
+            raise ValueError(f"--batch-size={len(prompts)}: the llama.cpp peer runs batch 1 only")
         self.llm.reset()
         start = time.perf_counter()
-        self.llm.eval(prompt)
+        self.llm.eval(prompts[0])
         prefilled = time.perf_counter()
         for _ in range(new_tokens - 1):
             self.llm.eval([int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))])
         return prefilled - start, time.perf_counter() - prefilled
 
-    def decode_rate(self, prompts: list[list[int]], new_tokens: int, iters: int) -> dict:
-        if len(prompts) != 1:
-            raise ValueError(f"--batch-size={len(prompts)}: the llama.cpp peer runs batch 1 only")
-        self._generate(prompts[0], 2)  # warm-up
-        runs = [self._generate(prompts[0], new_tokens) for _ in range(iters)]
-        return {"backend": self.name, "version": self.version,
-                "decode_tokens_per_s": (new_tokens - 1) / _median([d for _, d in runs]),
-                "prefill_ms": _median([p for p, _ in runs]) * 1000.0}
 
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
+def decode_summary(peer, runs: list[tuple[float, float]], batch_size: int, new_tokens: int) -> dict:
+    """A peer's decode tokens/s and prefill ms from its `decode_once` runs (medians)."""
+    return {"backend": peer.name, "version": peer.version,
+            "decode_tokens_per_s": batch_size * (new_tokens - 1) / median([d for _, d in runs]),
+            "prefill_ms": median([p for p, _ in runs]) * 1000.0}

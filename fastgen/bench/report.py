@@ -90,6 +90,7 @@ def format_summary(doc: dict) -> str:
             f"preemptions         {r['num_preemptions']:10d}",
             f"peak memory         {r['peak_memory_bytes'] / 2**30:10.2f} GiB",
         ]
+        lines += _round_lines(r.get("rounds", []), r.get("reported_round"))
     else:
         w = doc["workload"]
         lines += [
@@ -108,6 +109,19 @@ def format_summary(doc: dict) -> str:
         ]
     lines += _peer_lines(r.get("peers", []))
     return "\n".join(lines)
+
+
+def _round_lines(rounds: list[dict], reported: int | None) -> list[str]:
+    """With --rounds: every round's output tokens/s and ratios; the reported one marked."""
+    if len(rounds) < 2:
+        return []
+    lines = [f"rounds              {len(rounds):10d}   (the report is round {reported + 1}, the median)"]
+    for i, one in enumerate(rounds):
+        peers = "".join(f", {p['backend']} {p['output_tokens_per_s']:.1f} (fastgen {p['fastgen_speedup']:.2f}x)"
+                        for p in one["peers"])
+        mark = "*" if i == reported else " "
+        lines.append(f"  round {i + 1:<3}{mark}       {one['output_tokens_per_s']:10.1f} output tokens/s{peers}")
+    return lines
 
 
 def _peer_lines(peers: list[dict]) -> list[str]:

@@ -21,3 +21,13 @@ def summarize_ms(seconds: Iterable[float | None]) -> dict:
     stats = {f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES))}
     stats.update(mean=float(values.mean()), min=float(values.min()), max=float(values.max()), count=int(values.size))
     return stats
+
+
+def median(values: list[float]) -> float:
+    """The middle value (the upper one of an even count): always one of the samples."""
+    return values[median_index(values)]
+
+
+def median_index(values: list[float]) -> int:
+    """The index of `median(values)` in `values`."""
+    return sorted(range(len(values)), key=values.__getitem__)[len(values) // 2]

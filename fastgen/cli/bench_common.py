@@ -35,9 +35,10 @@ def add_peer_args(parser: argparse.ArgumentParser, batch_size_flag: bool) -> Non
     batch size (throughput runs a whole workload; latency runs its one batch)."""
     group = parser.add_argument_group("side by side")
     group.add_argument("--backend", dest="peers", action="append", default=[], choices=("transformers", "llama.cpp"),
-                       help="also run the same workload through this library, after fastgen, and record both "
-                       "with the ratio (repeatable). transformers: generate() on the model folder's weights in "
-                       "the engine's dtype; llama.cpp: --gguf through llama-cpp-python (batch 1)")
+                       help="also run the same workload through this library, in turn with fastgen (each "
+                       "latency iteration, each throughput round), and record both with the ratio (repeatable). "
+                       "transformers: generate() on the model folder's weights in the engine's dtype; llama.cpp: "
+                       "--gguf through llama-cpp-python (batch 1)")
     group.add_argument("--gguf", metavar="PATH", default=None, help="the GGUF file the llama.cpp backend runs")
     if batch_size_flag:
         group.add_argument("--hf-batch-size", metavar="N", type=arg_types.positive_int, default=16,

@@ -87,10 +87,18 @@ def run(args: argparse.Namespace) -> int:
     announce_if_long(iterations * warm.estimate_seconds(batch(0), llm.config.max_num_seqs), device.type)
     for i in range(args.num_iters_warmup):
         run_iteration(engine, batch(i), args.temperature, device)
+    peers = load_peers(args, llm)
+    for peer in peers:
+        peer.warm_up(batch(0).prompts)
+    peer_runs: list[list[tuple[float, float]]] = [[] for _ in peers]
     reset_peak_memory(device)
     before = EngineCounters.read(engine)
     for i in range(args.num_iters_warmup, args.num_iters_warmup + args.num_iters):
         measured.append(run_iteration(engine, batch(i), args.temperature, device))
+        # Each peer runs the same batch right after: a slow stretch of a shared machine then
+        # slows both sides of an iteration's ratio, not one side of the whole comparison.
+        for peer, runs in zip(peers, peer_runs):
+            runs.append(peer.decode_once(batch(i).prompts, args.output_len))
         if not args.quiet:
             print(f"iteration {len(measured)}/{args.num_iters}: {measured[-1].total * 1000:.1f} ms",
                   file=sys.stderr, flush=True)
@@ -117,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if args.per_request:
         results["requests"] = [{"iteration": i, **record} for i, t in enumerate(measured)
                                for record in request_records(t.outputs)]
-    if args.peers:
-        results["peers"] = run_peers(args, llm, batch(0).prompts, results["decode_tokens_per_s"])
+    if peers:
+        results["peers"] = peer_results(args, peers, peer_runs, measured)
     workload_json = {"batch_size": args.batch_size, "input_len": args.input_len, "output_len": args.output_len,
                      "num_iters": args.num_iters, "num_iters_warmup": args.num_iters_warmup, "seed": args.seed,
                      "temperature": args.temperature}
@@ -133,18 +141,28 @@ def _decode_rate(batch_size: int, measured) -> float | None:
     return batch_size / steps[len(steps) // 2] if steps else None
 
 
-def run_peers(args: argparse.Namespace, llm, prompts: list[list[int]], fastgen_rate: float | None) -> list[dict]:
-    """The first measured batch through each --backend peer, decode tokens/s as medians over
-    --num-iters runs; each result carries fastgen's decode rate divided by the peer's."""
+def load_peers(args: argparse.Namespace, llm) -> list:
     from fastgen.bench.peers import LlamaCppPeer, TransformersPeer
 
-    peers = []
-    for name in args.peers:
-        if name == "transformers":
-            peer = TransformersPeer(llm.config.model, llm.config.torch_dtype)
-        else:
-            peer = LlamaCppPeer(args.gguf, args.input_len + args.output_len)
-        result = peer.decode_rate(prompts, args.output_len, args.num_iters)
-        speedup = fastgen_rate / result["decode_tokens_per_s"] if fastgen_rate else None
-        peers.append({**result, "fastgen_speedup": speedup})
-    return peers
+    return [TransformersPeer(llm.config.model, llm.config.torch_dtype) if name == "transformers"
+            else LlamaCppPeer(args.gguf, args.input_len + args.output_len) for name in args.peers]
+
+
+def peer_results(args: argparse.Namespace, peers: list, peer_runs: list, measured: list) -> list[dict]:
+    """Each peer's decode tokens/s and prefill ms (medians over its runs of the measured
+    iterations' batches), and fastgen's speedup: the median over iterations of fastgen's decode
+    rate in that iteration over the peer's on the same batch right after."""
+    from fastgen.bench.peers import decode_summary
+    from fastgen.bench.stats import median
+
+    results = []
+    for peer, runs in zip(peers, peer_runs):
+        ratios = []
+        for times, (_, peer_decode_s) in zip(measured, runs):
+            rate = _decode_rate(args.batch_size, [times])
+            if rate is not None:
+                ratios.append(rate / (args.batch_size * (args.output_len - 1) / peer_decode_s))
+        results.append({**decode_summary(peer, runs, args.batch_size, args.output_len),
+                        "fastgen_speedup": median(ratios) if ratios else None,
+                        "fastgen_speedup_per_iteration": ratios})
+    return results

@@ -29,7 +29,7 @@ _ENGINE = {
 _ENDPOINT = {"base_url": "str", "model": "str", "vocab_size": "int"}
 _WORKLOAD = {
     "throughput": {"num_prompts": "int", "input_len": "ints2", "output_len": "ints2", "prefix_len": "int",
-                   "seed": "int", "temperature": "number", "warmup": "bool", "detokenize": "bool"},
+                   "seed": "int", "rounds": "int", "temperature": "number", "warmup": "bool", "detokenize": "bool"},
     "latency": {"batch_size": "int", "input_len": "int", "output_len": "int", "num_iters": "int",
                 "num_iters_warmup": "int", "seed": "int", "temperature": "number"},
     "serve": {"num_prompts": "int", "input_len": "ints2", "output_len": "ints2", "prefix_len": "int",
@@ -41,7 +41,7 @@ _RESULTS = {
         "requests_per_s": "number", "output_tokens_per_s": "number", "total_tokens_per_s": "number",
         "ttft_ms": "stats", "tpot_ms": "stats", "e2e_latency_ms": "stats",
         "prefix_cache_hit_rate": "number", "cached_prompt_tokens": "int", "num_preemptions": "int",
-        "peak_memory_bytes": "int",
+        "peak_memory_bytes": "int", "reported_round": "int",
     },
     "latency": {
         "iteration_latency_ms": "stats", "iteration_latencies_ms": "numbers", "ttft_ms": "stats",

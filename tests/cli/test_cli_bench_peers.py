@@ -32,6 +32,42 @@ def test_throughput_with_transformers_records_its_run_and_the_ratio(fastgen_cli,
     assert "transformers" in result.stdout
 
 
+def test_throughput_rounds_alternate_with_the_peer_and_report_the_median_round(fastgen_cli, tiny_models, tmp_path):
+    """Three rounds on fresh prompts each, fastgen then transformers in each: the report is the
+    round with the median ratio, and its ratio is that round's own."""
+    out = tmp_path / "report.json"
+    result = fastgen_cli("bench", "throughput", "--model", tiny_models["llama"], "--num-prompts", "4",
+                         "--input-len", "4:12", "--output-len", "3:6", "--backend", "transformers", "--rounds", "3",
+                         "--hf-batch-size", "2", *ENGINE, "--quiet", "--output-json", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    validate_report(doc)
+    r = doc["results"]
+    rounds, reported = r["rounds"], r["reported_round"]
+    assert [one["seed"] for one in rounds] == [0, 1, 2] and doc["workload"]["seed"] == reported
+    ratios = [one["peers"][0]["fastgen_speedup"] for one in rounds]
+    assert ratios[reported] == sorted(ratios)[1]
+    (peer,) = r["peers"]
+    assert peer["fastgen_speedup"] == ratios[reported]
+    assert math.isclose(peer["fastgen_speedup"], r["output_tokens_per_s"] / peer["output_tokens_per_s"])
+    assert r["output_tokens_per_s"] == rounds[reported]["output_tokens_per_s"]
+    assert f"the report is round {reported + 1}" in result.stdout
+
+
+def test_latency_runs_the_peer_after_each_iteration_and_reports_the_median_ratio(fastgen_cli, tiny_models, tmp_path):
+    out = tmp_path / "report.json"
+    result = fastgen_cli("bench", "latency", "--model", tiny_models["llama"], "--batch-size", "2", "--input-len", "6",
+                         "--output-len", "5", "--num-iters", "3", "--num-iters-warmup", "1", "--backend",
+                         "transformers", *ENGINE, "--quiet", "--output-json", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    validate_report(doc)
+    (peer,) = doc["results"]["peers"]
+    per_iteration = peer["fastgen_speedup_per_iteration"]
+    assert len(per_iteration) == 3 and peer["fastgen_speedup"] == sorted(per_iteration)[1]
+    assert peer["backend"] == "transformers" and peer["decode_tokens_per_s"] > 0
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     ([], "--backend llama.cpp needs --gguf PATH"),
     (["--gguf", "model.gguf", "--batch-size", "2"], "runs one sequence"),
