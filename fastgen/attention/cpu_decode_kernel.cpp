@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -31,7 +32,6 @@ namespace {
 typedef float vf __attribute__((vector_size(64)));
 typedef uint16_t vh __attribute__((vector_size(32)));
 typedef uint32_t vu __attribute__((vector_size(64)));
-
 
 inline vf load16(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
 inline vf load16(const uint16_t* p) {  // 16 bf16 -> float32: the bf16 bits are the float's top half
@@ -163,7 +163,7 @@ struct Scratch {
   std::vector<vf> partial;    // [query heads of the task, 16 tokens]
   std::vector<float> inv_total;
   std::vector<QueryRow<T, D>> q;  // [query heads of the task]
-  std::vector<uint16_t> probs;     // bf16 only: P's bits, [query heads of the task, padded context]
+  std::vector<uint16_t> probs;     // kPairedValues: P's bf16 bits, [query heads of the task, padded context]
   std::vector<uint16_t> zero_row = std::vector<uint16_t>(D);
 };
 
@@ -172,16 +172,24 @@ struct Scratch {
 // (Sums kept in memory, every head's updated for every token, cost more than the K pass.)
 template <int D> constexpr int64_t kHeadsPerPass = D >= 256 ? 1 : 256 / D;
 
+// Whether the V pass adds token pairs with vdpbf16ps (weigh_values_bf16), from P's bf16 bits.
+#if defined(__AVX512BF16__)
+template <typename T, int D> constexpr bool kPairedValues = std::is_same_v<T, uint16_t> && D % 32 == 0;
+#else
+template <typename T, int D> constexpr bool kPairedValues = false;
+#endif
+
 // out[h] = sum_t p[h][t] * V[t] / total[h] for the N query heads h0.. sharing the KV head whose
 // rows start `v_offset` into each token's; float32 products and sums.
 template <typename T, int D, int N>
 void weigh_values_f32(const T* v_cache, int64_t v_offset, int64_t len, int64_t padded, Scratch<T, D>& s, int64_t h0,
-                    T* out) {
+                      T* out) {
   constexpr int C = D / 16;
   vf acc[N][C] = {};
   const float* p = s.scores.data() + h0 * padded;
   for (int64_t t = 0; t < len; ++t) {
     const T* row = v_cache + s.rows[t] + v_offset;
+    if (t + kAhead < len) prefetch_row(v_cache + s.rows[t + kAhead] + v_offset, D);
     vf v[C];
     for (int c = 0; c < C; ++c) v[c] = load16(row + c * 16);
     for (int n = 0; n < N; ++n)
@@ -215,6 +223,10 @@ void weigh_values_bf16(const uint16_t* v_cache, int64_t v_offset, int64_t len, i
   for (int64_t t = 0; t < len; t += 2) {
     const uint16_t* row0 = v_cache + s.rows[t] + v_offset;
     const uint16_t* row1 = t + 1 < len ? v_cache + s.rows[t + 1] + v_offset : s.zero_row.data();
+    if (t + kAhead + 1 < len) {
+      prefetch_row(v_cache + s.rows[t + kAhead] + v_offset, D);
+      prefetch_row(v_cache + s.rows[t + kAhead + 1] + v_offset, D);
+    }
     __m512i pairs[C];
     for (int c = 0; c < C / 2; ++c) {
       const __m512i a = _mm512_loadu_si512(row0 + 32 * c), b = _mm512_loadu_si512(row1 + 32 * c);
@@ -239,10 +251,10 @@ void weigh_values_bf16(const uint16_t* v_cache, int64_t v_offset, int64_t len, i
 #endif
 
 template <typename T, int D, int N>
-void weigh_values_n(const T* v_cache, int64_t v_offset, int64_t len, int64_t padded, Scratch<T, D>& s,
-                           int64_t h0, T* out) {
+void weigh_values_n(const T* v_cache, int64_t v_offset, int64_t len, int64_t padded, Scratch<T, D>& s, int64_t h0,
+                    T* out) {
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, uint16_t> && D % 32 == 0) {
+  if constexpr (kPairedValues<T, D>) {
     weigh_values_bf16<D, N>(v_cache, v_offset, len, padded, s, h0, out);
     return;
   }
@@ -262,9 +274,9 @@ void weigh_values(int64_t n, const T* v_cache, int64_t v_offset, int64_t len, in
     FASTGEN_CASE(7) FASTGEN_CASE(8) FASTGEN_CASE(9) FASTGEN_CASE(10) FASTGEN_CASE(11) FASTGEN_CASE(12)
     FASTGEN_CASE(13) FASTGEN_CASE(14) FASTGEN_CASE(15) FASTGEN_CASE(16)
 #undef FASTGEN_CASE
+    default: std::abort();  // callers pass 1..kHeadsPerPass<D>
   }
 }
-
 
 // One sequence, KV heads [kv_first, kv_first + kv_count) and their query heads. Each token's
 // rows of those heads lie side by side in the cache, so a task that takes every KV head reads
@@ -284,7 +296,7 @@ void attend_one(const Args& a, int64_t seq, int64_t kv_first, int64_t kv_count, 
   s.rows.resize(len);
   s.scores.resize(nq * padded);
   s.q.resize(nq);
-  if constexpr (std::is_same_v<T, uint16_t>) s.probs.resize(nq * padded);
+  if constexpr (kPairedValues<T, D>) s.probs.resize(nq * padded);
   s.partial.resize(nq * 16);
   s.inv_total.resize(nq);
   const int64_t token_stride = a.kv_heads * D;
@@ -338,7 +350,7 @@ void attend_one(const Args& a, int64_t seq, int64_t kv_first, int64_t kv_count, 
       total += e;
       const vf rounded = round16<T>(e);
       std::memcpy(p + t, &rounded, sizeof rounded);
-      if constexpr (std::is_same_v<T, uint16_t>) {  // the bf16 bits are the float's top half
+      if constexpr (kPairedValues<T, D>) {  // the bf16 bits are the float's top half
         vu bits;
         std::memcpy(&bits, &rounded, sizeof bits);
         const vh top = __builtin_convertvector(bits >> 16, vh);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 
 import numpy as np
@@ -24,10 +25,11 @@ def summarize_ms(seconds: Iterable[float | None]) -> dict:
 
 
 def median(values: list[float]) -> float:
-    """The middle value (the upper one of an even count): always one of the samples."""
-    return values[median_index(values)]
+    """The median (the mean of the two middle values of an even count)."""
+    return statistics.median(values)
 
 
 def median_index(values: list[float]) -> int:
-    """The index of `median(values)` in `values`."""
-    return sorted(range(len(values)), key=values.__getitem__)[len(values) // 2]
+    """The index of the median sample: of an even count, the lower of the two middle ones (a
+    report that must name one real sample takes the less flattering one)."""
+    return sorted(range(len(values)), key=values.__getitem__)[(len(values) - 1) // 2]

@@ -151,7 +151,8 @@ def load_peers(args: argparse.Namespace, llm) -> list:
 def peer_results(args: argparse.Namespace, peers: list, peer_runs: list, measured: list) -> list[dict]:
     """Each peer's decode tokens/s and prefill ms (medians over its runs of the measured
     iterations' batches), and fastgen's speedup: the median over iterations of fastgen's decode
-    rate in that iteration over the peer's on the same batch right after."""
+    rate in that iteration over the peer's on the same batch right after, each side's rate its
+    decode steps over their total time (the mean step, as the peer's run gives it)."""
     from fastgen.bench.peers import decode_summary
     from fastgen.bench.stats import median
 
@@ -159,9 +160,9 @@ def peer_results(args: argparse.Namespace, peers: list, peer_runs: list, measure
     for peer, runs in zip(peers, peer_runs):
         ratios = []
         for times, (_, peer_decode_s) in zip(measured, runs):
-            rate = _decode_rate(args.batch_size, [times])
-            if rate is not None:
-                ratios.append(rate / (args.batch_size * (args.output_len - 1) / peer_decode_s))
+            if times.decode_steps:
+                ratios.append((len(times.decode_steps) / sum(times.decode_steps)) /
+                              ((args.output_len - 1) / peer_decode_s))
         results.append({**decode_summary(peer, runs, args.batch_size, args.output_len),
                         "fastgen_speedup": median(ratios) if ratios else None,
                         "fastgen_speedup_per_iteration": ratios})

@@ -1,11 +1,11 @@
 """C++ sources of fastgen built once per machine into shared libraries, loaded with ctypes.
 
 A hand-written CPU kernel (e.g. `fastgen/attention/cpu_decode_kernel.cpp`) is plain C++ with a C
-entry point: no torch headers, so it builds in about a second with the C++ compiler Inductor
-uses anyway, and needs no build step at install time. It is built with `-march=native`, so the
-library's name carries a digest of the source, the compiler, the flags and the CPU's feature
-flags: a cache folder shared between different machines never hands one of them code for
-another's instruction set.
+entry point, or (`fastgen/compile/packed_linear_op.cpp`) uses only torch's stable C ABI headers:
+either builds in about a second with the C++ compiler Inductor uses anyway, and needs no build
+step at install time. It is built with `-march=native`, so the library's name carries a digest of
+the source, the compiler, the flags, the CPU's feature flags and torch's version: a cache folder
+shared between different machines never hands one of them code for another's instruction set.
 
 Where there is no compiler (or the build fails) `load_native_library` returns None, once logged;
 every caller keeps a torch path for that case.
@@ -23,6 +23,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+import torch
 
 from fastgen.models.default_model import cache_dir
 
@@ -50,12 +52,9 @@ def _cpu_flags() -> str:
 
 def torch_abi_flags() -> tuple[str, ...]:
     """Flags for a source that uses torch's stable C ABI (`torch/csrc/stable`): its headers, and
-    the libraries that export it. The torch version goes into the library's digest with them."""
-    import torch
-
+    the libraries that export it (torch's version goes into every library's digest)."""
     root = Path(torch.__file__).parent
-    return (f"-I{root / 'include'}", f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-ltorch_cpu", "-lc10",
-            f"-DFASTGEN_TORCH_VERSION={torch.__version__}")
+    return (f"-I{root / 'include'}", f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-ltorch_cpu", "-lc10")
 
 
 @functools.cache
@@ -70,7 +69,7 @@ def load_native_library(source: Path, extra_flags: tuple[str, ...] = ()) -> ctyp
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
         digest = hashlib.sha256("\n".join([source.read_text(), cxx, version, " ".join(FLAGS + extra_flags),
-                                           platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
+                                           platform.machine(), _cpu_flags(), torch.__version__]).encode()).hexdigest()[:16]
         target = cache_dir() / "native" / f"{source.stem}-{digest}.so"
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)

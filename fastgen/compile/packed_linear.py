@@ -73,8 +73,10 @@ def _twin_of(weight: torch.Tensor) -> Twin | None:
 def _forget(key: int, twin: Twin) -> None:
     if _twins.get(key) is twin:  # not a later weight's twin at the same address
         del _twins[key]
-        if twin.kernel == "fastgen" and (library := _native_kernel()) is not None:
-            library.fastgen_packed_linear_drop_twin(key, twin.packed.data_ptr())
+    # The C++ kernel's entry goes in any case (it checks it is this twin's): its packed memory
+    # goes with this twin, even where a later twin replaced it here.
+    if twin.kernel == "fastgen" and _native_kernel.cache_info().currsize and (library := _native_kernel()):
+        library.fastgen_packed_linear_drop_twin(key, twin.packed.data_ptr())
 
 
 @functools.cache
@@ -168,8 +170,9 @@ def _(x, weight, bias):
 
 
 def products_served_natively() -> int:
-    """How many products the C++ kernel has computed over fastgen twins in this process."""
-    library = _native_kernel()
+    """How many products the C++ kernel has computed over fastgen twins in this process (0
+    while it is not loaded; asking does not load it)."""
+    library = _native_kernel() if _native_kernel.cache_info().currsize else None
     return 0 if library is None else library.fastgen_packed_linear_served()
 
 

@@ -8,8 +8,9 @@
 //
 // It knows the twins fastgen's GEMM packed (`fastgen_packed_linear_add_twin`, by the plain
 // weight's address, with its shape and strides); any call it cannot serve exactly that way (no
-// twin, a oneDNN twin, another dtype or shape, a strided input, a bias other than bf16 [N]) goes
-// to the Python kernel, registered a second time as `fastgen::packed_linear_fallback`. Built against torch's stable C ABI only
+// twin, a oneDNN twin, another dtype or shape, an empty weight, a strided input, a bias other
+// than bf16 [N]) goes to the Python kernel, registered a second time as
+// `fastgen::packed_linear_fallback`. Built against torch's stable C ABI only
 // (torch/csrc/stable), so it compiles in about a second; where that fails the Python kernel runs.
 
 #include <array>
@@ -38,7 +39,7 @@ struct Twin {
     int64_t n, k, stride0, stride1;
 };
 
-GemmFn gemm = nullptr;
+std::atomic<GemmFn> gemm{nullptr};
 std::atomic<int64_t> served_count{0};
 std::mutex twins_mutex;
 std::unordered_map<const void*, Twin> twins;
@@ -54,7 +55,7 @@ bool lookup(const void* weight, Twin* out) {
 Tensor python_kernel(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias) {
     std::array<StableIValue, 3> stack{torch::stable::detail::from(x), torch::stable::detail::from(weight),
                                       torch::stable::detail::from(bias)};
-    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_call_dispatcher("fastgen::packed_linear_fallback", "", stack.data()));
+    TORCH_ERROR_CODE_CHECK(aoti_torch_call_dispatcher("fastgen::packed_linear_fallback", "", stack.data()));
     return torch::stable::detail::to<Tensor>(stack[0]);
 }
 
@@ -66,8 +67,9 @@ Tensor packed_linear(Tensor x, Tensor weight, std::optional<Tensor> bias) {
     if (bias.has_value()) aoti_torch_get_dtype(bias->get(), &b_dtype);
     Twin twin;
     const int64_t k = x.dim() > 0 ? x.size(-1) : -1;
-    const bool served = gemm != nullptr && x_dtype == bf16 && w_dtype == bf16 && x.is_contiguous() &&
-        weight.dim() == 2 && lookup(weight.data_ptr(), &twin) && weight.size(0) == twin.n &&
+    const GemmFn kernel = gemm.load();
+    const bool served = kernel != nullptr && x_dtype == bf16 && w_dtype == bf16 && x.is_contiguous() &&
+        weight.dim() == 2 && lookup(weight.data_ptr(), &twin) && twin.n > 0 && twin.k > 0 && weight.size(0) == twin.n &&
         weight.size(1) == twin.k && weight.stride(0) == twin.stride0 && weight.stride(1) == twin.stride1 &&
         k == twin.k && (!bias.has_value() || (b_dtype == bf16 && bias->dim() == 1 && bias->size(0) == twin.n &&
                                               bias->is_contiguous()));
@@ -78,7 +80,7 @@ Tensor packed_linear(Tensor x, Tensor weight, std::optional<Tensor> bias) {
     std::vector<int64_t> strides(sizes.size(), 1);
     for (int64_t d = int64_t(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
     AtenTensorHandle handle = nullptr;
-    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(int64_t(sizes.size()), sizes.data(), strides.data(), bf16,
+    TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(int64_t(sizes.size()), sizes.data(), strides.data(), bf16,
                                                            aoti_torch_device_type_cpu(), 0, &handle));
     Tensor out(handle);
     const int64_t m = k > 0 ? x.numel() / k : 0;
@@ -93,8 +95,9 @@ Tensor packed_linear(Tensor x, Tensor weight, std::optional<Tensor> bias) {
         }
     }
     served_count.fetch_add(1, std::memory_order_relaxed);
-    gemm(static_cast<const uint16_t*>(x.data_ptr()), twin.packed, bias.has_value() ? bias32.data() : nullptr,
-         static_cast<uint16_t*>(out.data_ptr()), m, twin.n, twin.k, omp_get_max_threads());
+    // The thread count Inductor's own loops in the same graph use (torch sets it for OpenMP).
+    kernel(static_cast<const uint16_t*>(x.data_ptr()), twin.packed, bias.has_value() ? bias32.data() : nullptr,
+           static_cast<uint16_t*>(out.data_ptr()), m, twin.n, twin.k, omp_get_max_threads());
     return out;
 }
 
@@ -106,7 +109,7 @@ extern "C" {
 
 int64_t fastgen_packed_linear_served() { return served_count.load(); }
 
-void fastgen_packed_linear_set_gemm(void* fn) { gemm = reinterpret_cast<GemmFn>(fn); }
+void fastgen_packed_linear_set_gemm(void* fn) { gemm.store(reinterpret_cast<GemmFn>(fn)); }
 
 // A twin of the bf16 weight at `weight` ([n, k] with these strides), packed by fastgen_gemm_pack.
 void fastgen_packed_linear_add_twin(const void* weight, const void* packed, int64_t n, int64_t k, int64_t stride0,

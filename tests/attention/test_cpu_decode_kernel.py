@@ -44,6 +44,23 @@ def test_kernel_equals_float64_attention_over_a_paged_cache(dtype, head_dim, hea
     torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [16, 64, 256])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (16, 2)], ids=["gqa3", "gqa8"])
+def test_a_task_per_sequence_attends_with_every_kv_head(dtype, head_dim, heads, kv_heads):
+    """With at least four sequences a thread, each task takes a whole sequence, every KV head
+    of it in turn (with fewer, a task is one KV head): one thread makes seven sequences enough."""
+    q, k_cache, v_cache, tables, lens, scale, expected = run_case(dtype, head_dim, heads, kv_heads, 16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, scale)
+    finally:
+        torch.set_num_threads(threads)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("head_dim", [32, 256])
 def test_kernel_reads_queries_through_their_strides(head_dim):
     """The model hands q as a view of the fused q|k|v projection: rows are not contiguous."""

@@ -15,3 +15,11 @@ def test_estimate_is_prompt_tokens_at_the_prefill_rate_plus_decode_steps():
     assert warm.estimate_seconds(workload, max_num_seqs=4) == pytest.approx(1.0 + 125 * 0.02)
     # A batch wider than the workload runs every request at once: 50 steps.
     assert warm.estimate_seconds(workload, max_num_seqs=256) == pytest.approx(1.0 + 50 * 0.02)
+
+
+def test_median_of_an_even_count_is_the_mean_and_the_reported_sample_the_lower_middle():
+    from fastgen.bench.stats import median, median_index
+
+    assert median([3.0, 1.0, 4.0, 2.0]) == 2.5 and median([5.0, 1.0, 3.0]) == 3.0
+    assert median_index([3.0, 1.0, 4.0, 2.0]) == 3  # 2.0, not the flattering 3.0
+    assert median_index([5.0, 1.0, 3.0]) == 2

@@ -207,9 +207,14 @@ def test_dynamo_graphs_keep_float32_linears_as_inductor_gemms():
 
 @pytest.fixture
 def native_kernel():
-    """The op's C++ kernel, loaded (it serves every later call of the op in this process)."""
-    if not cpu_gemm.gemm_available() or pl._native_kernel() is None:
-        pytest.skip("fastgen's GEMM or the op's C++ kernel cannot be built here")
+    """The op's C++ kernel, loaded (it serves every later call of the op in this process). It
+    must build wherever fastgen's GEMM runs on a torch whose stable ABI it is written for."""
+    if not cpu_gemm.gemm_available():
+        pytest.skip("fastgen's GEMM needs AVX-512 BF16")
+    if pl._native_kernel() is None:
+        major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+        assert (major, minor) < (2, 13), "packed_linear_op.cpp did not build on this torch"
+        pytest.skip(f"packed_linear_op.cpp does not build on torch {torch.__version__}")
     return pl._native_kernel()
 
 
@@ -245,5 +250,7 @@ def test_the_cpp_kernel_hands_what_it_cannot_serve_to_the_python_kernel(native_k
     assert torch.equal(pl.packed_linear(strided, ours.weight, None), want)
     bias32 = torch.randn(192)
     assert torch.equal(pl.packed_linear(x, ours.weight, bias32), pl._through_twin(x, ours.weight, bias32))
+    # Each of those went to the Python kernel (twice each: the op's call, then the reference).
+    assert product_calls.python == 1 + 4 and pl.products_served_natively() == before
     with pytest.raises(RuntimeError):  # as F.linear raises it
         pl.packed_linear(torch.randn(3, 575).bfloat16(), ours.weight, None)
