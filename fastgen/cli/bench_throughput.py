@@ -112,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
         rounds.append(measure_round(engine, device, workload, args, peers, desc))
     # The round reported is the median one: by fastgen's ratio to the (first) peer where there is
     # one, so the ratio quoted is one real round's; else by fastgen's output tokens/s.
-    reported = median_index([peer_runs[0]["fastgen_speedup"] if peer_runs else results["output_tokens_per_s"]
-                             for results, peer_runs in rounds])
+    reported = median_index([runs[0]["fastgen_speedup"] if runs else res["output_tokens_per_s"] for res, runs in rounds])
     results, peer_runs = rounds[reported]
     results["peak_memory_bytes"] = peak_memory_bytes(device)
     results["reported_round"] = reported

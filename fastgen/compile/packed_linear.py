@@ -75,7 +75,7 @@ def _forget(key: int, twin: Twin) -> None:
         del _twins[key]
     # The C++ kernel's entry goes in any case (it checks it is this twin's): its packed memory
     # goes with this twin, even where a later twin replaced it here.
-    if twin.kernel == "fastgen" and _native_kernel.cache_info().currsize and (library := _native_kernel()):
+    if twin.kernel == "fastgen" and (library := _loaded_native_kernel()) is not None:
         library.fastgen_packed_linear_drop_twin(key, twin.packed.data_ptr())
 
 
@@ -94,6 +94,11 @@ def _native_kernel():
     library.fastgen_packed_linear_served.restype = i64
     library.fastgen_packed_linear_set_gemm(ctypes.cast(gemm.fastgen_gemm, pointer))
     return library
+
+
+def _loaded_native_kernel():
+    """`_native_kernel()` if it was already asked for, else None (without loading it)."""
+    return _native_kernel() if _native_kernel.cache_info().currsize else None
 
 
 def packable_weights(model: nn.Module) -> list[torch.Tensor]:
@@ -160,10 +165,6 @@ def packed_linear_fallback(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
 
 
 @packed_linear.register_fake
-def _(x, weight, bias):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
 @packed_linear_fallback.register_fake
 def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
@@ -172,7 +173,7 @@ def _(x, weight, bias):
 def products_served_natively() -> int:
     """How many products the C++ kernel has computed over fastgen twins in this process (0
     while it is not loaded; asking does not load it)."""
-    library = _native_kernel() if _native_kernel.cache_info().currsize else None
+    library = _loaded_native_kernel()
     return 0 if library is None else library.fastgen_packed_linear_served()
 
 

@@ -69,7 +69,7 @@ Tensor packed_linear(Tensor x, Tensor weight, std::optional<Tensor> bias) {
     const int64_t k = x.dim() > 0 ? x.size(-1) : -1;
     const GemmFn kernel = gemm.load();
     const bool served = kernel != nullptr && x_dtype == bf16 && w_dtype == bf16 && x.is_contiguous() &&
-        weight.dim() == 2 && lookup(weight.data_ptr(), &twin) && twin.n > 0 && twin.k > 0 && weight.size(0) == twin.n &&
+        weight.dim() == 2 && lookup(weight.data_ptr(), &twin) && weight.size(0) == twin.n &&
         weight.size(1) == twin.k && weight.stride(0) == twin.stride0 && weight.stride(1) == twin.stride1 &&
         k == twin.k && (!bias.has_value() || (b_dtype == bf16 && bias->dim() == 1 && bias->size(0) == twin.n &&
                                               bias->is_contiguous()));
@@ -81,7 +81,7 @@ Tensor packed_linear(Tensor x, Tensor weight, std::optional<Tensor> bias) {
     for (int64_t d = int64_t(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
     AtenTensorHandle handle = nullptr;
     TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(int64_t(sizes.size()), sizes.data(), strides.data(), bf16,
-                                                           aoti_torch_device_type_cpu(), 0, &handle));
+                                                    aoti_torch_device_type_cpu(), 0, &handle));
     Tensor out(handle);
     const int64_t m = k > 0 ? x.numel() / k : 0;
     if (m == 0) return out;
@@ -112,8 +112,10 @@ int64_t fastgen_packed_linear_served() { return served_count.load(); }
 void fastgen_packed_linear_set_gemm(void* fn) { gemm.store(reinterpret_cast<GemmFn>(fn)); }
 
 // A twin of the bf16 weight at `weight` ([n, k] with these strides), packed by fastgen_gemm_pack.
+// An empty weight gets none: F.linear (through the Python kernel) defines its product.
 void fastgen_packed_linear_add_twin(const void* weight, const void* packed, int64_t n, int64_t k, int64_t stride0,
                                     int64_t stride1) {
+    if (n <= 0 || k <= 0) return;
     std::lock_guard<std::mutex> lock(twins_mutex);
     twins[weight] = Twin{static_cast<const uint16_t*>(packed), n, k, stride0, stride1};
 }
