@@ -1,19 +1,26 @@
 """GPU benchmark, one command, on Qwen3-0.6B shapes with random (dummy) weights in bf16 (no
 weights needed, no network):
 
-    python3 benchmarks/gpu_decode.py [--output-dir DIR] [--sections a,b] [--quick]
+    python3 benchmarks/gpu_decode.py [--output-dir DIR] [--sections a,b] [--quick] [--time-budget-s S]
 
-Sections, each written to DIR/gpu-decode-<device>.json as soon as it ends (a failure is
-recorded in its section and the run goes on): `bandwidth` (device-to-device copy), `graphs`
-(start-up: profile, warm-up/JIT and capture times apart; decode steps at batch sizes that are
-and are not capture sizes, at short and 4K contexts: wall time, CUDA-event time, one graph
-replay's GPU time, and the weight-streaming floor beside bs=1), `kernels` (torch.profiler
-kernel counts per decode step, graphs and eager), `eager` (the same steps without graphs),
-`throughput` (`fastgen bench throughput`, 256 prompts, input and output uniform in 100..1024,
-nano-vllm's workload) and `transformers` (that workload through transformers' generate on the
-same GPU) with the ratio of the two. DIR defaults to $FASTGEN_BENCH_DIR or benchmarks/results.
-It needs only torch, triton, transformers, safetensors, numpy, tqdm and xxhash, run from the
-repository root (nothing installed).
+Sections, each merged into DIR/gpu-decode-<device>.json as soon as it ends (a failure is
+recorded in its section and the run goes on; sections of an earlier run that this one does not
+run stay in the file, so two commands that run different sections build one report):
+`bandwidth` (device-to-device copy), `graphs` (start-up: profile, warm-up/JIT and capture times
+apart; decode steps at batch sizes that are and are not capture sizes, at short and 4K
+contexts: wall time, CUDA-event time, one graph replay's GPU time, and the weight-streaming
+floor beside bs=1), `logits` (on the graphs engine: graph replay against an eager forward of
+the same step, bf16, batch 1, 3, 64 and 256 at long contexts), `kernels` (torch.profiler kernel
+counts per decode step, graphs and eager, and GPU time by kernel), `eager` (the same steps
+without graphs, and where an eager step's host time goes), `throughput` (`fastgen bench
+throughput`, 256 prompts, input and output uniform in 100..1024, nano-vllm's workload) and
+`transformers` (that workload through transformers' generate on the same GPU, and its batch-1
+decode latency) with the ratio of the two. DIR defaults to $FASTGEN_BENCH_DIR or
+benchmarks/results. A section that would start after --time-budget-s seconds is skipped and
+says so. Inductor's and Triton's caches go to .gpu-cache/ in the tree (ignored by git) unless
+set, so a second command reuses the first's compiled kernels. It needs only torch, triton,
+transformers, safetensors, numpy, tqdm and xxhash, run from the repository root (nothing
+installed).
 """
 
 from __future__ import annotations
@@ -32,20 +39,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# Before torch is imported: Inductor and Triton read these once.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".gpu-cache" / "inductor"))
+os.environ.setdefault("TRITON_CACHE_DIR", str(ROOT / ".gpu-cache" / "triton"))
 
 import torch  # noqa: E402
 
 from benchmarks.gpu_measure import (  # noqa: E402
-    copy_bandwidth, kernels_per_step, streaming_floor_ms, time_decode_steps,
+    copy_bandwidth, graph_vs_eager_logits, host_profile, kernel_times, kernels_per_step, streaming_floor_ms,
+    time_decode_steps,
 )
 from fastgen import LLM  # noqa: E402
 from fastgen.bench.workload import WorkloadSpec, build_workload  # noqa: E402
 from fastgen.cli.arg_types import int_range  # noqa: E402
 from fastgen.models.presets import preset_config, preset_model_dir  # noqa: E402
 
-# `kernels` is measured inside the graphs and eager sections, on their engines.
-SECTIONS = ("bandwidth", "graphs", "kernels", "eager", "throughput", "transformers")
-SCHEMA = "fastgen.bench.gpu-decode/2"
+# `logits` and `kernels` are measured inside the graphs and eager sections, on their engines.
+SECTIONS = ("bandwidth", "graphs", "logits", "kernels", "eager", "throughput", "transformers")
+SCHEMA = "fastgen.bench.gpu-decode/3"
 
 
 def build_llm(args, eager: bool) -> LLM:
@@ -79,8 +90,15 @@ def decode_sweep(args, eager: bool, report: dict) -> dict:
         section["steps"].append(row)
         print(f"{'eager' if eager else 'graphs'} bs={batch} ctx={context}: {row['wall_ms']['median']:.3f} ms",
               flush=True)
+    mode = "eager" if eager else "graphs"
     if "kernels" in args.sections:
-        report.setdefault("kernels", {})["eager" if eager else "graphs"] = kernels_per_step(llm, 8, args.device)
+        kernels = report.setdefault("kernels", {})
+        kernels[mode] = kernels_per_step(llm, 8, args.device)
+        kernels[f"{mode}_time_bs1"] = kernel_times(llm, 1, args.context_len, args.device)
+        kernels[f"{mode}_time_bs64"] = kernel_times(llm, 64, args.context_len, args.device)
+    report.setdefault("host_profile", {})[f"{mode}_bs1"] = host_profile(llm, 1, args.context_len)
+    if not eager and "logits" in args.sections:
+        report["logits"] = logit_checks(llm, args)
     if eager and "graphs" in report and "steps" in report["graphs"]:
         graphed = {(r["batch_size"], r["context_len"]): r["wall_ms"]["median"] for r in report["graphs"]["steps"]}
         report["speedup_graphs_over_eager"] = {
@@ -89,6 +107,21 @@ def decode_sweep(args, eager: bool, report: dict) -> dict:
     del llm
     _free()
     return section
+
+
+def logit_checks(llm: LLM, args) -> list[dict]:
+    """Graph against eager logits at batch 1, 3, 64 and 256, each at --long-context or the
+    longest context the KV budget holds for that batch."""
+    runner = llm.engine.runner
+    capacity = runner.num_kv_blocks * args.block_size
+    rows = []
+    for batch in (1, 3, 64, 256):
+        if batch > max(args.batch_sizes):
+            continue
+        context = min(args.long_context, (capacity // batch - args.block_size - 16) // args.block_size * args.block_size)
+        rows.append(graph_vs_eager_logits(llm, batch, context))
+        print(f"logits bs={batch} ctx={context}: {rows[-1]}", flush=True)
+    return rows
 
 
 def fastgen_throughput(args) -> dict:
@@ -112,14 +145,20 @@ def hf_throughput(args, report: dict) -> dict:
     spec = WorkloadSpec(args.num_prompts, args.input_len, args.output_len)
     workload = build_workload(spec, preset_config(args.preset)["vocab_size"])
     result = transformers_throughput(str(args.model_dir), workload, args.device, getattr(torch, args.dtype),
-                                     args.hf_batch_size)
+                                     args.hf_batch_size, latency_context=args.context_len,
+                                     latency_tokens=args.steps * 4)
     ours = report.get("throughput", {}).get("output_tokens_per_s")
     if ours and result.get("output_tokens_per_s"):
         report["fastgen_over_transformers"] = ours / result["output_tokens_per_s"]
     return result
 
 
-def run_section(name: str, fn, report: dict, path: Path) -> None:
+def run_section(name: str, fn, report: dict, path: Path, deadline: float) -> None:
+    if time.monotonic() > deadline:
+        report[name] = {"skipped": "--time-budget-s spent before this section"}
+        print(f"section {name} skipped: time budget spent", flush=True)
+        path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        return
     start = time.perf_counter()
     try:
         report[name] = fn()
@@ -156,6 +195,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hf-batch-size", type=int, default=64)
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     p.add_argument("--quick", action="store_true", help="16 steps a point and a 64-prompt workload")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="start no section after this many seconds (each one that would is recorded as skipped)")
     p.add_argument("--output-dir", default=os.environ.get("FASTGEN_BENCH_DIR", str(ROOT / "benchmarks" / "results")))
     p.add_argument("--output", default=None, help="exact JSON path (overrides --output-dir's file name)")
     args = p.parse_args(argv)
@@ -183,8 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{slug}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     args.output_dir = str(path.parent)
-    report = {
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    report = earlier if earlier.get("schema") == SCHEMA else {}
+    # Sections this run measures again are replaced whole; the others keep their earlier run's.
+    for name in args.sections:
+        report.pop(name, None)
+    report |= {
         "schema": SCHEMA, "timestamp": datetime.now(timezone.utc).isoformat(), "device": gpu,
+        "git_revision": _git_revision(), "driver": _driver(),
         "versions": {"torch": torch.__version__, "triton": _version("triton"), "transformers": _version("transformers"),
                      "python": sys.version.split()[0], "cuda": torch.version.cuda},
         "model": {"preset": args.preset, "dtype": args.dtype, "weights": "dummy"},
@@ -200,11 +247,36 @@ def main(argv: list[str] | None = None) -> int:
         "throughput": lambda: fastgen_throughput(args),
         "transformers": lambda: hf_throughput(args, report),
     }
+    deadline = time.monotonic() + (args.time_budget_s if args.time_budget_s is not None else float("inf"))
+    report.setdefault("runs", []).append({"timestamp": report["timestamp"], "git_revision": report["git_revision"],
+                                          "sections": args.sections})
     for name in SECTIONS:
         if name in args.sections and name in plan:
-            run_section(name, plan[name], report, path)
+            run_section(name, plan[name], report, path, deadline)
     print(f"wrote {path}")
     return 0
+
+
+def _git_revision() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() + ("+changes" if dirty else "") if done.returncode == 0 else None
+
+
+def _driver() -> dict | None:
+    """Driver version and clocks as nvidia-smi reports them (None without it)."""
+    fields = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu"
+    try:
+        done = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    values = done.stdout.strip().splitlines()[0].split(", ") if done.returncode == 0 and done.stdout.strip() else []
+    return dict(zip(fields.split(","), values)) or None
 
 
 def _version(name: str) -> str | None:

@@ -136,3 +136,91 @@ def kernels_per_step(llm: LLM, batch: int, device: str, steps: int = 5) -> dict 
     total = sum(names.values()) / steps
     return {"batch_size": batch, "kernels_per_step": total, "kernels_per_layer": total / layers,
             "top": {name: n / steps for name, n in names.most_common(20)}}
+
+
+def kernel_times(llm: LLM, batch: int, context: int, device: str, steps: int = 10) -> dict | None:
+    """GPU time per decode step by kernel name (torch.profiler), the largest first: where a step's
+    device time goes."""
+    if not _cuda(device):
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = start_decoding(llm, batch, context, steps + 8)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            llm.engine.step()
+        torch.cuda.synchronize()
+    for request_id in ids:
+        llm.engine.abort(request_id)
+    totals, counts = Counter(), Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            totals[e.name] += e.device_time_total
+            counts[e.name] += 1
+    step_us = sum(totals.values()) / steps
+    return {"batch_size": batch, "context_len": context, "kernel_us_per_step": step_us,
+            "top": [{"name": name[:120], "us_per_step": us / steps, "calls_per_step": counts[name] / steps,
+                     "share": us / steps / step_us} for name, us in totals.most_common(15)]}
+
+
+def host_profile(llm: LLM, batch: int, context: int, steps: int = 5) -> dict:
+    """Python functions by own time over `steps` engine steps (cProfile): where a step's host
+    time goes."""
+    import cProfile
+    import pstats
+
+    ids = start_decoding(llm, batch, context, steps + 8)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        llm.engine.step()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    profiler.disable()
+    for request_id in ids:
+        llm.engine.abort(request_id)
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:20]  # (cc, nc, tottime, cumtime, callers)
+    return {"batch_size": batch, "context_len": context, "steps": steps,
+            "top_own_time": [{"function": f"{path.rsplit('/', 2)[-1]}:{line}:{name}", "calls_per_step": nc / steps,
+                              "own_ms_per_step": tt / steps * 1e3, "cum_ms_per_step": ct / steps * 1e3}
+                             for (path, line, name), (cc, nc, tt, ct, _) in rows]}
+
+
+def graph_vs_eager_logits(llm: LLM, batch: int, context: int) -> dict:
+    """One decode step of `batch` sequences at `context` tokens: the logits its CUDA graph
+    replay gives against an eager forward over the same uploaded inputs (the eager forward
+    rewrites the same cache slots with the same values). Greedy disagreements are counted apart
+    where the graph's top two logits are further apart than the largest difference seen."""
+    runner = llm.engine.runner
+    ids = start_decoding(llm, batch, context, 8)
+    seen: dict = {}
+    execute = runner.execute
+
+    def compare(layout, on_span_logits=None):
+        logits, greedy = execute(layout, on_span_logits)
+        if not layout.is_prefill and greedy is not None and "graph" not in seen:
+            rows = len(layout.sample_rows)
+            seen["graph"] = logits[:rows].float().clone()
+            seen["eager"] = runner.forward_logits(runner.inputs.upload(layout))[:rows].float()
+        return logits, greedy
+
+    runner.execute = compare
+    try:
+        llm.engine.step()
+    finally:
+        del runner.execute
+    for request_id in ids:
+        llm.engine.abort(request_id)
+    if "graph" not in seen:
+        return {"batch_size": batch, "context_len": context, "error": "the step ran no graph"}
+    graph, eager = seen["graph"], seen["eager"]
+    diff = (graph - eager).abs()
+    top2 = graph.topk(2, dim=-1).values
+    margin = top2[:, 0] - top2[:, 1]
+    disagree = graph.argmax(-1) != eager.argmax(-1)
+    return {"batch_size": batch, "context_len": context, "max_abs_diff": diff.max().item(),
+            "mean_abs_diff": diff.mean().item(), "logit_std": graph.std().item(),
+            "greedy_agreement": 1.0 - disagree.float().mean().item(),
+            "clear_margin_disagreements": int((disagree & (margin > diff.max())).sum().item())}

@@ -13,8 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_gpu_check_selection_collects_offline_without_gguf():
+def test_gpu_check_selection_collects_offline_without_the_packages_it_lacks():
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
         [sys.executable, "tests/offline_python.py", "-m", "pytest", "--collect-only", "-q", "-m", "cuda or triton",

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from fastgen.compile import ops
 from fastgen.worker.penalties import apply_penalties
-from fastgen.worker.sampler import sample_tokens
+from fastgen.worker.sampler import pick_tokens, sample_tokens, scale_logits
 
 
 @dataclass(frozen=True)
 class OpSet:
     """The element-wise pieces of a decoder step (RMSNorm, RoPE and SwiGLU for the Llama family;
     LayerNorm and GELU for GPT-2) and the sampler's arithmetic (penalties, then sampling). With `compiled`,
-    each is a torch.compile'd function (Inductor fuses its element-wise work into few kernels);
-    otherwise the plain eager functions."""
+    each is a torch.compile'd function (Inductor fuses its element-wise work into few kernels;
+    the sampler's top-k/top-p filter stays eager, see `sample_tokens`); otherwise the plain eager
+    functions."""
 
     rms_norm: Callable
     add_rms_norm: Callable
@@ -47,7 +49,7 @@ def build_op_set(compiled: bool) -> OpSet:
         layer_norm=wrap(ops.layer_norm),
         add_layer_norm=wrap(ops.add_layer_norm),
         gelu_tanh=wrap(ops.gelu_tanh),
-        sample_tokens=wrap(sample_tokens),
+        sample_tokens=partial(sample_tokens, scale=wrap(scale_logits), pick=wrap(pick_tokens)),
         apply_penalties=wrap(apply_penalties),
         compiled=compiled,
     )

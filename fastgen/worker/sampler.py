@@ -155,16 +155,33 @@ def sample_tokens(
     filter_top_k_top_p: bool,
     min_p: torch.Tensor | None = None,
     filter_min_p: bool = False,
+    *,
+    scale: Callable | None = None,
+    pick: Callable | None = None,
 ) -> torch.Tensor:
-    """Pick one token per row (a pure function of tensors, so torch.compile can fuse it).
+    """Pick one token per row.
 
     logits: float32 [B, V]. temperatures: float32 [B], 0 means greedy. top_k: int64 [B], V when
     disabled. top_p: float32 [B], 1.0 when disabled. noise: float32 [B, V] of Exp(1) draws.
     filter_top_k_top_p: False skips the sort when no row asks for top-k or top-p.
     min_p: float32 [B], 0.0 when disabled; filter_min_p: False skips it when no row asks.
     Returns int64 [B].
+
+    `scale` and `pick` are `scale_logits` and `pick_tokens` unless the op set hands in compiled
+    twins. The top-k/top-p filter between them always runs eagerly: its sort is a library kernel
+    either way, and Inductor's split scan for the cumulative sum over a large vocabulary fails to
+    generate code on CUDA (torch 2.11, dynamic shapes), so compiling it gains nothing and risks
+    the engine's start-up.
     """
-    greedy = logits.argmax(dim=-1)
+    scaled = (scale or scale_logits)(logits, temperatures, min_p, filter_min_p)
+    if filter_top_k_top_p:
+        scaled = _filter_top_k_top_p(scaled, top_k, top_p)
+    return (pick or pick_tokens)(logits, scaled, temperatures, noise)
+
+
+def scale_logits(logits: torch.Tensor, temperatures: torch.Tensor, min_p: torch.Tensor | None,
+                 filter_min_p: bool) -> torch.Tensor:
+    """Logits over each row's temperature (greedy rows: 1), with min_p's cut applied as -inf."""
     safe_t = torch.where(temperatures > 0, temperatures, torch.ones_like(temperatures))
     # Finite logits over a small temperature can overflow to inf, and inf - inf is NaN in the
     # softmax: keep every scaled logit finite.
@@ -173,8 +190,13 @@ def sample_tokens(
         probs = torch.softmax(scaled, dim=-1)
         threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
         scaled = scaled.masked_fill(probs < threshold, float("-inf"))
-    if filter_top_k_top_p:
-        scaled = _filter_top_k_top_p(scaled, top_k, top_p)
+    return scaled
+
+
+def pick_tokens(logits: torch.Tensor, scaled: torch.Tensor, temperatures: torch.Tensor,
+                noise: torch.Tensor) -> torch.Tensor:
+    """Greedy rows take the raw logits' argmax; the others win the exponential race."""
+    greedy = logits.argmax(dim=-1)
     probs = torch.softmax(scaled, dim=-1)
     sampled = (probs / noise).argmax(dim=-1)
     return torch.where(temperatures > 0, sampled, greedy)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import openai
 import pytest
 
-from fastgen import LLM, SamplingParams
-from fastgen.engine.prompts import chat_token_ids
-from tests.serve.conftest import ENGINE_ARGS, MODEL_NAME, metric_values, wait_for
+openai = pytest.importorskip("openai")
+
+from fastgen import LLM, SamplingParams  # noqa: E402
+from fastgen.engine.prompts import chat_token_ids  # noqa: E402
+from tests.serve.conftest import ENGINE_ARGS, MODEL_NAME, metric_values, wait_for  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Paged attention keeps", "def fibonacci(n):"]
 MAX_TOKENS = 12
