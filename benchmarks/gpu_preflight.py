@@ -74,7 +74,7 @@ def check_decode_graphs() -> dict:
         model = str(build_tiny_model("llama", Path(tmp) / "llama"))
         prompts = [[5, 17, 42, 9], list(range(3, 40))]
         params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-        args = dict(device="cuda", dtype="float32", block_size=16, num_kv_blocks=32, max_num_seqs=2)
+        args = dict(device="cuda", dtype="float32", block_size=16, num_kv_blocks=32, max_num_seqs=2, max_model_len=128)
         start = time.perf_counter()
         graphed = LLM(model, cuda_graph_batch_sizes=[1, 2], enforce_eager=False, **args)
         if graphed.engine.runner.graphs is None:
