@@ -37,3 +37,12 @@ def test_the_offline_runner_blocks_what_the_gpu_machine_lacks(code, error):
     done = subprocess.run([sys.executable, "-c", f"import tests.offline_python as o; o.block(); {code}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and error in done.stderr
+
+
+@pytest.mark.parametrize("script", ["benchmarks/gpu_decode.py", "benchmarks/gpu_preflight.py",
+                                    "benchmarks/gpu_decode_attention_sweep.py"])
+def test_gpu_scripts_start_without_the_packages_the_gpu_machine_lacks(script):
+    done = subprocess.run([sys.executable, "tests/offline_python.py", script, "--help"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "usage:" in done.stdout

@@ -33,7 +33,20 @@ class OpSet:
     compiled: bool
 
 
+# Every engine of a process compiles the same functions again for its dtype, device and norm
+# epsilon, and dynamo keeps at most `recompile_limit` (8 by default) versions of one function:
+# with fullgraph=True the ninth engine of a process failed to start (seen in the GPU test run).
+RECOMPILE_LIMIT = 64
+
+
+def _raise_recompile_limit() -> None:
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+
+
 def _compile(fn: Callable) -> Callable:
+    _raise_recompile_limit()
     # dynamic=True: one graph serves every batch size and sequence length, so a new shape after
     # warm-up does not trigger a recompile.
     return torch.compile(fn, dynamic=True, fullgraph=True)

@@ -1,5 +1,6 @@
 """The GPU benchmark script runs end to end (here on CPU, in its smoke mode, as the offline GPU
-machine would run it: no network, no gguf) and writes its JSON after every section."""
+machine would run it: no network, no gguf, no server stack), writes its JSON after every
+section, and a second command's sections merge into the first's file."""
 
 from __future__ import annotations
 
@@ -15,18 +16,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_gpu_decode_script_smoke_on_cpu(tmp_path):
-    subprocess.run(
-        [sys.executable, "tests/offline_python.py", "benchmarks/gpu_decode.py", "--device", "cpu",
-         "--preset", "smollm2-135m", "--batch-sizes", "1,3", "--long-context", "40", "--long-batch-sizes", "1",
-         "--steps", "2", "--context-len", "8", "--num-prompts", "2", "--input-len", "4:6", "--output-len", "2",
-         "--block-size", "16", "--hf-batch-size", "2", "--output-dir", str(tmp_path)],
-        cwd=ROOT, check=True, timeout=900,
-    )
+    common = [sys.executable, "tests/offline_python.py", "benchmarks/gpu_decode.py", "--device", "cpu",
+              "--preset", "smollm2-135m", "--batch-sizes", "1,3", "--long-context", "40", "--long-batch-sizes", "1",
+              "--steps", "2", "--context-len", "8", "--num-prompts", "2", "--input-len", "4:6", "--output-len", "2",
+              "--block-size", "16", "--hf-batch-size", "2", "--output-dir", str(tmp_path)]
+    subprocess.run([*common, "--sections", "bandwidth,graphs,logits,eager"], cwd=ROOT, check=True, timeout=900)
+    subprocess.run([*common, "--sections", "throughput,transformers"], cwd=ROOT, check=True, timeout=900)
     (path,) = tmp_path.glob("gpu-decode-*.json")
     assert path.name == "gpu-decode-cpu.json"
     doc = json.loads(path.read_text())
-    assert doc["schema"] == "fastgen.bench.gpu-decode/2"
+    assert doc["schema"] == "fastgen.bench.gpu-decode/3"
     assert set(doc["section_seconds"]) == {"bandwidth", "graphs", "eager", "throughput", "transformers"}
+    assert [run["sections"] for run in doc["runs"]] == [["bandwidth", "graphs", "logits", "eager"],
+                                                        ["throughput", "transformers"]]
+    # On CPU the compiled decode step stands where a CUDA graph would: its logits against eager.
+    assert [(r["batch_size"], r["context_len"]) for r in doc["logits"]] == [(1, 40), (3, 40)]
+    assert all(r["greedy_agreement"] == 1.0 for r in doc["logits"])
+    assert doc["host_profile"]["eager_bs1"]["top_own_time"]
     for mode in ("graphs", "eager"):
         rows = doc[mode]["steps"]
         assert [(r["batch_size"], r["context_len"]) for r in rows] == [(1, 8), (3, 8), (1, 40)]
@@ -36,3 +42,19 @@ def test_gpu_decode_script_smoke_on_cpu(tmp_path):
     assert doc["throughput"]["output_tokens"] == 4
     assert doc["transformers"]["output_tokens"] == 4 and doc["transformers"]["output_tokens_per_s"] > 0
     assert "fastgen_over_transformers" in doc
+
+
+def test_sections_past_the_time_budget_are_skipped_and_earlier_sections_stay(tmp_path):
+    path = tmp_path / "gpu-decode-cpu.json"
+    earlier = {"schema": "fastgen.bench.gpu-decode/3", "graphs": {"steps": ["kept"]}, "throughput": {"old": 1}}
+    path.write_text(json.dumps(earlier))
+    subprocess.run(
+        [sys.executable, "tests/offline_python.py", "benchmarks/gpu_decode.py", "--device", "cpu",
+         "--preset", "smollm2-135m", "--sections", "bandwidth,throughput", "--time-budget-s", "0",
+         "--output-dir", str(tmp_path)],
+        cwd=ROOT, check=True, timeout=300,
+    )
+    doc = json.loads(path.read_text())
+    assert doc["graphs"] == {"steps": ["kept"]}  # not run this time: the earlier run's stays
+    assert doc["bandwidth"]["skipped"] and doc["throughput"]["skipped"]  # run again: replaced
+    assert doc["runs"][-1]["sections"] == ["bandwidth", "throughput"]
