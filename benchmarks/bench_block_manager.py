@@ -16,7 +16,7 @@ import pytest
 
 from fastgen.engine.block_manager import BlockManager
 from fastgen.sampling_params import SamplingParams
-from fastgen.engine.sequence import Sequence
+from fastgen.sequence import Sequence
 
 PROMPT_LEN = 2048
 SHARED_PREFIX_LEN = 1792

@@ -23,7 +23,7 @@ from fastgen.compile import build_op_set
 from fastgen.worker.logprobs import sampled_logprobs
 from fastgen.worker.sampler import Sampler
 from fastgen.sampling_params import SamplingParams
-from fastgen.engine.sequence import Sequence
+from fastgen.sequence import Sequence
 
 VOCAB = 151_936
 

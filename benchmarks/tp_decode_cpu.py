@@ -43,7 +43,7 @@ def engine_step_ms(model_dir: str, tp: int, batch: int, steps: int, repeats: int
 
 
 def _collectives_rank(rank: int, port: int, shapes: dict, steps: int, repeats: int, result) -> None:
-    from fastgen.distributed.group import TensorParallelGroup
+    from fastgen.parallel.group import TensorParallelGroup
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

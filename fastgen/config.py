@@ -17,7 +17,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from fastgen.checks import boolean, integer, positive_real, real
-from fastgen.cpu_features import has_native_bf16
+from fastgen.cpu.native.features import has_native_bf16
 from fastgen.models.config import DTYPE_NAMES, ModelConfig, torch_dtype
 from fastgen.models.hub import resolve_model_path
 from fastgen.sampling_params import SEED_LIMIT
@@ -226,7 +226,7 @@ class EngineConfig:
     @property
     def num_kv_heads_per_rank(self) -> int:
         """KV heads one tensor-parallel rank holds in its cache (all of them with one rank)."""
-        from fastgen.distributed.sharding import kv_heads_per_rank
+        from fastgen.parallel.sharding import kv_heads_per_rank
 
         return kv_heads_per_rank(self.model_config.num_kv_heads, self.tensor_parallel_size)
 

@@ -121,7 +121,7 @@ def store_kvcache_torch(
     """Plain-torch twin of `store_kvcache` (same contract), for CPU and as a test oracle.
 
     Not graph-capturable: the -1 filter gives a data-dependent shape. Under torch.compile (the
-    compiled CPU steps, `fastgen.graphs.compiled_decode`) there is no filter: those steps never
+    compiled CPU steps, `fastgen.cpu.compiled_decode`) there is no filter: those steps never
     pad their batch, a decode row always writes its token, and a prefill step with a -1 slot runs
     eagerly, so no slot is -1, and the store compiles into an in-place scatter into the cache.
     """

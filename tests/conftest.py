@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # Engines decode eagerly unless a test asks otherwise (enforce_eager=False): the compiled CPU
 # decode step costs tens of seconds an engine, and hundreds of engines are built here.
-# tests/graphs/test_compiled_decode.py covers it against transformers.
+# tests/cpu/test_compiled_decode.py covers it against transformers.
 os.environ.setdefault("FASTGEN_ENFORCE_EAGER", "1")
 
 import random  # noqa: E402

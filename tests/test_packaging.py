@@ -40,4 +40,4 @@ def test_wheel_has_no_top_level_kernels(tmp_path):
     top_level = {name.split("/")[0] for name in names}
     assert "kernels" not in top_level
     assert "fastgen/kernels/__init__.py" in names and "fastgen/kernels/paged_decode_attention.py" in names
-    assert "fastgen/engine/scheduler.py" in names and "fastgen/worker/model_runner.py" in names
+    assert "fastgen/engine/scheduler.py" in names and "fastgen/model_runner.py" in names

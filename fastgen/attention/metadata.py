@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from fastgen.attention.torch_decode import DecodeKVIndex
+    from fastgen.cpu.native.torch_decode import DecodeKVIndex
     from fastgen.attention.torch_paged import CausalRows
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fastgen.cpu_features import cpu_model_name
+from fastgen.cpu.native.features import cpu_model_name
 
 
 def device_name(device: torch.device) -> str:

@@ -9,8 +9,7 @@ from functools import partial
 import torch
 
 from fastgen.compile import ops
-from fastgen.worker.penalties import apply_penalties
-from fastgen.worker.sampler import pick_tokens, sample_tokens, scale_logits
+from fastgen.compile.sampling_ops import apply_penalties, pick_tokens, sample_tokens, scale_logits
 
 
 @dataclass(frozen=True)

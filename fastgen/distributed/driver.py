@@ -27,7 +27,7 @@ from fastgen.distributed.supervisor import (
     WorkerSupervisor,
 )
 from fastgen.distributed.worker import cpu_threads_per_rank
-from fastgen.engine.scheduler import SchedulerOutput
+from fastgen.scheduler_output import SchedulerOutput
 
 
 def start_tensor_parallel(config: EngineConfig, load_format: str, eos_token_ids: Iterable[int] = ()
@@ -64,7 +64,7 @@ class TensorParallelRunner:
     Every other attribute (graphs, kv_cache, model, ...) is rank 0's `ModelRunner`'s."""
 
     def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = ()):
-        from fastgen.worker.model_runner import ModelRunner
+        from fastgen.model_runner import ModelRunner
 
         env = torchrun_env()
         saved_threads = None

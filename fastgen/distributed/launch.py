@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from fastgen.distributed.sharding import check_tensor_parallel
+from fastgen.parallel.sharding import check_tensor_parallel
 
 if TYPE_CHECKING:
     from fastgen.config import EngineConfig
-    from fastgen.distributed.group import TensorParallelGroup
+    from fastgen.parallel.group import TensorParallelGroup
 
 # A worker waits this long for the next step: in effect for ever (gloo needs a finite value).
 STEP_WAIT = timedelta(days=365)
@@ -124,7 +124,7 @@ def join_groups(config: EngineConfig, store, rank: int) -> ProcessGroups:
     """Initialise torch.distributed for this rank (every rank calls it with the same config)."""
     import torch.distributed as dist
 
-    from fastgen.distributed.group import TensorParallelGroup
+    from fastgen.parallel.group import TensorParallelGroup
 
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already initialized in this process; a tensor-parallel "

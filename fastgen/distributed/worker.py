@@ -36,7 +36,7 @@ def serve(config: EngineConfig, load_format: str, store, rank: int) -> None:
     """Be rank `rank` until rank 0 sends STOP. Raises whatever fails (after reporting it)."""
     import torch.distributed as dist
 
-    from fastgen.worker.model_runner import ModelRunner
+    from fastgen.model_runner import ModelRunner
 
     try:
         groups = join_groups(config, store, rank)

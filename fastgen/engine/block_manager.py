@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from fastgen.engine.sequence import Sequence
+from fastgen.sequence import Sequence
 
 NO_HASH = -1
 

@@ -11,25 +11,9 @@ forked child is an ordinary sequence from then on: preempted, it is recomputed l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from fastgen.engine.block_manager import BlockManager
-from fastgen.engine.sequence import Sequence, SequenceStatus
-
-if TYPE_CHECKING:
-    from fastgen.engine.scheduler import SchedulerOutput
-
-
-@dataclass(frozen=True, slots=True)
-class Fork:
-    """Children that start from `seqs[parent_index]` in this step (its prompt completes): after
-    the forward, the worker copies each (source, destination) block of `block_copies`, and each
-    child samples its first token from the parent's logits row."""
-
-    parent_index: int
-    children: tuple[Sequence, ...]
-    block_copies: tuple[tuple[int, int], ...]
+from fastgen.scheduler_output import Fork, SchedulerOutput
+from fastgen.sequence import Sequence, SequenceStatus
 
 
 class PendingForks:
@@ -57,7 +41,7 @@ class PendingForks:
         on their own."""
         return self.by_parent.pop(parent.seq_id, [])
 
-    def fork(self, out: "SchedulerOutput", running: list[Sequence], max_num_seqs: int,
+    def fork(self, out: SchedulerOutput, running: list[Sequence], max_num_seqs: int,
              block_manager: BlockManager) -> tuple[tuple[Fork, ...], list[Sequence]]:
         """Fork the children of every parent in `out` whose prompt completes in this step, while
         seats and blocks allow; forked children join `running`. Returns the forks and the

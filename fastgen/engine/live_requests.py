@@ -15,7 +15,7 @@ from fastgen.engine.outbox import Outbox
 from fastgen.engine.parallel_sampling import ChildId, ParentRequest, merge_outputs
 from fastgen.engine.request_state import RequestState, now
 from fastgen.engine.scheduler import Scheduler
-from fastgen.engine.sequence import FinishReason, Sequence
+from fastgen.sequence import FinishReason, Sequence
 from fastgen.outputs import RequestOutput
 
 

@@ -36,8 +36,9 @@ from fastgen.engine.parallel_sampling import ParentRequest
 from fastgen.engine.prompts import Prompt
 from fastgen.engine.request_state import RequestState, now
 from fastgen.engine.requests import EngineOverloaded, RequestFactory, check_request_id
-from fastgen.engine.scheduler import Scheduler, SchedulerOutput
-from fastgen.engine.sequence import FinishReason
+from fastgen.engine.scheduler import Scheduler
+from fastgen.scheduler_output import SchedulerOutput
+from fastgen.sequence import FinishReason
 from fastgen.engine.stats import EngineStats
 from fastgen.engine.tokenizer import eos_token_ids, load_tokenizer
 from fastgen.errors import EngineDeadError
@@ -61,7 +62,7 @@ class LLMEngine:
             # On a torchrun rank > 0 this serves as a worker and never returns.
             self.runner = start_tensor_parallel(config, load_format, eos)
         else:
-            from fastgen.worker.model_runner import ModelRunner  # torch and the model: not for `import fastgen`
+            from fastgen.model_runner import ModelRunner  # torch and the model: not for `import fastgen`
 
             self.runner = ModelRunner(config, load_format=load_format, eos_token_ids=eos)
         self.block_manager = BlockManager(

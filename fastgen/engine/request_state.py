@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from fastgen.engine.detokenizer import IncrementalDetokenizer
 from fastgen.engine.logprobs import TokenTexts, position_logprobs
 from fastgen.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from fastgen.engine.sequence import FinishReason, Sequence
+from fastgen.sequence import FinishReason, Sequence
 
 if TYPE_CHECKING:
     from fastgen.worker.logprobs import TopLogprobs

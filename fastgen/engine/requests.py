@@ -13,7 +13,7 @@ from fastgen.engine.logprobs import TokenTexts
 from fastgen.engine.parallel_sampling import ChildId, ParentRequest, child_params
 from fastgen.engine.prompts import Prompt, token_ids_of
 from fastgen.engine.request_state import RequestState, now
-from fastgen.engine.sequence import Sequence
+from fastgen.sequence import Sequence
 from fastgen.sampling_params import SamplingParams
 
 

@@ -1,5 +1,5 @@
-"""Decode as one unit per step: CUDA graphs (captured per padded batch size, replayed over
-persistent buffers) and, on CPU, the decode step compiled whole."""
+"""Decode CUDA graphs: captured per padded batch size, replayed over persistent buffers (the
+CPU's compiled steps are `fastgen.cpu`)."""
 
 from fastgen.graphs.batch_sizes import default_capture_sizes, padded_size
 from fastgen.graphs.runner import CudaGraphRunner

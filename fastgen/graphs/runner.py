@@ -26,7 +26,7 @@ import time
 import torch
 
 from fastgen.graphs.batch_sizes import padded_size
-from fastgen.engine.scheduler import SchedulerOutput
+from fastgen.scheduler_output import SchedulerOutput
 from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)

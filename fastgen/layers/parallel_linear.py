@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastgen.distributed.group import TensorParallelGroup
-from fastgen.distributed.sharding import OutputShard
+from fastgen.parallel.group import TensorParallelGroup
+from fastgen.parallel.sharding import OutputShard
 
 if TYPE_CHECKING:
     from fastgen.models.checkpoint_tensor import CheckpointTensor

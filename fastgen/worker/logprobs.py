@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fastgen.engine.scheduler import SchedulerOutput
-from fastgen.engine.sequence import Sequence
+from fastgen.scheduler_output import SchedulerOutput
+from fastgen.sequence import Sequence
 
 # Prompt positions whose logits are formed at once for prompt_logprobs: a [rows, vocab] float32
 # block, the size of what the sampler itself allocates for a batch of that many rows.

@@ -26,8 +26,8 @@ from collections.abc import Callable
 import torch
 
 from fastgen.config import EngineConfig
-from fastgen.engine.scheduler import SchedulerOutput
-from fastgen.engine.sequence import Sequence
+from fastgen.scheduler_output import SchedulerOutput
+from fastgen.sequence import Sequence
 from fastgen.sampling_params import SamplingParams
 from fastgen.worker.kv_cache import KVCache
 from fastgen.worker.step_inputs import PrepareMeta, StepInputBuilder, StepInputs

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence as Seq
 
 import torch
 
-from fastgen.engine.sequence import Sequence
+from fastgen.sequence import Sequence
 
 
 class TokenCounts:
@@ -81,37 +81,3 @@ class TokenCounts:
         self.output_counts = torch.cat([self.output_counts, torch.zeros_like(self.output_counts)])
         self.prompt_mask = torch.cat([self.prompt_mask, torch.zeros_like(self.prompt_mask)])
         self.free_slots.extend(range(2 * old - 1, old - 1, -1))
-
-
-def apply_penalties(
-    logits: torch.Tensor,
-    rows: torch.Tensor,
-    slots: torch.Tensor,
-    output_counts: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    repetition: torch.Tensor,
-    frequency: torch.Tensor,
-    presence: torch.Tensor,
-) -> torch.Tensor:
-    """The three penalties on rows `rows` of logits (a pure function of tensors, compilable).
-
-    logits: float32 [B, V]. rows, slots: int64 [P], the penalised rows and their TokenCounts
-    slots. output_counts: int32 [S, V]; prompt_mask: bool [S, V]. repetition, frequency,
-    presence: float32 [P]. Returns a new float32 [B, V]; the other rows are unchanged.
-
-    Repetition (transformers' and vLLM's rule): a token in the prompt or the output has its
-    logit divided by the penalty when positive, multiplied when not. Then OpenAI's formula:
-    logit -= frequency * count + presence * (count > 0), over output tokens only.
-    """
-    picked = logits.index_select(0, rows)
-    counts = output_counts.index_select(0, slots)
-    generated = counts > 0
-    seen = prompt_mask.index_select(0, slots)
-    seen |= generated
-    # Dividing or multiplying by exactly 1.0 leaves unseen tokens' logits bit for bit. The
-    # in-place steps below work on fresh intermediates: fewer [P, V] allocations in eager mode.
-    penalty = torch.where(seen, repetition.unsqueeze(1), 1.0)
-    picked = torch.where(picked > 0, picked / penalty, picked * penalty)
-    picked.addcmul_(counts, frequency.unsqueeze(1), value=-1.0)
-    picked.addcmul_(generated, presence.unsqueeze(1), value=-1.0)
-    return logits.index_copy(0, rows, picked)

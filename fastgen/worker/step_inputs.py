@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fastgen.attention import AttentionMetadata
-from fastgen.engine.scheduler import SchedulerOutput
+from fastgen.scheduler_output import SchedulerOutput
 from fastgen.worker.block_table import BlockTable
 from fastgen.worker.buffers import CpuGpuBuffer
 

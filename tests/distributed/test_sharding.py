@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastgen.config import EngineConfig
-from fastgen.distributed.sharding import (
+from fastgen.parallel.sharding import (
     OutputShard,
     even_shard,
     kv_head_shard,

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from fastgen import LLM
-from fastgen.worker.model_runner import ModelRunner
+from fastgen.model_runner import ModelRunner
 
 
 class ThreadCollectives:

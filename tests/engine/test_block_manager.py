@@ -14,7 +14,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from fastgen.engine.block_manager import NO_HASH, BlockManager, chain_hash
 from fastgen.sampling_params import SamplingParams
-from fastgen.engine.sequence import Sequence
+from fastgen.sequence import Sequence
 
 PARAMS = SamplingParams(temperature=0.0)
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st  # noqa: E402
 from fastgen.engine.block_manager import BlockManager
 from fastgen.sampling_params import SamplingParams
 from fastgen.engine.scheduler import Scheduler
-from fastgen.engine.sequence import FinishReason, Sequence, SequenceStatus
+from fastgen.sequence import FinishReason, Sequence, SequenceStatus
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_tokens=64, max_model_len=128):

@@ -8,7 +8,7 @@ import torch
 
 from fastgen import LLM, SamplingParams
 from fastgen.graphs import CudaGraphRunner, default_capture_sizes, padded_size
-from fastgen.engine.sequence import FinishReason
+from fastgen.sequence import FinishReason
 from tests.conftest import random_prompts
 
 

@@ -8,9 +8,10 @@ import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
 from fastgen.compile import build_op_set
-from fastgen.engine.sequence import Sequence
+from fastgen.sequence import Sequence
 from fastgen.sampling_params import SamplingParams
-from fastgen.worker.penalties import TokenCounts, apply_penalties
+from fastgen.compile.sampling_ops import apply_penalties
+from fastgen.worker.penalties import TokenCounts
 from fastgen.worker.sampler import Sampler
 
 VOCAB = 50

@@ -10,7 +10,7 @@ import torch
 from fastgen.compile import build_op_set
 from fastgen.worker.sampler import Sampler
 from fastgen.sampling_params import SamplingParams
-from fastgen.engine.sequence import Sequence
+from fastgen.sequence import Sequence
 
 VOCAB = 50
 

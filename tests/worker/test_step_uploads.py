@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastgen.engine.scheduler import SchedulerOutput
+from fastgen.scheduler_output import SchedulerOutput
 from fastgen.worker.buffers import CpuGpuBuffer, TokenReadback
 from fastgen.worker.step_inputs import StepInputBuilder
 from tests.worker.test_block_table import decoding

@@ -1,7 +1,7 @@
 """C++ sources of fastgen built once per machine into shared libraries, loaded with ctypes.
 
-A hand-written CPU kernel (e.g. `fastgen/attention/cpu_decode_kernel.cpp`) is plain C++ with a C
-entry point, or (`fastgen/compile/packed_linear_op.cpp`) uses only torch's stable C ABI headers:
+A hand-written CPU kernel (e.g. `fastgen/cpu/native/decode_attention.cpp`) is plain C++ with a C
+entry point, or (`fastgen/cpu/native/packed_linear_op.cpp`) uses only torch's stable C ABI headers:
 either builds in about a second with the C++ compiler Inductor uses anyway, and needs no build
 step at install time. It is built with `-march=native`, so the library's name carries a digest of
 the source, the compiler, the flags, the CPU's feature flags and torch's version: a cache folder
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from fastgen.models.default_model import cache_dir
+from fastgen.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 

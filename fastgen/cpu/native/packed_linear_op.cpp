@@ -1,7 +1,7 @@
 // `fastgen::packed_linear` for CPU tensors in C++, so a compiled graph's call goes from its C++
 // wrapper through the dispatcher straight to the GEMM: no Python, no GIL, no argument objects.
 //
-// The op's schema and its Python kernel are `fastgen.compile.packed_linear`'s; loading this
+// The op's schema and its Python kernel are `fastgen.cpu.native.packed_linear`'s; loading this
 // library adds a kernel for the CPU dispatch key, which the dispatcher prefers to the Python one
 // (registered for every backend). At 32 rows a product took about 10 us more through the Python
 // kernel than the GEMM itself: a millisecond of every SmolLM2-135M decode step, 121 products.
@@ -31,7 +31,7 @@ namespace {
 
 using torch::stable::Tensor;
 
-// fastgen_gemm of cpu_gemm.cpp (handed over by fastgen_packed_linear_set_gemm).
+// fastgen_gemm of gemm.cpp (handed over by fastgen_packed_linear_set_gemm).
 using GemmFn = int (*)(const uint16_t*, const uint16_t*, const float*, uint16_t*, int64_t, int64_t, int64_t, int);
 
 struct Twin {

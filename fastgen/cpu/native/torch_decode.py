@@ -1,6 +1,6 @@
 """CPU decode attention over each sequence's real tokens: two batched GEMMs, no block gather.
 
-Since the C++ kernel (`fastgen.attention.cpu_decode_kernel`) took over batched decode, this is the
+Since the C++ kernel (`fastgen.cpu.native.decode_attention`) took over batched decode, this is the
 path for the one-row compiled step (its reductions form), for shapes the kernel has no instance
 for, and the kernel's fallback where it cannot be built.
 
@@ -16,7 +16,7 @@ query head and each head keeps its own slice. The kv_heads-fold extra multiply-a
 on a CPU than the copies a transposed K would need.
 
 Shapes follow the step's longest context L, read from the index's tensors (never from a host
-integer), so the compiled CPU decode step (`fastgen.graphs.compiled_decode`) traces it once with
+integer), so the compiled CPU decode step (`fastgen.cpu.compiled_decode`) traces it once with
 L symbolic. It is not meant to be captured in a CUDA graph.
 """
 

@@ -1,4 +1,4 @@
-"""Linear layers over packed weights (`fastgen.compile.packed_linear`, `fastgen.compile.cpu_gemm`):
+"""Linear layers over packed weights (`fastgen.cpu.native.packed_linear`, `fastgen.cpu.native.gemm`):
 oneDNN's twins bit for bit what F.linear gives, fastgen's within one rounding of it; only for the
 weights that were packed, and never for a freed weight's address."""
 
@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastgen.compile import cpu_gemm
-from fastgen.compile import packed_linear as pl
-from fastgen.cpu_features import has_native_bf16
+from fastgen.cpu.native import gemm as cpu_gemm
+from fastgen.cpu.native import packed_linear as pl
+from fastgen.cpu.native.features import has_native_bf16
 
 native_bf16 = pytest.mark.skipif(not has_native_bf16(), reason="packs only where the CPU computes bf16 natively")
 fastgen_gemm = pytest.mark.skipif(not cpu_gemm.gemm_available(), reason="fastgen's GEMM needs AVX-512 BF16")

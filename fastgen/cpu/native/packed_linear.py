@@ -6,13 +6,13 @@ product. One 32-row decode step of SmolLM2-135M (121 products: four a layer and 
 weights cold as in a real step, 2 cores of an AMD EPYC with AVX-512 BF16) took 21.6 ms with plain
 weights, 16.6 ms through oneDNN over weights it had reordered beforehand
 (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`), and 12.2 ms through fastgen's
-own kernel over weights packed for it (`fastgen.compile.cpu_gemm`). So each bf16 linear weight gets
+own kernel over weights packed for it (`fastgen.cpu.native.gemm`). So each bf16 linear weight gets
 a packed twin once: fastgen's layout where that kernel runs and the CPU has no AMX (whose tile
 kernels oneDNN uses), else oneDNN's.
 
 Inductor cannot take such a packed tensor as a graph input (an opaque oneDNN tensor raised a
 LoweringException), so the graphs call `fastgen::packed_linear` instead of `F.linear`
-(`linears_as_packed`, the counterpart of `fastgen.compile.gemv` for many rows): the op receives
+(`linears_as_packed`, the counterpart of `fastgen.cpu.native.gemv` for many rows): the op receives
 the plain weight, which the graph holds like any parameter, and looks up its twin here. A weight
 with no twin (not packed, another dtype) goes through `F.linear`, so a saved graph runs the same
 either way.
@@ -37,14 +37,14 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from fastgen.compile import cpu_gemm
-from fastgen.compile.gemv import LINEAR_CALLS
-from fastgen.compile.native_library import load_native_library, torch_abi_flags
-from fastgen.cpu_features import cpu_flags, has_native_bf16
+from fastgen.cpu.native import gemm as cpu_gemm
+from fastgen.cpu.native.gemv import LINEAR_CALLS
+from fastgen.cpu.native.library import load_native_library, torch_abi_flags
+from fastgen.cpu.native.features import cpu_flags, has_native_bf16
 
 
 class Twin(NamedTuple):
-    """A weight packed for `kernel`: "fastgen" (`fastgen.compile.cpu_gemm`) or "onednn", and the
+    """A weight packed for `kernel`: "fastgen" (`fastgen.cpu.native.gemm`) or "onednn", and the
     weight it was packed from (`source`: its shape and strides are checked at lookup, and it
     holds the memory, so no other weight can come to live at the address while the entry lives,
     even if the parameter's data is replaced meanwhile)."""

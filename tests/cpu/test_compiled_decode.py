@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from fastgen import LLM, SamplingParams
-from fastgen.compile.gemv import gemv_linear, linears_as_gemv
-from fastgen.compile.saved_graphs import UNUSED_DAYS, graph_key
-from fastgen.cpu_features import has_native_bf16
+from fastgen.cpu.native.gemv import gemv_linear, linears_as_gemv
+from fastgen.cpu.saved_graphs import UNUSED_DAYS, graph_key
+from fastgen.cpu.native.features import has_native_bf16
 from tests.conftest import random_prompts
 from tests.tiny_models import hf_greedy
 
@@ -101,7 +101,7 @@ def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, 
     ones may part after a near-tie, as in eager bf16).
     A second engine loads the saved graphs: they find the new model's packed weights too (in the
     op's Python kernel or its C++ one)."""
-    from fastgen.compile import packed_linear
+    from fastgen.cpu.native import packed_linear
 
     packed_products = []
     real = packed_linear._packed_product
@@ -169,7 +169,7 @@ def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, pri
         package.write_bytes(b"an older package")
         os.utime(package, (time.time() - age * day,) * 2)
     llm = compiled_llm(model)
-    with caplog.at_level(logging.WARNING, logger="fastgen.compile.saved_graphs"):
+    with caplog.at_level(logging.WARNING, logger="fastgen.cpu.saved_graphs"):
         out = llm.generate(prompt, params)
     assert out[0].outputs[0].token_ids == reference(model, prompt, 6)[0]
     assert llm.engine.runner.compiled_decode.loaded == {"prefill"}  # one_row compiled anew
@@ -188,11 +188,11 @@ def test_a_graph_that_cannot_be_built_decodes_eagerly(tiny_models, reference, pr
         calls.append(args)
         raise RuntimeError("no C++ compiler")
 
-    monkeypatch.setattr("fastgen.graphs.compiled_decode.load_or_compile", broken)
+    monkeypatch.setattr("fastgen.cpu.compiled_decode.load_or_compile", broken)
     model = tiny_models["qwen3"]
     llm = compiled_llm(model)
     prompts = random_prompts([7, 12], seed=68)
-    with caplog.at_level(logging.ERROR, logger="fastgen.graphs.compiled_decode"):
+    with caplog.at_level(logging.ERROR, logger="fastgen.cpu.compiled_decode"):
         outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert_each_equals_transformers(reference, model, prompts, [8, 8], outputs)
     assert llm.engine.runner.compiled_decode.failed == {"prefill", "many_rows"} and len(calls) == 2

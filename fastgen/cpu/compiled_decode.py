@@ -7,11 +7,11 @@ the element-wise work and the KV store into few loops, and its C++ wrapper runs 
 Python in between. Three graphs serve every step:
 
 - decode, one row: every linear layer is rewritten into a multiply and a row sum
-  (`fastgen.compile.gemv`) and attention into broadcast products and sums, so nearly the whole
+  (`fastgen.cpu.native.gemv`) and attention into broadcast products and sums, so nearly the whole
   layer becomes Inductor reductions that stream the weights at the memory bandwidth;
 - decode, two rows or more: the linears stay GEMMs (fastgen's or oneDNN's, over weights packed
-  once: `fastgen.compile.packed_linear`), attention is the C++ kernel
-  (`fastgen.attention.cpu_decode_kernel`), and Inductor fuses what lies between them;
+  once: `fastgen.cpu.native.packed_linear`), attention is the C++ kernel
+  (`fastgen.cpu.native.decode_attention`), and Inductor fuses what lies between them;
 - prefill (two tokens or more): the same, with every new token a row of the attention kernel
   (`CausalRows`) and the LM head over the sampling rows only. Eager, the element-wise work
   between the GEMMs (RMSNorm, RoPE, the KV store, SiLU) cost about 0.25 s of a 1.15 s prefill
@@ -19,7 +19,7 @@ Python in between. Three graphs serve every step:
   A step that wants prompt logprobs, or a one-token step, runs eagerly.
 
 Every graph takes the model's weights as one flat buffer per dtype and forms each weight inside
-(`fastgen.compile.flat_weights`), so a call hands over about 70 tensors, not 251: at batch 1 the
+(`fastgen.cpu.flat_weights`), so a call hands over about 70 tensors, not 251: at batch 1 the
 Python and handle work around the compiled code went from about 0.5 to 0.2 ms a step.
 
 Shapes are symbolic in the batch and in the longest context L, so neither grows into new
@@ -29,7 +29,7 @@ with a slot of -1 runs eagerly, so every slot a graph stores is a real one (see
 fewer than two.
 
 The first use of each graph compiles it (not start-up): one to three minutes on two cores. The
-compiled graph is saved under fastgen's cache folder (`fastgen.compile.saved_graphs`), keyed by
+compiled graph is saved under fastgen's cache folder (`fastgen.cpu.saved_graphs`), keyed by
 everything its trace depends on, so a later process with the same model and fastgen loads it in
 a few seconds and neither traces nor compiles.
 """
@@ -44,16 +44,16 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fastgen.attention.cpu_decode_kernel import kernel_built, kernel_supports
+from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
 from fastgen.attention.metadata import AttentionMetadata
-from fastgen.attention.torch_decode import DecodeKVIndex
+from fastgen.cpu.native.torch_decode import DecodeKVIndex
 from fastgen.attention.torch_paged import CausalRows
-from fastgen.compile.flat_weights import flatten_weights, weight_views
-from fastgen.compile.gemv import linears_as_gemv
-from fastgen.compile.packed_linear import linears_as_packed, pack_linear_weights, packable_weights
-from fastgen.compile.saved_graphs import graph_key, load_or_compile
+from fastgen.cpu.flat_weights import flatten_weights, weight_views
+from fastgen.cpu.native.gemv import linears_as_gemv
+from fastgen.cpu.native.packed_linear import linears_as_packed, pack_linear_weights, packable_weights
+from fastgen.cpu.saved_graphs import graph_key, load_or_compile
 from fastgen.layers.attention import PagedAttention
-from fastgen.models.default_model import cache_dir
+from fastgen.paths import cache_dir
 from fastgen.worker.memory import check_fits
 from fastgen.worker.step_inputs import StepInputs
 
@@ -83,7 +83,7 @@ def inductor_backend(gemv: bool):
 
 class StepModel(nn.Module):
     """The model's forward and its LM head as one module, so that one `functional_call` runs
-    both on the weights a graph forms from its flat buffers (`fastgen.compile.flat_weights`)."""
+    both on the weights a graph forms from its flat buffers (`fastgen.cpu.flat_weights`)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -156,7 +156,7 @@ class CompiledDecodeStep:
         self.model = model
         self.kv_caches = [cache for layer in kv_layers for cache in layer]
         # The graphs take the weights as one flat buffer per dtype (the model's parameters become
-        # views of them), not as hundreds of inputs: see `fastgen.compile.flat_weights`.
+        # views of them), not as hundreds of inputs: see `fastgen.cpu.flat_weights`.
         self.step_model = StepModel(model)
         self.weights = flatten_weights(self.step_model)
         # One cache and one weight layout for the engine's life: their sizes are constants.

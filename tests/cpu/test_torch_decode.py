@@ -100,7 +100,7 @@ def test_prefill_metadata_without_host_lengths_passes_through_prepare_unchanged(
 def test_reductions_form_of_the_compiled_step_equals_per_sequence_attention(heads, kv_heads, lengths):
     """The formulation the compiled one-row step traces (broadcast products and sums), run
     eagerly here: same result as the per-sequence reference, padding rows included."""
-    from fastgen.attention.torch_decode import _decode_attention_as_reductions
+    from fastgen.cpu.native.torch_decode import _decode_attention_as_reductions
 
     q, k_cache, v_cache, meta, keys, values = paged_batch(lengths, heads, kv_heads, 16, 4, torch.float32)
     backend = TorchPagedBackend(build_op_set(False), 4)

@@ -1,6 +1,6 @@
 // bf16 GEMM with AVX-512 BF16 dot products: C [M, N] = A [M, K] . W[N, K]^T (+ bias), fp32 sums.
 //
-// Built by fastgen.compile.native_library (-march=native); where the CPU has no AVX-512 BF16 the
+// Built by fastgen.cpu.native.library (-march=native); where the CPU has no AVX-512 BF16 the
 // library still builds and fastgen_gemm_supported() says 0.
 //
 // W is packed once (fastgen_gemm_pack) into panels of 48 output columns, each panel

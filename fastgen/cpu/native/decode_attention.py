@@ -1,13 +1,13 @@
-"""The CPU paged decode attention kernel (`cpu_decode_kernel.cpp`) as a torch op.
+"""The CPU paged decode attention kernel (`decode_attention.cpp`) as a torch op.
 
 `torch.ops.fastgen.paged_decode_attention_cpu` reads each sequence's K/V in place through its
-block table, so the compiled CPU decode step (`fastgen.graphs.compiled_decode`) calls it like any
+block table, so the compiled CPU decode step (`fastgen.cpu.compiled_decode`) calls it like any
 other op and its saved graphs hold no reference to the library. At batch 32 on SmolLM2-135M's
 shapes (bf16, 2 threads, each layer's cache cold as in a real step) it took 0.165-0.173 ms a layer
-where the gather and two bmm's of `fastgen.attention.torch_decode` took 0.45-0.50 ms: that path
+where the gather and two bmm's of `fastgen.cpu.native.torch_decode` took 0.45-0.50 ms: that path
 writes every context into a copy padded to the longest one and reads it back.
 
-The library is built on first use (about a second, `fastgen.compile.native_library`). Where it
+The library is built on first use (about a second, `fastgen.cpu.native.library`). Where it
 cannot be built the op runs the torch path instead, so a graph saved on one machine still runs on
 another without a compiler.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from fastgen.attention.torch_decode import build_decode_kv_index, decode_attention
-from fastgen.compile.native_library import load_native_library
+from fastgen.cpu.native.torch_decode import build_decode_kv_index, decode_attention
+from fastgen.cpu.native.library import load_native_library
 
-SOURCE = Path(__file__).with_name("cpu_decode_kernel.cpp")
+SOURCE = Path(__file__).with_name("decode_attention.cpp")
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernel's compiled instances
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 

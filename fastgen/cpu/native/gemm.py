@@ -1,4 +1,4 @@
-"""fastgen's bf16 GEMM for CPUs with AVX-512 BF16 and without AMX (`cpu_gemm.cpp`).
+"""fastgen's bf16 GEMM for CPUs with AVX-512 BF16 and without AMX (`gemm.cpp`).
 
 On a 2-core AMD EPYC with AVX-512 BF16, the 121 products of one SmolLM2-135M decode step at 32
 rows (four a layer and the LM head, each weight cold as in a real step) took 16.3-16.6 ms through
@@ -6,9 +6,9 @@ oneDNN over weights it had packed itself, and 12.2-12.3 ms through this kernel; 
 188 against 171 ms; at 8 rows, 9.8 against 6.8 ms. The kernel is one register tile (8 rows by
 48 columns of fp32 sums) swept over weight panels packed for the dot-product instruction, the
 panels streamed in order with software prefetch. Where the CPU has AMX, oneDNN's tile kernels
-are left to run instead (`fastgen.compile.packed_linear` chooses).
+are left to run instead (`fastgen.cpu.native.packed_linear` chooses).
 
-Its library is built on first use (`fastgen.compile.native_library`); without a compiler, or on
+Its library is built on first use (`fastgen.cpu.native.library`); without a compiler, or on
 a CPU without AVX-512 BF16, `gemm_available()` is False and nothing calls it.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from fastgen.compile.native_library import load_native_library
+from fastgen.cpu.native.library import load_native_library
 
-SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
+SOURCE = Path(__file__).with_name("gemm.cpp")
 
 
 @functools.cache

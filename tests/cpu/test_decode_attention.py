@@ -10,9 +10,9 @@ import subprocess
 import pytest
 import torch
 
-from fastgen.attention import cpu_decode_kernel
-from fastgen.attention.cpu_decode_kernel import kernel_supports, paged_decode_attention_cpu
-from fastgen.compile import native_library
+from fastgen.cpu.native import decode_attention as cpu_decode_kernel
+from fastgen.cpu.native.decode_attention import kernel_supports, paged_decode_attention_cpu
+from fastgen.cpu.native import library as native_library
 from fastgen.kernels import paged_decode_attention_torch
 from tests.kernels.paged_cases import TOLERANCE, int32, paged_cache
 
@@ -108,7 +108,7 @@ def test_a_head_dim_without_a_kernel_decodes_through_the_torch_path():
 def test_native_library_is_built_once_and_reused(monkeypatch, private_cache):
     source = cpu_decode_kernel.SOURCE
     assert native_library.load_native_library.__wrapped__(source) is not None
-    built = list((private_cache / "native").glob("cpu_decode_kernel-*.so"))
+    built = list((private_cache / "native").glob("decode_attention-*.so"))
     assert len(built) == 1
     real_run = subprocess.run
 
@@ -125,7 +125,7 @@ def test_native_library_without_a_compiler_is_none_and_says_why(monkeypatch, pri
     monkeypatch.setenv("CXX", str(private_cache / "no-such-compiler"))
     with caplog.at_level(logging.WARNING):
         assert native_library.load_native_library.__wrapped__(cpu_decode_kernel.SOURCE) is None
-    assert "cpu_decode_kernel.cpp" in caplog.text and "torch fallback" in caplog.text
+    assert "decode_attention.cpp" in caplog.text and "torch fallback" in caplog.text
 
 
 def test_native_library_that_fails_to_compile_is_none_and_shows_the_error(tmp_path, private_cache, caplog):
@@ -144,7 +144,7 @@ def test_loading_the_library_leaves_the_process_float_mode_alone(private_cache):
 
     probe = (
         "import torch\n"
-        "from fastgen.attention.cpu_decode_kernel import _entry_point\n"
+        "from fastgen.cpu.native.decode_attention import _entry_point\n"
         "assert _entry_point() is not None\n"
         "tiny = float('5e-324')\n"
         "assert tiny > 0.0 and tiny * 1.0 != 0.0, 'denormals flushed'\n"

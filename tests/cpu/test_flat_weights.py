@@ -1,4 +1,4 @@
-"""A model's weights moved into one flat buffer per dtype (`fastgen.compile.flat_weights`): every
+"""A model's weights moved into one flat buffer per dtype (`fastgen.cpu.flat_weights`): every
 parameter a view of its buffer with its values kept, tied weights once, each weight aligned, and
 the model run on views formed from the buffers (as a compiled step does) equal to the model."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastgen.compile.flat_weights import ALIGN_BYTES, HUGE_PAGE_BYTES, flatten_weights, weight_views
+from fastgen.cpu.flat_weights import ALIGN_BYTES, HUGE_PAGE_BYTES, flatten_weights, weight_views
 
 
 class Tiny(nn.Module):

@@ -82,7 +82,7 @@ def load_or_compile(fn: Callable, backend: Callable, args: tuple, model: torch.n
             mark_used_and_prune(path)
             return compiled, True
     # Floats of the model (norm epsilon, RoPE base, attention scale) and the code's ints (the
-    # flat weights' offsets and shapes: `fastgen.compile.flat_weights`) stay constants: the key
+    # flat weights' offsets and shapes: `fastgen.cpu.flat_weights`) stay constants: the key
     # covers them, an AOT trace cannot restart when one would otherwise become an input, and
     # each symbolic int would be one more input to fetch on every call. Sizes stay symbolic:
     # they are read from tensors, which `dynamic=True` covers.

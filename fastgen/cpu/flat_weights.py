@@ -1,6 +1,6 @@
 """A model's weights laid out in one buffer per dtype, so a compiled step takes them as few inputs.
 
-A saved compiled step (`fastgen.compile.saved_graphs`) is called through Dynamo's Python
+A saved compiled step (`fastgen.cpu.saved_graphs`) is called through Dynamo's Python
 prologue, which fetches every tensor the graph reads, weight by weight through the module tree,
 and hands each to the compiled code, which turns each into a handle: about 1 us a tensor. For
 SmolLM2-135M's 182 weight tensors that was about 0.3 ms of a 7-8 ms batch-1 step, the part of

@@ -13,15 +13,15 @@ import torch
 from fastgen.attention import select_backend
 from fastgen.compile import build_op_set
 from fastgen.config import LOAD_FORMATS, EngineConfig
-from fastgen.distributed.group import SINGLE_RANK, TensorParallelGroup
-from fastgen.engine.scheduler import SchedulerOutput
+from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
+from fastgen.scheduler_output import SchedulerOutput
 from fastgen.graphs import CudaGraphRunner, default_capture_sizes
-from fastgen.graphs.compiled_decode import CompiledDecodeStep
+from fastgen.cpu.compiled_decode import CompiledDecodeStep
 from fastgen.models.build import default_dtype, skip_weight_init
 from fastgen.models.loader import load_weights
 from fastgen.models.registry import model_class
 from fastgen.worker.buffers import TokenReadback
-from fastgen.worker.cpu_allocator import keep_freed_memory
+from fastgen.cpu.allocator import keep_freed_memory
 from fastgen.worker.kv_cache import (
     KVCache,
     check_fits_one_sequence,

@@ -26,7 +26,7 @@ ALLOCATOR_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIB
 # and print how many new blocks glibc served from mmap, which a free hands back to the kernel.
 PROBE = """
 import ctypes, sys
-from fastgen.worker.cpu_allocator import keep_freed_memory
+from fastgen.cpu.allocator import keep_freed_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in

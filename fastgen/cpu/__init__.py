@@ -1,0 +1,34 @@
+"""The CPU fast path, all of it: what makes a CPU step fast once compiled, and the map of it.
+
+Two layers, so that the attention backend below can use the native kernels while the compiled
+steps above use the model:
+
+`fastgen.cpu.native` (below `attention`; C++ and the torch code that calls it, nothing of the model)
+    library.py          C++ sources built once per machine (`-march=native`, with the compiler
+                        Inductor uses anyway) into shared libraries under the cache, loaded with
+                        ctypes; no compiler or a failed build gives None, logged once, and every
+                        caller keeps a torch path.
+    decode_attention    paged decode attention over the KV cache in C++ (`.cpp` + `.py`, a torch
+                        op); falls back to `torch_decode`.
+    torch_decode.py     the same attention in torch (the one-row compiled step traces it, so
+                        Inductor fuses it into its own loops).
+    gemm                fastgen's bf16 GEMM for CPUs with AVX-512 BF16 and without AMX.
+    packed_linear       linear weights packed once for that GEMM (or oneDNN where AMX runs), and
+                        the `fastgen::packed_linear` op the compiled graphs call (its C++ kernel in
+                        `packed_linear_op.cpp`, on torch's stable C ABI; a Python kernel otherwise).
+    gemv.py             one-row linears as Inductor reductions that stream weights at bandwidth.
+    features.py         what the CPU can do (/proc/cpuinfo, read once): native bf16, AMX.
+
+`fastgen.cpu` (above `worker`: whole steps over the model)
+    compiled_decode.py  the step compiled whole, three graphs (one row, many rows, prefill):
+                        the CPU counterpart of the decode CUDA graphs. `ModelRunner` builds it
+                        when `EngineConfig.compiled_decode_enabled`; a step it cannot run (a
+                        slot of -1, prompt logprobs, a failed build) runs eagerly.
+    saved_graphs.py     compiled graphs packaged on disk, so a later process loads instead of
+                        tracing and compiling again.
+    flat_weights.py     the weights as one buffer per dtype, so a compiled call takes few inputs.
+    allocator.py        glibc kept from handing freed activation memory back between ops.
+
+What falls back to what: compiled step -> eager forward; C++ attention -> torch attention;
+fastgen's GEMM -> oneDNN -> plain `F.linear`; no C++ compiler -> every torch path.
+"""

@@ -1,0 +1,70 @@
+"""The scheduler's plan for one step (`SchedulerOutput`, with the forks it starts), as plain data.
+
+It crosses every layer above the scheduler (the model runner, the CUDA graphs, the tensor-parallel
+driver), so it lives below all of them: they read it, only the scheduler writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastgen.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """Children that start from `seqs[parent_index]` in this step (its prompt completes): after
+    the forward, the worker copies each (source, destination) block of `block_copies`, and each
+    child samples its first token from the parent's logits row."""
+
+    parent_index: int
+    children: tuple[Sequence, ...]
+    block_copies: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """The scheduler's decision for one step, handed to the runner as plain data.
+
+    seqs: sequences in batch order. num_new_tokens: tokens each computes, starting at its
+    `num_computed_tokens`. is_prefill: prompt step (many tokens a sequence) or decode (one).
+
+    The facts the worker's per-sequence state follows (block-table rows, sampler generators),
+    so that it never has to infer a change:
+    new_tables[i]: sequence i got its block table in this step (admitted, or re-admitted after
+        preemption): its whole `block_table` is new.
+    new_block_ids[i]: blocks appended to sequence i's table in this step (a decode step that
+        crossed into a new block); empty when the table is new or unchanged.
+    preempted_seq_ids: sequences whose blocks were taken back since the previous output; they
+        will be re-admitted later with new tables.
+    finished_seq_ids: sequences that ended (finished or aborted) since the previous output.
+    forks: children forked in this step (see `Fork`); they are not in `seqs` (they compute
+        nothing), but they sample, after the sequences of `seqs`, in `forked_seqs` order.
+    """
+
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+    is_prefill: bool
+    new_tables: list[bool]
+    new_block_ids: list[tuple[int, ...]]
+    preempted_seq_ids: tuple[int, ...] = ()
+    finished_seq_ids: tuple[int, ...] = ()
+    forks: tuple[Fork, ...] = ()
+
+    @property
+    def forked_seqs(self) -> tuple[Sequence, ...]:
+        return tuple(child for fork in self.forks for child in fork.children)
+
+    @classmethod
+    def empty_decode(cls) -> "SchedulerOutput":
+        """A decode step with no sequences: what graph capture and the memory profile pad out."""
+        return cls([], [], False, [], [])
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def samples(self, index: int) -> bool:
+        """Whether sequence `index` reaches its last token this step, so a token is sampled."""
+        seq = self.seqs[index]
+        return seq.num_computed_tokens + self.num_new_tokens[index] == len(seq)
