@@ -24,7 +24,7 @@ from fastgen.engine.block_manager import BlockManager
 from fastgen.engine.scheduler import Scheduler
 from fastgen.scheduler_output import SchedulerOutput
 from fastgen.sequence import Sequence
-from fastgen.model_runner import ModelRunnerOutput
+from fastgen.step_runner import ModelRunnerOutput
 from fastgen.worker.step_inputs import StepInputBuilder
 from tests.tiny_models import build_tokenizer, model_config
 

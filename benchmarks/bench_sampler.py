@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from fastgen.compile import build_op_set
-from fastgen.worker.logprobs import sampled_logprobs
-from fastgen.worker.sampler import Sampler
 from fastgen.sampling_params import SamplingParams
 from fastgen.sequence import Sequence
+from fastgen.worker.sampler import Sampler
+from fastgen.worker.top_logprobs import sampled_logprobs
 
 VOCAB = 151_936
 

@@ -46,7 +46,12 @@ os.environ.setdefault("TRITON_CACHE_DIR", str(ROOT / ".gpu-cache" / "triton"))
 import torch  # noqa: E402
 
 from benchmarks.gpu_measure import (  # noqa: E402
-    copy_bandwidth, graph_vs_eager_logits, host_profile, kernel_times, kernels_per_step, streaming_floor_ms,
+    copy_bandwidth,
+    graph_vs_eager_logits,
+    host_profile,
+    kernel_times,
+    kernels_per_step,
+    streaming_floor_ms,
     time_decode_steps,
 )
 from fastgen import LLM  # noqa: E402

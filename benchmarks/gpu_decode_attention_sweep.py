@@ -21,7 +21,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from kernels.attention_tile import paged_strides  # noqa: E402
-from kernels.decode_split_policy import MAX_SPLITS, grid_splits, num_sms  # noqa: E402
+from kernels.decode_split_policy import MAX_SPLITS, num_sms  # noqa: E402
 from kernels.paged_attention_torch import paged_decode_attention_torch  # noqa: E402
 from kernels.paged_decode_kernels import decode_combine_kernel, decode_split_kernel  # noqa: E402
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence as Seq
-
 from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm

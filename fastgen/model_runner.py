@@ -13,31 +13,26 @@ import torch
 from fastgen.attention import select_backend
 from fastgen.compile import build_op_set
 from fastgen.config import LOAD_FORMATS, EngineConfig
-from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
-from fastgen.scheduler_output import SchedulerOutput
+from fastgen.cpu.allocator import keep_freed_memory
 from fastgen.graphs import CudaGraphRunner, default_capture_sizes
-from fastgen.cpu.compiled_decode import CompiledDecodeStep
 from fastgen.models.build import default_dtype, skip_weight_init
 from fastgen.models.loader import load_weights
 from fastgen.models.registry import model_class
+from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
+from fastgen.scheduler_output import SchedulerOutput
+from fastgen.step_runner import ModelRunnerOutput
 from fastgen.worker.buffers import TokenReadback
-from fastgen.cpu.allocator import keep_freed_memory
 from fastgen.worker.kv_cache import (
     KVCache,
     check_fits_one_sequence,
     needs_measured_budget,
     num_blocks_for_budget,
 )
-from fastgen.worker.logprobs import (
-    TopLogprobs,
-    add_prompt_logprobs,
-    prompt_logprob_chunks,
-    sampled_logprobs,
-)
 from fastgen.worker.memory import check_kv_cache_fits, check_model_fits, check_step_inputs_fit
 from fastgen.worker.memory_profile import measure_kv_budget
 from fastgen.worker.sampler import Sampler
 from fastgen.worker.step_inputs import StepInputBuilder, StepInputs, StepLayout
+from fastgen.worker.top_logprobs import add_prompt_logprobs, prompt_logprob_chunks, sampled_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -67,21 +62,6 @@ def profile_step(model, sampler: Sampler, inputs: StepInputs, seqs: list, kv_lay
     sampler(logits[: len(seqs)], seqs)
 
 
-@dataclass(frozen=True)
-class ModelRunnerOutput:
-    """What one step produced.
-
-    sampled: the token of each sequence of the step (None where its chunk stopped short of its
-    last token), then of each forked child (`SchedulerOutput.forked_seqs`). logprobs: aligned
-    with `sampled`, for the tokens of requests that asked for logprobs (None elsewhere); None
-    when none did. prompt_logprobs: seq_id -> (first prompt position covered, its logprobs).
-    """
-
-    sampled: list[int | None]
-    logprobs: list[TopLogprobs | None] | None = None
-    prompt_logprobs: dict[int, tuple[int, list[TopLogprobs]]] = field(default_factory=dict)
-
-
 def capture_sizes(config: EngineConfig) -> list[int]:
     """The decode batch sizes that get a CUDA graph (at most max_num_seqs)."""
     sizes = config.cuda_graph_batch_sizes or default_capture_sizes(config.max_num_seqs,
@@ -106,7 +86,7 @@ class LaunchedStep:
     sample_seqs: list = field(default_factory=list)
 
 
-class ModelRunner:
+class ModelRunner:  # implements fastgen.step_runner.StepRunner
     """Turns a `SchedulerOutput` into one sampled token per sequence that reached its last token.
 
     Start-up, in order: build the model, load its weights, measure what the GPU can spare (CUDA),
@@ -169,8 +149,11 @@ class ModelRunner:
         self.readback = TokenReadback(config.max_num_seqs, self.device)
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
                                       self.device) if sizes else None
-        self.compiled_decode = CompiledDecodeStep(self.model, self.kv_cache.layers) \
-            if config.compiled_decode_enabled else None
+        self.compiled_decode = None
+        if config.compiled_decode_enabled:  # CPU only: CUDA runs never load the CPU fast path
+            from fastgen.cpu.compiled_decode import CompiledDecodeStep
+
+            self.compiled_decode = CompiledDecodeStep(self.model, self.kv_cache.layers)
         self.step_sender = make_step_sender(self.inputs) if make_step_sender is not None else None
 
     @property

@@ -13,7 +13,7 @@ import torch
 import triton
 
 from .attention_tile import paged_strides
-from .decode_split_policy import MIN_TOKENS_PER_SPLIT, MAX_SPLITS, grid_splits, num_sms
+from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms
 from .paged_decode_kernels import decode_combine_kernel, decode_split_kernel
 from .triton_types import dot_dtype
 

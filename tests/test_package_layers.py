@@ -115,3 +115,15 @@ def test_packages_import_one_way():
 def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_both_runners_implement_the_step_runner_interface():
+    from fastgen.distributed.rank0_runner import TensorParallelRunner
+    from fastgen.model_runner import ModelRunner
+    from fastgen.step_runner import StepRunner
+
+    for runner in (ModelRunner, TensorParallelRunner):
+        for name in ("launch", "collect", "forget", "recover", "shutdown", "num_kv_blocks"):
+            assert name in vars(runner), f"{runner.__name__} does not define {name} itself"
+    assert not hasattr(TensorParallelRunner, "__getattr__")  # nothing forwarded implicitly
+    assert StepRunner.__doc__

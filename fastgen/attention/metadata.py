@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from fastgen.cpu.native.torch_decode import DecodeKVIndex
     from fastgen.attention.torch_paged import CausalRows
+    from fastgen.cpu.native.torch_decode import DecodeKVIndex
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports, paged_decode_attention_cpu
 from fastgen.attention.metadata import AttentionMetadata
+from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports, paged_decode_attention_cpu
 from fastgen.cpu.native.torch_decode import build_decode_kv_index, decode_attention
 from fastgen.kernels import store_kvcache_torch
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastgen.cli import arg_types, engine_args
 from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
+from fastgen.cli import arg_types, engine_args
 from fastgen.cli.bench_common import add_output_args, add_peer_args, announce_if_long, check_peer_args
 from fastgen.cli.help_format import HelpFormatter
 
@@ -61,7 +61,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `fastgen --help` must not pay for torch.
     from fastgen.bench.environment import (
-        engine_settings, environment_info, peak_memory_bytes, reset_peak_memory,
+        engine_settings,
+        environment_info,
+        peak_memory_bytes,
+        reset_peak_memory,
     )
     from fastgen.bench.report import emit, make_report
     from fastgen.bench.runner import EngineCounters, IterationTimes, request_records, run_iteration, warm_up

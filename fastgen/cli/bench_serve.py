@@ -14,7 +14,6 @@ import asyncio
 import math
 import sys
 import time
-
 from typing import TYPE_CHECKING
 
 from fastgen.cli import arg_types

@@ -13,8 +13,8 @@ import argparse
 import time
 from dataclasses import replace
 
-from fastgen.cli import arg_types, engine_args
 from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
+from fastgen.cli import arg_types, engine_args
 from fastgen.cli.bench_common import add_output_args, add_peer_args, announce_if_long, check_peer_args
 from fastgen.cli.help_format import HelpFormatter
 
@@ -83,7 +83,11 @@ def spec_from_args(args: argparse.Namespace) -> WorkloadSpec:
 def run(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `fastgen --help` must not pay for torch.
     from fastgen.bench.environment import (
-        engine_settings, environment_info, peak_memory_bytes, reset_peak_memory, synchronize,
+        engine_settings,
+        environment_info,
+        peak_memory_bytes,
+        reset_peak_memory,
+        synchronize,
     )
     from fastgen.bench.peers import TransformersPeer
     from fastgen.bench.report import emit, make_report

@@ -44,13 +44,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
 from fastgen.attention.metadata import AttentionMetadata
-from fastgen.cpu.native.torch_decode import DecodeKVIndex
 from fastgen.attention.torch_paged import CausalRows
 from fastgen.cpu.flat_weights import flatten_weights, weight_views
+from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
 from fastgen.cpu.native.gemv import linears_as_gemv
 from fastgen.cpu.native.packed_linear import linears_as_packed, pack_linear_weights, packable_weights
+from fastgen.cpu.native.torch_decode import DecodeKVIndex
 from fastgen.cpu.saved_graphs import graph_key, load_or_compile
 from fastgen.layers.attention import PagedAttention
 from fastgen.paths import cache_dir

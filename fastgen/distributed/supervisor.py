@@ -19,7 +19,6 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 
 from fastgen.config import EngineConfig
-from fastgen.errors import EngineDeadError
 from fastgen.distributed.launch import (
     TorchrunEnv,
     connect_store,
@@ -28,6 +27,7 @@ from fastgen.distributed.launch import (
     host_store,
     leave_groups,
 )
+from fastgen.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from fastgen.engine.outbox import Outbox
 from fastgen.engine.parallel_sampling import ChildId, ParentRequest, merge_outputs
 from fastgen.engine.request_state import RequestState, now
 from fastgen.engine.scheduler import Scheduler
-from fastgen.sequence import FinishReason, Sequence
 from fastgen.outputs import RequestOutput
+from fastgen.sequence import FinishReason, Sequence
 
 
 class LiveRequests:

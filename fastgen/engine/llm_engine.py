@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.block_manager import BlockManager
-from fastgen.engine.driver import Driver
+from fastgen.engine.driving_thread import Driver
 from fastgen.engine.live_requests import LiveRequests
 from fastgen.engine.outbox import Outbox
 from fastgen.engine.parallel_sampling import ParentRequest
@@ -37,13 +38,16 @@ from fastgen.engine.prompts import Prompt
 from fastgen.engine.request_state import RequestState, now
 from fastgen.engine.requests import EngineOverloaded, RequestFactory, check_request_id
 from fastgen.engine.scheduler import Scheduler
-from fastgen.scheduler_output import SchedulerOutput
-from fastgen.sequence import FinishReason
 from fastgen.engine.stats import EngineStats
 from fastgen.engine.tokenizer import eos_token_ids, load_tokenizer
 from fastgen.errors import EngineDeadError
 from fastgen.outputs import RequestOutput, StepResult
 from fastgen.sampling_params import SamplingParams
+from fastgen.scheduler_output import SchedulerOutput
+from fastgen.sequence import FinishReason
+
+if TYPE_CHECKING:  # torch: not for `import fastgen`
+    from fastgen.step_runner import StepRunner
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +60,9 @@ class LLMEngine:
         skip_tokenizer_init = boolean("skip_tokenizer_init", skip_tokenizer_init)
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(config.model)
         eos = eos_token_ids(config.model, config.model_config, self.tokenizer)
+        self.runner: StepRunner
         if config.tensor_parallel_size > 1:
-            from fastgen.distributed.driver import start_tensor_parallel
+            from fastgen.distributed.rank0_runner import start_tensor_parallel
 
             # On a torchrun rank > 0 this serves as a worker and never returns.
             self.runner = start_tensor_parallel(config, load_format, eos)

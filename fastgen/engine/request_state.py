@@ -6,12 +6,12 @@ import time
 from typing import TYPE_CHECKING
 
 from fastgen.engine.detokenizer import IncrementalDetokenizer
-from fastgen.engine.logprobs import TokenTexts, position_logprobs
+from fastgen.engine.logprob_dicts import TokenTexts, position_logprobs
 from fastgen.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from fastgen.sequence import FinishReason, Sequence
 
 if TYPE_CHECKING:
-    from fastgen.worker.logprobs import TopLogprobs
+    from fastgen.worker.top_logprobs import TopLogprobs
 
 
 class RequestState:

@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 from fastgen.checks import boolean
 from fastgen.config import EngineConfig
-from fastgen.engine.logprobs import TokenTexts
+from fastgen.engine.logprob_dicts import TokenTexts
 from fastgen.engine.parallel_sampling import ChildId, ParentRequest, child_params
 from fastgen.engine.prompts import Prompt, token_ids_of
 from fastgen.engine.request_state import RequestState, now
-from fastgen.sequence import Sequence
 from fastgen.sampling_params import SamplingParams
+from fastgen.sequence import Sequence
 
 
 class EngineOverloaded(RuntimeError):

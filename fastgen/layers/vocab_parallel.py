@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastgen.layers.parallel_linear import check_shape, copy_into
 from fastgen.parallel.group import TensorParallelGroup
 from fastgen.parallel.sharding import vocab_rows_per_rank
-from fastgen.layers.parallel_linear import check_shape, copy_into
 
 if TYPE_CHECKING:
     from fastgen.models.checkpoint_tensor import CheckpointTensor

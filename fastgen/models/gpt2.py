@@ -20,14 +20,14 @@ from torch import nn
 
 from fastgen.attention import AttentionBackend, AttentionMetadata
 from fastgen.compile import OpSet
-from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
-from fastgen.parallel.sharding import even_shard
 from fastgen.layers.attention import PagedAttention
 from fastgen.layers.norm import LayerNorm
 from fastgen.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from fastgen.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from fastgen.models.gpt2_config import GPT2ModelConfig
 from fastgen.models.loader import CheckpointFormat
+from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
+from fastgen.parallel.sharding import even_shard
 
 LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one layer
 

@@ -23,14 +23,14 @@ from torch import nn
 from fastgen.attention import AttentionBackend, AttentionMetadata
 from fastgen.compile import OpSet
 from fastgen.layers.attention import PagedAttention
-from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
-from fastgen.parallel.sharding import even_shard, kv_head_shard
-from fastgen.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from fastgen.layers.norm import RMSNorm
+from fastgen.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from fastgen.layers.rotary import RotaryEmbedding
 from fastgen.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from fastgen.models.llama_family_config import LlamaFamilyConfig
 from fastgen.models.loader import CheckpointFormat
+from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
+from fastgen.parallel.sharding import even_shard, kv_head_shard
 
 LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one layer
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from safetensors import safe_open
-from tqdm.auto import tqdm
 from torch import nn
+from tqdm.auto import tqdm
 
 from fastgen.layers.parallel_linear import ColumnParallelLinear, check_shape, copy_into
 from fastgen.models.checkpoint_tensor import CheckpointTensor

@@ -11,7 +11,7 @@ from fastgen.engine.async_llm import AsyncRequestStream
 from fastgen.engine.prompts import chat_token_ids
 from fastgen.serve.disconnect import DISCONNECTED, unless_disconnected
 from fastgen.serve.errors import RequestError
-from fastgen.serve.logprobs import CHAT_TOP_LOGPROBS_MAX, checked_count
+from fastgen.serve.openai_logprobs import CHAT_TOP_LOGPROBS_MAX, checked_count
 from fastgen.serve.protocol import ChatCompletionRequest, CompletionRequest
 from fastgen.serve.responses import ResponseShape
 from fastgen.serve.sampling import chat_max_tokens, check_fields, sampling_params

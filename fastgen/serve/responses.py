@@ -7,7 +7,7 @@ import time
 import uuid
 
 from fastgen.outputs import RequestOutput
-from fastgen.serve.logprobs import chat_logprobs, completion_logprobs
+from fastgen.serve.openai_logprobs import chat_logprobs, completion_logprobs
 
 
 def completion_id(prefix: str) -> str:

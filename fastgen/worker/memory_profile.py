@@ -26,9 +26,9 @@ from collections.abc import Callable
 import torch
 
 from fastgen.config import EngineConfig
+from fastgen.sampling_params import SamplingParams
 from fastgen.scheduler_output import SchedulerOutput
 from fastgen.sequence import Sequence
-from fastgen.sampling_params import SamplingParams
 from fastgen.worker.kv_cache import KVCache
 from fastgen.worker.step_inputs import PrepareMeta, StepInputBuilder, StepInputs
 

@@ -10,7 +10,8 @@ filled again from its tokens), so at most one slot per running sequence is held.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence as Seq
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 
 import torch
 

@@ -11,7 +11,8 @@ temperature, before top-k/top-p. The whole batch, whatever mix of settings, is o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence as Seq
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as Seq
 
 import torch
 

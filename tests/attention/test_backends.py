@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from fastgen.kernels import store_kvcache_torch
 
 from fastgen.attention import AttentionMetadata, backend, select_backend
 from fastgen.attention.torch_paged import TorchPagedBackend
 from fastgen.compile import build_op_set
-from fastgen.kernels import store_kvcache_torch
-
 
 EAGER = build_op_set(False)
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fastgen.kernels import store_kvcache_torch
 
 from fastgen.attention import AttentionMetadata
-from fastgen.cpu.native import decode_attention as cpu_decode_kernel
 from fastgen.attention.torch_paged import TorchPagedBackend, build_causal_rows
 from fastgen.compile import build_op_set
-from fastgen.kernels import store_kvcache_torch
+from fastgen.cpu.native import decode_attention as cpu_decode_kernel
 
 
 def reference_prefill(q, k, v, history, scale):

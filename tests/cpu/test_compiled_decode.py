@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from fastgen import LLM, SamplingParams
+from fastgen.cpu.native.features import has_native_bf16
 from fastgen.cpu.native.gemv import gemv_linear, linears_as_gemv
 from fastgen.cpu.saved_graphs import UNUSED_DAYS, graph_key
-from fastgen.cpu.native.features import has_native_bf16
 from tests.conftest import random_prompts
 from tests.tiny_models import hf_greedy
 

@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 import torch
+from fastgen.kernels import paged_decode_attention_torch
 
 from fastgen.cpu.native import decode_attention as cpu_decode_kernel
-from fastgen.cpu.native.decode_attention import kernel_supports, paged_decode_attention_cpu
 from fastgen.cpu.native import library as native_library
-from fastgen.kernels import paged_decode_attention_torch
+from fastgen.cpu.native.decode_attention import kernel_supports, paged_decode_attention_cpu
 from tests.kernels.paged_cases import TOLERANCE, int32, paged_cache
 
 LENGTHS = [0, 1, 15, 16, 17, 40, 130]  # a padding row, block edges, more than one 16-token tile

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fastgen.parallel.sharding import even_shard, kv_head_shard
 from fastgen.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from fastgen.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from fastgen.models.checkpoint_tensor import CheckpointTensor
+from fastgen.parallel.sharding import even_shard, kv_head_shard
 from tests.distributed.thread_ranks import ThreadCollectives
 
 

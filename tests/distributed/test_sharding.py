@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from fastgen.config import EngineConfig
+from fastgen.models.checkpoint_tensor import CheckpointTensor
 from fastgen.parallel.sharding import (
     OutputShard,
     even_shard,
     kv_head_shard,
     vocab_rows_per_rank,
 )
-from fastgen.models.checkpoint_tensor import CheckpointTensor
 
 
 def test_even_shard_gives_each_rank_its_block():

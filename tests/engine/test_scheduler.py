@@ -15,8 +15,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from fastgen.engine.block_manager import BlockManager
-from fastgen.sampling_params import SamplingParams
 from fastgen.engine.scheduler import Scheduler
+from fastgen.sampling_params import SamplingParams
 from fastgen.sequence import FinishReason, Sequence, SequenceStatus
 
 

@@ -12,8 +12,12 @@ if not torch.cuda.is_available():
 
 from fastgen.kernels import paged_decode_attention, paged_decode_attention_torch  # noqa: E402
 from fastgen.kernels.decode_split_policy import (  # noqa: E402
-    MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, splits_for_lengths,
+    MAX_SPLITS,
+    MIN_TOKENS_PER_SPLIT,
+    grid_splits,
+    splits_for_lengths,
 )
+
 from tests.kernels.paged_cases import DEVICE, TOLERANCE, int32, paged_cache  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -9,9 +9,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from fastgen.kernels import qk_norm_rope_store  # noqa: E402
+
 from fastgen.attention.torch_paged import TorchPagedBackend  # noqa: E402
 from fastgen.compile import build_op_set  # noqa: E402
-from fastgen.kernels import qk_norm_rope_store  # noqa: E402
 from fastgen.layers.rotary import RotaryEmbedding  # noqa: E402
 from tests.kernels.paged_cases import DEVICE  # noqa: E402
 

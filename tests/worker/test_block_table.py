@@ -8,9 +8,9 @@ import random
 import numpy as np
 import torch
 
+from fastgen.sampling_params import SamplingParams
 from fastgen.scheduler_output import SchedulerOutput
 from fastgen.sequence import Sequence
-from fastgen.sampling_params import SamplingParams
 from fastgen.worker.block_table import BlockTable
 from fastgen.worker.step_inputs import StepInputBuilder
 

@@ -66,8 +66,8 @@ def test_memory_profile_runs_the_worst_steps_through_the_model_and_sampler(tiny_
     token of the budget, every sequence sampling, a max_model_len context) and a full padded
     decode, then subtracts both peaks. The CUDA memory queries are faked; the steps are real."""
     from fastgen import LLM
-    from fastgen.worker.memory_profile import measure_kv_budget
     from fastgen.model_runner import profile_step
+    from fastgen.worker.memory_profile import measure_kv_budget
     from fastgen.worker.sampler import Sampler
 
     llm = LLM(tiny_models["qwen3"], dtype="float32", block_size=16, num_kv_blocks=128, max_num_seqs=8,

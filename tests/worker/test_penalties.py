@@ -8,9 +8,9 @@ import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
 from fastgen.compile import build_op_set
-from fastgen.sequence import Sequence
-from fastgen.sampling_params import SamplingParams
 from fastgen.compile.sampling_ops import apply_penalties
+from fastgen.sampling_params import SamplingParams
+from fastgen.sequence import Sequence
 from fastgen.worker.penalties import TokenCounts
 from fastgen.worker.sampler import Sampler
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fastgen.compile import build_op_set
-from fastgen.worker.sampler import Sampler
 from fastgen.sampling_params import SamplingParams
 from fastgen.sequence import Sequence
+from fastgen.worker.sampler import Sampler
 
 VOCAB = 50
 

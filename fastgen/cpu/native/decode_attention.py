@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from fastgen.cpu.native.torch_decode import build_decode_kv_index, decode_attention
 from fastgen.cpu.native.library import load_native_library
+from fastgen.cpu.native.torch_decode import build_decode_kv_index, decode_attention
 
 SOURCE = Path(__file__).with_name("decode_attention.cpp")
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernel's compiled instances

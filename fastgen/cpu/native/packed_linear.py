@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastgen.cpu.native import gemm as cpu_gemm
+from fastgen.cpu.native.features import cpu_flags, has_native_bf16
 from fastgen.cpu.native.gemv import LINEAR_CALLS
 from fastgen.cpu.native.library import load_native_library, torch_abi_flags
-from fastgen.cpu.native.features import cpu_flags, has_native_bf16
 
 
 class Twin(NamedTuple):

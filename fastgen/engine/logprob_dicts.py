@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from fastgen.outputs import Logprob, PositionLogprobs
 
 if TYPE_CHECKING:
-    from fastgen.worker.logprobs import TopLogprobs
+    from fastgen.worker.top_logprobs import TopLogprobs
 
 
 class TokenTexts:

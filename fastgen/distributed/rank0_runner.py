@@ -59,9 +59,9 @@ def _stop(supervisor: WorkerSupervisor, threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-class TensorParallelRunner:
-    """Rank 0's runner: the engine's `launch` / `collect` / `num_kv_blocks`, plus `shutdown`.
-    Every other attribute (graphs, kv_cache, model, ...) is rank 0's `ModelRunner`'s."""
+class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
+    """Rank 0's runner: steps go to every rank (`launch` / `collect`), and what start-up built
+    (model, KV cache, graphs, ...) is rank 0's `ModelRunner`'s, its shard of the model."""
 
     def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = ()):
         from fastgen.model_runner import ModelRunner
@@ -89,14 +89,39 @@ class TensorParallelRunner:
             self.supervisor.send_stop = self.runner.step_sender.stop
             torch.distributed.barrier(group=groups.step_group)  # every rank has started
 
-    def __getattr__(self, name: str):
-        if name == "runner":  # not built (start-up failed): no delegation
-            raise AttributeError(name)
-        return getattr(self.runner, name)
-
     @property
     def num_kv_blocks(self) -> int:
         return self.runner.num_kv_blocks
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.runner.model
+
+    @property
+    def kv_cache(self):
+        return self.runner.kv_cache
+
+    @property
+    def backend(self):
+        return self.runner.backend
+
+    @property
+    def graphs(self):
+        return self.runner.graphs
+
+    @property
+    def compiled_decode(self):
+        return self.runner.compiled_decode
+
+    def forget(self, preempted_seq_ids, finished_seq_ids) -> None:
+        self.runner.forget(preempted_seq_ids, finished_seq_ids)
+
+    def recover(self, out: SchedulerOutput | None) -> None:
+        self.runner.recover(out)
 
     def launch(self, out: SchedulerOutput):
         self._check_up()
