@@ -57,8 +57,9 @@ gpu-preflight:
 
 gpu-test:
 	mkdir -p $(GPU_RESULTS)
-	$(GPU_ENV) $(GPU_PYTHON) -m pytest -q -m "cuda or triton" -p no:cacheprovider -rfEs \
-		--junitxml=$(GPU_RESULTS)/gpu-tests.xml tests
+	$(GPU_ENV) FASTGEN_NO_SERVER_STACK=1 $(GPU_PYTHON) -m pytest -q -m "cuda or triton" -p no:cacheprovider -rfEs \
+		--junitxml=$(GPU_RESULTS)/gpu-tests-$$($(GPU_PYTHON) -c "import re, torch; \
+		print(re.sub('[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))").xml tests
 
 gpu-bench:
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) --time-budget-s $(GPU_BENCH_BUDGET_S)

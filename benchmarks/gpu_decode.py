@@ -104,11 +104,6 @@ def decode_sweep(args, eager: bool, report: dict) -> dict:
     report.setdefault("host_profile", {})[f"{mode}_bs1"] = host_profile(llm, 1, args.context_len)
     if not eager and "logits" in args.sections:
         report["logits"] = logit_checks(llm, args)
-    if eager and "graphs" in report and "steps" in report["graphs"]:
-        graphed = {(r["batch_size"], r["context_len"]): r["wall_ms"]["median"] for r in report["graphs"]["steps"]}
-        report["speedup_graphs_over_eager"] = {
-            f"bs{r['batch_size']}-ctx{r['context_len']}": r["wall_ms"]["median"] / graphed[r["batch_size"], r["context_len"]]
-            for r in section["steps"] if (r["batch_size"], r["context_len"]) in graphed}
     del llm
     _free()
     return section
@@ -149,19 +144,42 @@ def hf_throughput(args, report: dict) -> dict:
 
     spec = WorkloadSpec(args.num_prompts, args.input_len, args.output_len)
     workload = build_workload(spec, preset_config(args.preset)["vocab_size"])
-    result = transformers_throughput(str(args.model_dir), workload, args.device, getattr(torch, args.dtype),
-                                     args.hf_batch_size, latency_context=args.context_len,
-                                     latency_tokens=args.steps * 4)
+    return transformers_throughput(str(args.model_dir), workload, args.device, getattr(torch, args.dtype),
+                                   args.hf_batch_size, latency_context=args.context_len, latency_tokens=args.steps * 4)
+
+
+def add_ratios(report: dict) -> None:
+    """Graphs over eager and fastgen over transformers, from sections of the same run only (a
+    ratio across runs would compare two machines' states); None with the reason otherwise."""
+    run_of = report.get("section_run", {})
+
+    def same_run(a: str, b: str) -> bool:
+        return a in run_of and run_of.get(a) == run_of.get(b)
+
+    report["speedup_graphs_over_eager"] = None
+    if same_run("graphs", "eager") and "steps" in report["graphs"] and "steps" in report["eager"]:
+        graphed = {(r["batch_size"], r["context_len"]): r["wall_ms"]["median"] for r in report["graphs"]["steps"]}
+        report["speedup_graphs_over_eager"] = {
+            f"bs{r['batch_size']}-ctx{r['context_len']}": r["wall_ms"]["median"] / graphed[r["batch_size"], r["context_len"]]
+            for r in report["eager"]["steps"] if (r["batch_size"], r["context_len"]) in graphed}
+    report["fastgen_over_transformers"] = None
     ours = report.get("throughput", {}).get("output_tokens_per_s")
-    if ours and result.get("output_tokens_per_s"):
-        report["fastgen_over_transformers"] = ours / result["output_tokens_per_s"]
-    return result
+    theirs = report.get("transformers", {}).get("output_tokens_per_s")
+    if same_run("throughput", "transformers") and ours and theirs:
+        report["fastgen_over_transformers"] = ours / theirs
+
+
+# What each section took on an H100 at the default settings (cold caches), rounded up: a section
+# is started only when the time budget still holds this much, so the command ends in time.
+EXPECTED_SECONDS = {"bandwidth": 5, "graphs": 60, "eager": 30, "throughput": 60, "transformers": 240}
 
 
 def run_section(name: str, fn, report: dict, path: Path, deadline: float) -> None:
-    if time.monotonic() > deadline:
-        report[name] = {"skipped": "--time-budget-s spent before this section"}
-        print(f"section {name} skipped: time budget spent", flush=True)
+    left = deadline - time.monotonic()
+    if left < EXPECTED_SECONDS[name]:
+        report[name] = {"skipped": f"--time-budget-s: {max(left, 0):.0f}s left, the section takes about "
+                                   f"{EXPECTED_SECONDS[name]}s"}
+        print(f"section {name} skipped: {report[name]['skipped']}", flush=True)
         path.write_text(json.dumps(report, indent=2, default=str) + "\n")
         return
     start = time.perf_counter()
@@ -211,6 +229,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.sections = [s for s in args.sections.split(",") if s]
     if unknown := set(args.sections) - set(SECTIONS):
         p.error(f"unknown sections {sorted(unknown)}; known: {list(SECTIONS)}")
+    if {"logits", "kernels"} & set(args.sections) and not {"graphs", "eager"} & set(args.sections):
+        p.error("sections logits and kernels are measured on the graphs and eager engines: add graphs or eager")
     if args.quick:
         args.steps, args.num_prompts = 16, 64
     # At least 4096 on a GPU, so long contexts and the split policy are in play.
@@ -253,11 +273,15 @@ def main(argv: list[str] | None = None) -> int:
         "transformers": lambda: hf_throughput(args, report),
     }
     deadline = time.monotonic() + (args.time_budget_s if args.time_budget_s is not None else float("inf"))
-    report.setdefault("runs", []).append({"timestamp": report["timestamp"], "git_revision": report["git_revision"],
-                                          "sections": args.sections})
+    runs = report.setdefault("runs", [])
+    runs.append({"timestamp": report["timestamp"], "git_revision": report["git_revision"], "sections": args.sections,
+                 "settings": report["settings"]})
     for name in SECTIONS:
         if name in args.sections and name in plan:
+            report.setdefault("section_run", {})[name] = len(runs) - 1
             run_section(name, plan[name], report, path, deadline)
+            add_ratios(report)
+            path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"wrote {path}")
     return 0
 

@@ -115,14 +115,11 @@ def streaming_floor_ms(llm: LLM, context: int, bandwidth: float | None) -> dict 
     return {"weight_bytes": sum(weights.values()), "kv_bytes": kv, "floor_ms": total / bandwidth * 1e3}
 
 
-def kernels_per_step(llm: LLM, batch: int, device: str, steps: int = 5) -> dict | None:
-    """Device kernels one decode step launches (torch.profiler, memory copies excluded), with the
-    most frequent names."""
-    if not _cuda(device):
-        return None
+def _device_events(llm: LLM, batch: int, context: int, steps: int) -> list:
+    """torch.profiler's device events over `steps` engine steps of `batch` decoding sequences."""
     from torch.profiler import ProfilerActivity, profile
 
-    ids = start_decoding(llm, batch, 256, steps + 8)
+    ids = start_decoding(llm, batch, context, steps + 8)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -130,8 +127,15 @@ def kernels_per_step(llm: LLM, batch: int, device: str, steps: int = 5) -> dict 
         torch.cuda.synchronize()
     for request_id in ids:
         llm.engine.abort(request_id)
-    names = Counter(e.name for e in prof.events()
-                    if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernels_per_step(llm: LLM, batch: int, device: str, steps: int = 5) -> dict | None:
+    """Device kernels one decode step launches (torch.profiler, memory copies excluded), with the
+    most frequent names."""
+    if not _cuda(device):
+        return None
+    names = Counter(e.name for e in _device_events(llm, batch, 256, steps) if not e.name.startswith(("Memcpy", "Memset")))
     layers = llm.config.model_config.num_layers
     total = sum(names.values()) / steps
     return {"batch_size": batch, "kernels_per_step": total, "kernels_per_layer": total / layers,
@@ -143,21 +147,10 @@ def kernel_times(llm: LLM, batch: int, context: int, device: str, steps: int = 1
     device time goes."""
     if not _cuda(device):
         return None
-    from torch.profiler import ProfilerActivity, profile
-
-    ids = start_decoding(llm, batch, context, steps + 8)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            llm.engine.step()
-        torch.cuda.synchronize()
-    for request_id in ids:
-        llm.engine.abort(request_id)
     totals, counts = Counter(), Counter()
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            totals[e.name] += e.device_time_total
-            counts[e.name] += 1
+    for e in _device_events(llm, batch, context, steps):
+        totals[e.name] += e.device_time_total
+        counts[e.name] += 1
     step_us = sum(totals.values()) / steps
     return {"batch_size": batch, "context_len": context, "kernel_us_per_step": step_us,
             "top": [{"name": name[:120], "us_per_step": us / steps, "calls_per_step": counts[name] / steps,

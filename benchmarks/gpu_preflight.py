@@ -2,7 +2,7 @@
 time on the tests and the benchmark: a C compiler for Triton's launchers, one Triton kernel
 compiled and equal to its torch twin, one tiny model's decode CUDA graphs equal to its eager
 decode, and the GPU's name, driver and clocks recorded. Prints one line per check, writes
-DIR/gpu-preflight.json, and exits 1 on the first failure with what failed:
+DIR/gpu-preflight-<device>.json, and exits 1 on the first failure with what failed:
 
     python3 benchmarks/gpu_preflight.py [--output-dir DIR]
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -110,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             break
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu-preflight.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    (out / f"gpu-preflight-{slug}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return status
 
 

@@ -80,7 +80,10 @@ def transformers_throughput(model_dir: str, workload: Workload, device: str, dty
                                                    f"{type(exc).__name__}: {exc}"[:1000])
             continue
         if device.startswith("cuda"):
-            result["latency"] = _decode_latency(model, config, device, compiled, latency_context, latency_tokens)
+            try:
+                result["latency"] = _decode_latency(model, config, device, compiled, latency_context, latency_tokens)
+            except Exception as exc:  # noqa: BLE001 - the throughput just measured stays
+                result["latency"] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
         return result | {
             "mode": "static cache + torch.compile" if compiled else "eager (dynamic cache)",
             "cache_len": cache_len if compiled else None,

@@ -1,7 +1,7 @@
 """The scheduler's plan for one step (`SchedulerOutput`, with the forks it starts), as plain data.
 
 It crosses every layer above the scheduler (the model runner, the CUDA graphs, the tensor-parallel
-driver), so it lives below all of them: they read it, only the scheduler writes it.
+rank 0 runner), so it lives below all of them: they read it, only the scheduler writes it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ probability p_i. The noise is drawn outside the (compilable) arithmetic, so each
 draw it from its own seeded generator and its tokens do not depend on what else is in the batch.
 
 Before any row is sampled (greedy rows too), min_tokens bans end-of-sequence and stop tokens and
-the penalties are applied (worker/penalties.py), in vLLM's order; min_p then filters after
+the penalties are applied (`compile/sampling_ops.py`, over `worker/penalties.py`'s device token
+counts), in vLLM's order; min_p then filters after
 temperature, before top-k/top-p. The whole batch, whatever mix of settings, is one call.
 """
 

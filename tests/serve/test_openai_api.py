@@ -5,11 +5,15 @@ a dropped stream frees its blocks, /v1/models."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import httpx
 import pytest
 
-openai = pytest.importorskip("openai")
+if os.environ.get("FASTGEN_NO_SERVER_STACK") == "1":  # see tests/serve/conftest.py
+    openai = pytest.importorskip("openai")
+else:
+    import openai
 
 from fastgen import LLM, SamplingParams  # noqa: E402
 from fastgen.engine.prompts import chat_token_ids  # noqa: E402
