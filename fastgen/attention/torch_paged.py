@@ -118,9 +118,7 @@ class TorchPagedBackend:
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         assert meta.decode_kv is not None, "decode metadata must pass through prepare()"
-        # The one-row compiled step keeps the reductions Inductor fuses into its own loops
-        # (`decode_attention`): an op call there costs more than the attention it would run.
-        one_row_graph = torch.compiler.is_compiling() and q.shape[0] == 1
-        if not one_row_graph and kernel_supports(q, k_cache, v_cache):
+        # The step's builder says whether its graph fuses attention into its own loops.
+        if not meta.decode_kv.fused and kernel_supports(q, k_cache, v_cache):
             return paged_decode_attention_cpu(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
         return decode_attention(q, k_cache, v_cache, meta.decode_kv, scale)

@@ -122,13 +122,14 @@ def kernel_runs_prefill(model, kv_caches: list[torch.Tensor]) -> bool:
     return kernel_supports(q, kv_caches[0], kv_caches[1]) and kernel_built()
 
 
-def make_decode_step(layout):
+def make_decode_step(layout, fused_attention: bool):
     """The decode graphs' function, its weights laid out as `layout` says: logits [rows, vocab]
-    in the model's dtype and their argmax."""
+    in the model's dtype and their argmax. `fused_attention`: attention as reductions Inductor
+    fuses into the graph's own loops (the one-row graph), else the C++ kernel as an op."""
 
     def decode_step(step_model, weights, input_ids, positions, slot_mapping, block_tables, context_lens, slots,
                     bias, live, kv_caches):
-        index = DecodeKVIndex(slots, bias, live)
+        index = DecodeKVIndex(slots, bias, live, fused=fused_attention)
         meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens, None, 1, slots.shape[1], None,
                                  decode_kv=index)
         layers = list(zip(kv_caches[0::2], kv_caches[1::2]))
@@ -234,8 +235,9 @@ class CompiledDecodeStep:
         # >= 2: a decode row attends to its prompt and its new token), so it is built once.
         start = time.perf_counter()
         try:
-            make_step = make_prefill_step if name == "prefill" else make_decode_step
-            graph, loaded = load_or_compile(make_step(self.weights.slots), inductor_backend(gemv=name == "one_row"),
+            step = (make_prefill_step(self.weights.slots) if name == "prefill"
+                    else make_decode_step(self.weights.slots, fused_attention=name == "one_row"))
+            graph, loaded = load_or_compile(step, inductor_backend(gemv=name == "one_row"),
                                             args, self.step_model, self.paths[name])
             out = graph(self.step_model, *args)
         except Exception:  # a compiler bug or a missing C++ toolchain must not stop serving

@@ -107,3 +107,30 @@ def test_reductions_form_of_the_compiled_step_equals_per_sequence_attention(head
     index = backend.prepare(meta).decode_kv
     out = _decode_attention_as_reductions(q, k_cache, v_cache, index, 0.25)
     torch.testing.assert_close(out.double(), reference_decode(q, keys, values, 0.25), rtol=1e-5, atol=1e-5)
+
+
+def test_the_steps_builder_chooses_fused_reductions_or_the_kernel(monkeypatch):
+    """Whoever builds the step says how attention runs: an index marked `fused` (the compiled
+    one-row step) takes the reductions Inductor fuses into its loops, never the C++ kernel; an
+    unmarked one takes the kernel where it applies. Both equal the reference."""
+    import dataclasses
+
+    import fastgen.attention.torch_paged as torch_paged
+    import fastgen.cpu.native.torch_decode as torch_decode
+
+    q, k_cache, v_cache, meta, keys, values = paged_batch([37], 4, 2, 16, 4, torch.float32)
+    backend = TorchPagedBackend(build_op_set(False), 4)
+    prepared = backend.prepare(meta)
+    calls = []
+    kernel, reductions = torch_paged.paged_decode_attention_cpu, torch_decode._decode_attention_as_reductions
+    monkeypatch.setattr(torch_paged, "kernel_supports", lambda *tensors: True)
+    monkeypatch.setattr(torch_paged, "paged_decode_attention_cpu",
+                        lambda *args: calls.append("kernel") or kernel(*args))
+    monkeypatch.setattr(torch_decode, "_decode_attention_as_reductions",
+                        lambda *args: calls.append("reductions") or reductions(*args))
+    fused = dataclasses.replace(prepared, decode_kv=dataclasses.replace(prepared.decode_kv, fused=True))
+    for step_meta, path in ((fused, "reductions"), (prepared, "kernel")):
+        calls.clear()
+        out = backend.decode(q, k_cache, v_cache, step_meta, 0.25)
+        assert calls == [path]
+        torch.testing.assert_close(out.double(), reference_decode(q, keys, values, 0.25), rtol=1e-5, atol=1e-5)

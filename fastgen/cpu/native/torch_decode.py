@@ -37,11 +37,15 @@ class DecodeKVIndex:
     bias: float32 [B, 1, L], 0 for a real token and -inf past the sequence's length (0 for a
         whole padding row, whose output is defined as 0 by `live`).
     live: float32 [B, 1, 1], 1 for a real sequence and 0 for a padding row.
+    fused: whoever builds the step fuses attention into its own loops (the compiled one-row
+        step: an op call there costs more than the attention it would run), so the backend
+        attends with these tensors' reductions rather than the C++ kernel.
     """
 
     slots: torch.Tensor
     bias: torch.Tensor
     live: torch.Tensor
+    fused: bool = False
 
 
 def build_decode_kv_index(block_tables: torch.Tensor, context_lens: torch.Tensor, max_len: int,
@@ -72,7 +76,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      scale: float) -> torch.Tensor:
     """q: [B, H, D]; k_cache, v_cache: [num_blocks, block_size, KV, D]. Returns [B, H, D] in q's
     dtype. Scores and softmax are float32; the GEMMs run in the cache dtype."""
-    if torch.compiler.is_compiling() and q.shape[0] == 1:
+    if index.fused:
         # The one-row compiled step: reductions Inductor fuses. With more rows the library
         # bmm wins (the reductions took a batch-32 step from 36 ms to 63 ms).
         return _decode_attention_as_reductions(q, k_cache, v_cache, index, scale)
