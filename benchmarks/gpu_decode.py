@@ -29,7 +29,6 @@ import argparse
 import gc
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -47,6 +46,8 @@ import torch  # noqa: E402
 
 from benchmarks.gpu_measure import (  # noqa: E402
     copy_bandwidth,
+    device_slug,
+    driver_info,
     graph_vs_eager_logits,
     host_profile,
     kernel_times,
@@ -245,8 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.model_dir = preset_model_dir(args.preset)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
-    path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{slug}.json")
+    path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{device_slug(gpu)}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     args.output_dir = str(path.parent)
     earlier = json.loads(path.read_text()) if path.exists() else {}
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         report.pop(name, None)
     report |= {
         "schema": SCHEMA, "timestamp": datetime.now(timezone.utc).isoformat(), "device": gpu,
-        "git_revision": _git_revision(), "driver": _driver(),
+        "git_revision": _git_revision(), "driver": driver_info(),
         "versions": {"torch": torch.__version__, "triton": _version("triton"), "transformers": _version("transformers"),
                      "python": sys.version.split()[0], "cuda": torch.version.cuda},
         "model": {"preset": args.preset, "dtype": args.dtype, "weights": "dummy"},
@@ -294,18 +294,6 @@ def _git_revision() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() + ("+changes" if dirty else "") if done.returncode == 0 else None
-
-
-def _driver() -> dict | None:
-    """Driver version and clocks as nvidia-smi reports them (None without it)."""
-    fields = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu"
-    try:
-        done = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    values = done.stdout.strip().splitlines()[0].split(", ") if done.returncode == 0 and done.stdout.strip() else []
-    return dict(zip(fields.split(","), values)) or None
 
 
 def _version(name: str) -> str | None:

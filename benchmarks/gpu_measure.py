@@ -6,7 +6,9 @@ CPU too (events and profiler counts become None), so the CPU smoke test runs the
 from __future__ import annotations
 
 import random
+import re
 import statistics
+import subprocess
 import time
 from collections import Counter
 
@@ -217,3 +219,21 @@ def graph_vs_eager_logits(llm: LLM, batch: int, context: int) -> dict:
             "mean_abs_diff": diff.mean().item(), "logit_std": graph.std().item(),
             "greedy_agreement": 1.0 - disagree.float().mean().item(),
             "clear_margin_disagreements": int((disagree & (margin > diff.max())).sum().item())}
+
+
+def device_slug(name: str) -> str:
+    """A device name as it goes into result file names: "NVIDIA H100 80GB HBM3" ->
+    "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def driver_info() -> dict | None:
+    """Driver version and clocks as nvidia-smi reports them (None without it)."""
+    fields = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu"
+    try:
+        done = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    values = done.stdout.strip().splitlines()[0].split(", ") if done.returncode == 0 and done.stdout.strip() else []
+    return dict(zip(fields.split(","), values)) or None

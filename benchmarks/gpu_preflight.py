@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -36,12 +35,12 @@ def check_compiler() -> dict:
 def check_gpu() -> dict:
     if not torch.cuda.is_available():
         raise RuntimeError("torch sees no CUDA GPU")
-    from benchmarks.gpu_decode import _driver
+    from benchmarks.gpu_measure import driver_info
 
     props = torch.cuda.get_device_properties(0)
     return {"name": props.name, "sms": props.multi_processor_count, "memory_gib": props.total_memory / 2**30,
             "capability": f"{props.major}.{props.minor}", "torch": torch.__version__, "cuda": torch.version.cuda,
-            "nvidia_smi": _driver()}
+            "nvidia_smi": driver_info()}
 
 
 def check_triton_kernel() -> dict:
@@ -111,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             break
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    from benchmarks.gpu_measure import device_slug
+
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    (out / f"gpu-preflight-{slug}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out / f"gpu-preflight-{device_slug(name)}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return status
 
 

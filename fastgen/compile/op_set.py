@@ -45,13 +45,14 @@ def _raise_recompile_limit() -> None:
 
 
 def _compile(fn: Callable) -> Callable:
-    _raise_recompile_limit()
     # dynamic=True: one graph serves every batch size and sequence length, so a new shape after
     # warm-up does not trigger a recompile.
     return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
 def build_op_set(compiled: bool) -> OpSet:
+    if compiled:
+        _raise_recompile_limit()
     wrap = _compile if compiled else (lambda fn: fn)
     return OpSet(
         rms_norm=wrap(ops.rms_norm),
