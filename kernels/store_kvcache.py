@@ -117,17 +117,19 @@ def store_kvcache_torch(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    skip_invalid: bool = True,
 ) -> None:
     """Plain-torch twin of `store_kvcache` (same contract), for CPU and as a test oracle.
 
-    Not graph-capturable: the -1 filter gives a data-dependent shape. Under torch.compile (the
-    compiled CPU steps, `fastgen.cpu.compiled_decode`) there is no filter: those steps never
-    pad their batch, a decode row always writes its token, and a prefill step with a -1 slot runs
-    eagerly, so no slot is -1, and the store compiles into an in-place scatter into the cache.
+    skip_invalid=False is for a caller that knows no slot is -1 (the compiled CPU steps,
+    `fastgen.cpu.compiled_decode`, which never pad their batch and run a prefill step with a -1
+    slot eagerly): the -1 filter's data-dependent shape cannot be in a graph, and without it the
+    store compiles into an in-place scatter into the cache. A -1 there would write the cache's
+    last slot.
     """
     check_store_args(key, value, k_cache, v_cache, slot_mapping)
     num_kv_heads, head_dim = key.shape[1:]
-    if torch.compiler.is_compiling():
+    if not skip_invalid:
         slots = slot_mapping.long()
     else:
         valid = slot_mapping >= 0

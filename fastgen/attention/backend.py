@@ -35,14 +35,15 @@ class AttentionBackend(Protocol):
         ...
 
     def rope_and_store(self, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
-                       k_cache, v_cache, slot_mapping) -> tuple[torch.Tensor, torch.Tensor]:
+                       k_cache, v_cache, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """RMS-normalise q and k per head (when the weights are given, Qwen3), rotate them
-        (cos_sin: float32 [max_positions, head_dim], cos | sin), store k and v at slot_mapping
-        (-1: nothing). Returns the new (q, k); a backend may rewrite q and k in place."""
+        (cos_sin: float32 [max_positions, head_dim], cos | sin), store k and v at
+        meta.slot_mapping (-1: nothing). Returns the new (q, k); a backend may rewrite q and k
+        in place."""
         ...
 
-    def store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        """Store k and v at slot_mapping (-1: nothing), for models without rotary embedding."""
+    def store(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        """Store k and v at meta.slot_mapping (-1: nothing), for models without rotary embedding."""
         ...
 
     def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor: ...

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from fastgen.attention.torch_paged import CausalRows
-    from fastgen.cpu.native.torch_decode import DecodeKVIndex
 
 
 @dataclass(frozen=True)
@@ -27,14 +22,10 @@ class AttentionMetadata:
     query_start_loc: int32 [B + 1], offsets of each sequence's new tokens in the T tokens
         (prefill only: None in decode, where sequence i's token is row i).
     max_query_len, max_context_len: host-side maxima of the two (sizes for kernels).
-    query_lens_host, context_lens_host: host copies used by the eager prefill loop (empty in
-        decode, where nothing may read the host during graph replay).
-    decode_kv: the CPU backend's per-step index of the K/V rows each decode sequence reads,
-        added by its `prepare` (None elsewhere).
-    causal_rows: the CPU backend's prefill counterpart: every new token as a row of its own with
-        its sequence's block table and the tokens it sees, added by its `prepare`.
     logits_indices: int64 [S], which of the T hidden states feed the LM head (the last token of
         each sequence that samples this step); None in decode, where every row does.
+    backend_plan: what the step's attention backend worked out for itself, once for every layer,
+        in its `prepare` (its own type; None before). Only that backend reads it.
     """
 
     is_prefill: bool
@@ -45,7 +36,4 @@ class AttentionMetadata:
     max_query_len: int
     max_context_len: int
     logits_indices: torch.Tensor | None
-    query_lens_host: tuple[int, ...] = ()
-    context_lens_host: tuple[int, ...] = ()
-    decode_kv: DecodeKVIndex | None = None
-    causal_rows: CausalRows | None = None
+    backend_plan: object | None = None

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports, paged_decode_attention_cpu
-from fastgen.cpu.native.torch_decode import build_decode_kv_index, decode_attention
+from fastgen.cpu.native.torch_decode import DecodeKVIndex, build_decode_kv_index, decode_attention
 from fastgen.kernels import store_kvcache_torch
 
 if TYPE_CHECKING:
@@ -43,10 +43,41 @@ class CausalRows:
     context_lens: torch.Tensor
 
 
+@dataclasses.dataclass(frozen=True)
+class TorchStepPlan:
+    """What the torch backend works out once a step for every layer (`prepare`), carried in
+    `AttentionMetadata.backend_plan`; no other code reads it.
+
+    decode_kv: a decode step's K/V rows per sequence (`DecodeKVIndex`), which also says whether
+        the step's graph fuses attention into its own loops.
+    causal_rows: a prefill step run by the C++ kernel (None: the per-sequence loop).
+    every_slot_valid: no slot is -1, so the KV store needs no filter. The compiled CPU steps say
+        so (`fastgen.cpu.compiled_decode`): they run only such steps, and a graph cannot hold
+        the filter's data-dependent shape.
+    """
+
+    decode_kv: DecodeKVIndex | None = None
+    causal_rows: CausalRows | None = None
+    every_slot_valid: bool = False
+
+
+def plan_of(meta: AttentionMetadata) -> TorchStepPlan:
+    plan = meta.backend_plan
+    assert isinstance(plan, TorchStepPlan), "the step's metadata must pass through TorchPagedBackend.prepare()"
+    return plan
+
+
+def host_lengths(meta: AttentionMetadata) -> tuple[np.ndarray, np.ndarray]:
+    """A prefill step's new and total tokens per sequence, as host arrays (on a CPU a copy of a
+    few ints; elsewhere a sync, which only the eager per-sequence loop pays)."""
+    starts = meta.query_start_loc.cpu().numpy().astype(np.int64)
+    return starts[1:] - starts[:-1], meta.context_lens.cpu().numpy().astype(np.int64)
+
+
 def build_causal_rows(meta: AttentionMetadata) -> CausalRows:
     """The rows of a prefill step, worked out on the host from its query and context lengths."""
-    query_lens = np.asarray(meta.query_lens_host, dtype=np.int64)
-    history = np.asarray(meta.context_lens_host, dtype=np.int64) - query_lens  # tokens cached before
+    query_lens, context_lens = host_lengths(meta)
+    history = context_lens - query_lens  # tokens cached before
     seq_of_row = np.repeat(np.arange(len(query_lens)), query_lens)
     first_row = np.cumsum(query_lens) - query_lens
     position = history[seq_of_row] + np.arange(len(seq_of_row)) - first_row[seq_of_row]
@@ -67,32 +98,35 @@ class TorchPagedBackend:
 
     def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
         if meta.is_prefill:
-            # Without the kernel's library (or off a CPU, or without host lengths, as in metadata
-            # made by hand) prefill takes the per-sequence loop.
-            use_kernel = meta.query_lens_host and meta.block_tables.device.type == "cpu" and kernel_built()
-            return dataclasses.replace(meta, causal_rows=build_causal_rows(meta)) if use_kernel else meta
+            # Without the kernel's library (or off a CPU) prefill takes the per-sequence loop.
+            use_kernel = meta.block_tables.device.type == "cpu" and kernel_built()
+            return dataclasses.replace(meta, backend_plan=TorchStepPlan(
+                causal_rows=build_causal_rows(meta) if use_kernel else None))
         index = build_decode_kv_index(meta.block_tables, meta.context_lens, meta.max_context_len, self.block_size)
-        return dataclasses.replace(meta, decode_kv=index)
+        return dataclasses.replace(meta, backend_plan=TorchStepPlan(decode_kv=index))
 
     def rope_and_store(self, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
-                       k_cache, v_cache, slot_mapping):
+                       k_cache, v_cache, meta: AttentionMetadata):
         if q_norm_weight is not None:
             q = self.ops.rms_norm(q, q_norm_weight, norm_eps)
             k = self.ops.rms_norm(k, k_norm_weight, norm_eps)
         q, k = self.ops.apply_rope(positions, q, k, cos_sin)
-        store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping)
+        self.store(k, v, k_cache, v_cache, meta)
         return q, k
 
-    def store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping)
+    def store(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        # Metadata no prepare() saw (a store outside a step) gets the filter, which is always right.
+        plan = meta.backend_plan
+        every_slot_valid = isinstance(plan, TorchStepPlan) and plan.every_slot_valid
+        store_kvcache_torch(k, v, k_cache, v_cache, meta.slot_mapping, skip_invalid=not every_slot_valid)
 
     def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        rows = meta.causal_rows
+        rows = plan_of(meta).causal_rows
         if rows is not None and kernel_supports(q, k_cache, v_cache):
             return paged_decode_attention_cpu(q, k_cache, v_cache, rows.block_tables, rows.context_lens, scale)
         out = torch.empty_like(q)
         start = 0
-        for i, (q_len, ctx_len) in enumerate(zip(meta.query_lens_host, meta.context_lens_host)):
+        for i, (q_len, ctx_len) in enumerate(zip(*(lens.tolist() for lens in host_lengths(meta)))):
             end = start + q_len
             if ctx_len == q_len:  # no cached history: attend to the fresh K/V directly
                 keys, values, mask = k[start:end], v[start:end], None
@@ -117,8 +151,9 @@ class TorchPagedBackend:
         return out
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        assert meta.decode_kv is not None, "decode metadata must pass through prepare()"
+        index = plan_of(meta).decode_kv
+        assert index is not None, "a decode step's plan holds its K/V index"
         # The step's builder says whether its graph fuses attention into its own loops.
-        if not meta.decode_kv.fused and kernel_supports(q, k_cache, v_cache):
+        if not index.fused and kernel_supports(q, k_cache, v_cache):
             return paged_decode_attention_cpu(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
-        return decode_attention(q, k_cache, v_cache, meta.decode_kv, scale)
+        return decode_attention(q, k_cache, v_cache, index, scale)

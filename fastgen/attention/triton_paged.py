@@ -20,12 +20,12 @@ class TritonPagedBackend:
         return meta  # the kernels read block tables and lengths directly
 
     def rope_and_store(self, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
-                       k_cache, v_cache, slot_mapping):
+                       k_cache, v_cache, meta: AttentionMetadata):
         return qk_norm_rope_store(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
-                                  k_cache, v_cache, slot_mapping)
+                                  k_cache, v_cache, meta.slot_mapping)
 
-    def store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        store_kvcache(k, v, k_cache, v_cache, slot_mapping)
+    def store(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
 
     def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         # The new tokens' K/V were stored by rope_and_store: everything the chunk sees is in the cache.

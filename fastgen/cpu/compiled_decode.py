@@ -24,8 +24,8 @@ Python and handle work around the compiled code went from about 0.5 to 0.2 ms a 
 
 Shapes are symbolic in the batch and in the longest context L, so neither grows into new
 compiles as the step changes. Nothing is padded: each step runs exactly its rows, and a step
-with a slot of -1 runs eagerly, so every slot a graph stores is a real one (see
-`store_kvcache_torch`); only the prefill graph's LM head gets a repeated row when a step samples
+with a slot of -1 runs eagerly, so every slot a graph stores is a real one (the plan's
+`every_slot_valid`); only the prefill graph's LM head gets a repeated row when a step samples
 fewer than two.
 
 The first use of each graph compiles it (not start-up): one to three minutes on two cores. The
@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from fastgen.attention.metadata import AttentionMetadata
-from fastgen.attention.torch_paged import CausalRows
+from fastgen.attention.torch_paged import CausalRows, TorchStepPlan, plan_of
 from fastgen.cpu.flat_weights import flatten_weights, weight_views
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
 from fastgen.cpu.native.gemv import linears_as_gemv
@@ -103,8 +103,9 @@ def make_prefill_step(layout):
 
     def prefill_step(step_model, weights, input_ids, positions, slot_mapping, row_tables, row_lens, logits_indices,
                      kv_caches):
+        plan = TorchStepPlan(causal_rows=CausalRows(row_tables, row_lens), every_slot_valid=True)
         meta = AttentionMetadata(True, slot_mapping, row_tables, row_lens, None, 1, 1, logits_indices,
-                                 causal_rows=CausalRows(row_tables, row_lens))
+                                 backend_plan=plan)
         layers = list(zip(kv_caches[0::2], kv_caches[1::2]))
         logits = torch.func.functional_call(step_model, weight_views(weights, layout),
                                             (input_ids, positions, meta, layers, logits_indices))
@@ -129,9 +130,9 @@ def make_decode_step(layout, fused_attention: bool):
 
     def decode_step(step_model, weights, input_ids, positions, slot_mapping, block_tables, context_lens, slots,
                     bias, live, kv_caches):
-        index = DecodeKVIndex(slots, bias, live, fused=fused_attention)
+        plan = TorchStepPlan(decode_kv=DecodeKVIndex(slots, bias, live, fused=fused_attention), every_slot_valid=True)
         meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens, None, 1, slots.shape[1], None,
-                                 decode_kv=index)
+                                 backend_plan=plan)
         layers = list(zip(kv_caches[0::2], kv_caches[1::2]))
         logits = torch.func.functional_call(step_model, weight_views(weights, layout),
                                             (input_ids, positions, meta, layers))
@@ -178,8 +179,7 @@ class CompiledDecodeStep:
         meta = inputs.meta
         if meta.is_prefill:
             return self._prefill(inputs)
-        index = meta.decode_kv
-        assert index is not None, "decode metadata must pass through the torch backend's prepare()"
+        index = plan_of(meta).decode_kv
         args = (inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables, meta.context_lens,
                 index.slots, index.bias, index.live, self.kv_caches)
         return self._run("one_row" if inputs.input_ids.shape[0] == 1 else "many_rows", args)
@@ -193,15 +193,16 @@ class CompiledDecodeStep:
         meta = inputs.meta
         if not self.runs_prefill or inputs.input_ids.shape[0] < 2 or bool((meta.slot_mapping < 0).any()):
             return None
-        assert meta.causal_rows is not None, "prefill metadata must pass through the torch backend's prepare()"
+        rows = plan_of(meta).causal_rows
+        assert rows is not None, "the kernel covers this model's prefill, so the torch backend planned its rows"
         # The sampled-row count is a symbol >= 2 too: a step sampling fewer rows repeats its
         # first token's row (or picks row 0) and drops the extra logits after.
         picked = meta.logits_indices
         num_sampled = picked.shape[0]
         if num_sampled < 2:
             picked = torch.cat([picked, picked.new_zeros(2 - num_sampled)])
-        args = (inputs.input_ids, inputs.positions, meta.slot_mapping, meta.causal_rows.block_tables,
-                meta.causal_rows.context_lens, picked, self.kv_caches)
+        args = (inputs.input_ids, inputs.positions, meta.slot_mapping, rows.block_tables, rows.context_lens, picked,
+                self.kv_caches)
         out = self._run("prefill", args)
         if out is None:
             return None

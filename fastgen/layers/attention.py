@@ -35,11 +35,11 @@ class PagedAttention(nn.Module):
         k are used as given and K/V are only stored.
         """
         if cos_sin is None:
-            self.backend.store(k, v, k_cache, v_cache, meta.slot_mapping)
+            self.backend.store(k, v, k_cache, v_cache, meta)
         else:
             q_weight, k_weight, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
             q, k = self.backend.rope_and_store(positions, q, k, v, cos_sin, q_weight, k_weight, eps,
-                                               k_cache, v_cache, meta.slot_mapping)
+                                               k_cache, v_cache, meta)
         if meta.is_prefill:
             return self.backend.prefill(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.backend.decode(q, k_cache, v_cache, meta, self.scale)

@@ -184,7 +184,6 @@ class StepInputBuilder:
                 logits_indices=None,
             )
         else:
-            starts = self.query_start_loc.np[: rows + 1]
             meta = AttentionMetadata(
                 is_prefill=True,
                 slot_mapping=self.slot_mapping.copy_to_gpu(tokens),
@@ -194,8 +193,6 @@ class StepInputBuilder:
                 max_query_len=layout.max_query_len,
                 max_context_len=layout.max_context_len,
                 logits_indices=self.logits_indices.copy_to_gpu(layout.num_logits),
-                query_lens_host=tuple((starts[1:] - starts[:-1]).tolist()),
-                context_lens_host=tuple(self.context_lens.np[:rows].tolist()),
             )
         return self._finish(StepInputs(self.input_ids.copy_to_gpu(tokens), self.positions.copy_to_gpu(tokens), meta,
                                        sample_rows, num_seqs))

@@ -52,9 +52,8 @@ def test_prefill_with_cached_history_equals_full_causal_attention(block_size):
         is_prefill=True, slot_mapping=slots[cached:], block_tables=table.unsqueeze(0),
         context_lens=torch.tensor([total], dtype=torch.int32), query_start_loc=torch.tensor([0, new], dtype=torch.int32),
         max_query_len=new, max_context_len=total, logits_indices=torch.tensor([new - 1]),
-        query_lens_host=(new,), context_lens_host=(total,),
     )
-    out = be.prefill(q[cached:], k[cached:], v[cached:], k_cache, v_cache, meta, dim**-0.5)
+    out = be.prefill(q[cached:], k[cached:], v[cached:], k_cache, v_cache, be.prepare(meta), dim**-0.5)
     want = F.scaled_dot_product_attention(
         q.transpose(0, 1), k.repeat_interleave(2, 1).transpose(0, 1), v.repeat_interleave(2, 1).transpose(0, 1),
         is_causal=True,

@@ -56,16 +56,16 @@ def prefill_step(seqs, heads, kv_heads, dim, block_size, dtype):
         is_prefill=True, slot_mapping=torch.cat(step_slots), block_tables=tables,
         context_lens=torch.tensor([h + n for h, n in seqs], dtype=torch.int32), query_start_loc=starts,
         max_query_len=max(new_lens), max_context_len=max(h + n for h, n in seqs),
-        logits_indices=starts[1:].long() - 1, query_lens_host=tuple(new_lens),
-        context_lens_host=tuple(h + n for h, n in seqs),
+        logits_indices=starts[1:].long() - 1,
     )
     return torch.cat(qs), torch.cat(ks), torch.cat(vs), k_cache, v_cache, meta, full
 
 
 def run_prefill(backend, q, k, v, k_cache, v_cache, meta, scale):
     """What the attention layer does in a prefill step: store the new K/V, then attend."""
-    backend.store(k, v, k_cache, v_cache, meta.slot_mapping)
-    return backend.prefill(q, k, v, k_cache, v_cache, backend.prepare(meta), scale)
+    prepared = backend.prepare(meta)
+    backend.store(k, v, k_cache, v_cache, prepared)
+    return backend.prefill(q, k, v, k_cache, v_cache, prepared, scale)
 
 
 SEQS = [(0, 1), (0, 37), (13, 10), (16, 1), (5, 64), (0, 16)]
@@ -84,7 +84,7 @@ def test_causal_rows_give_each_token_its_table_and_position():
 def test_prefill_through_the_kernel_equals_causal_attention_per_sequence(block_size, heads, kv_heads):
     q, k, v, k_cache, v_cache, meta, full = prefill_step(SEQS, heads, kv_heads, 16, block_size, torch.float32)
     backend = TorchPagedBackend(build_op_set(False), block_size)
-    assert backend.prepare(meta).causal_rows is not None  # the kernel's way
+    assert backend.prepare(meta).backend_plan.causal_rows is not None  # the kernel's way
     out = run_prefill(backend, q, k, v, k_cache, v_cache, meta, 0.25)
     assert_each_sequence_equals_reference(out, q, full, SEQS, 0.25)
 
@@ -126,6 +126,6 @@ def test_without_the_kernel_library_prefill_takes_the_sdpa_loop(monkeypatch):
     monkeypatch.setattr(cpu_decode_kernel, "_entry_point", lambda: None)
     q, k, v, k_cache, v_cache, meta, full = prefill_step(SEQS, 4, 2, 16, 4, torch.float32)
     backend = TorchPagedBackend(build_op_set(False), 4)
-    assert backend.prepare(meta).causal_rows is None
+    assert backend.prepare(meta).backend_plan.causal_rows is None
     assert_each_sequence_equals_reference(run_prefill(backend, q, k, v, k_cache, v_cache, meta, 0.25), q, full,
                                           SEQS, 0.25)

@@ -88,13 +88,6 @@ def test_padding_rows_of_a_decode_batch_give_zeros_and_leave_real_rows_alone(dec
     torch.testing.assert_close(out.double(), reference_decode(q, keys, values, 0.25), rtol=1e-5, atol=1e-5)
 
 
-def test_prefill_metadata_without_host_lengths_passes_through_prepare_unchanged():
-    _, _, _, meta, _, _ = paged_batch([3], 2, 1, 8, 4, torch.float32)
-    prefill = AttentionMetadata(True, meta.slot_mapping, meta.block_tables, meta.context_lens,
-                                torch.tensor([0, 3], dtype=torch.int32), 3, 3, None)
-    assert TorchPagedBackend(build_op_set(False), 4).prepare(prefill) is prefill
-
-
 @pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4)], ids=["gqa", "mha"])
 @pytest.mark.parametrize("lengths", [[1], [37], [7, 0, 130]], ids=["one", "one-long", "ragged+padding"])
 def test_reductions_form_of_the_compiled_step_equals_per_sequence_attention(heads, kv_heads, lengths):
@@ -104,7 +97,7 @@ def test_reductions_form_of_the_compiled_step_equals_per_sequence_attention(head
 
     q, k_cache, v_cache, meta, keys, values = paged_batch(lengths, heads, kv_heads, 16, 4, torch.float32)
     backend = TorchPagedBackend(build_op_set(False), 4)
-    index = backend.prepare(meta).decode_kv
+    index = backend.prepare(meta).backend_plan.decode_kv
     out = _decode_attention_as_reductions(q, k_cache, v_cache, index, 0.25)
     torch.testing.assert_close(out.double(), reference_decode(q, keys, values, 0.25), rtol=1e-5, atol=1e-5)
 
@@ -128,7 +121,9 @@ def test_the_steps_builder_chooses_fused_reductions_or_the_kernel(monkeypatch):
                         lambda *args: calls.append("kernel") or kernel(*args))
     monkeypatch.setattr(torch_decode, "_decode_attention_as_reductions",
                         lambda *args: calls.append("reductions") or reductions(*args))
-    fused = dataclasses.replace(prepared, decode_kv=dataclasses.replace(prepared.decode_kv, fused=True))
+    plan = prepared.backend_plan
+    fused = dataclasses.replace(prepared, backend_plan=dataclasses.replace(
+        plan, decode_kv=dataclasses.replace(plan.decode_kv, fused=True)))
     for step_meta, path in ((fused, "reductions"), (prepared, "kernel")):
         calls.clear()
         out = backend.decode(q, k_cache, v_cache, step_meta, 0.25)

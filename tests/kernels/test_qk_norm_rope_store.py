@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
 
 from fastgen.kernels import qk_norm_rope_store  # noqa: E402
 
+from fastgen.attention.metadata import AttentionMetadata  # noqa: E402
 from fastgen.attention.torch_paged import TorchPagedBackend  # noqa: E402
 from fastgen.compile import build_op_set  # noqa: E402
 from fastgen.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -23,6 +24,12 @@ pytestmark = pytest.mark.triton
 # interpreter rounds fp32 -> bf16 by truncation where torch and GPUs round to nearest). A wrong
 # half, sign, weight or position is off by O(1).
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (3e-2, 5e-2)}
+
+
+def store_meta(slots: torch.Tensor) -> AttentionMetadata:
+    """The metadata the torch backend's store reads: only the slots (a one-row decode shape)."""
+    empty = slots.new_zeros(0, dtype=torch.int32)
+    return AttentionMetadata(False, slots, empty, empty, None, 1, 1, None)
 
 
 def make_step(tokens, heads, kv_heads, head_dim, dtype, block_size=16, num_blocks=8, seed=0):
@@ -51,7 +58,7 @@ def test_equals_unfused_torch_path(dtype, qk_norm, heads, kv_heads, head_dim):
     weights = (q_w, k_w) if qk_norm else (None, None)
     k_cache_ref, v_cache_ref = k_cache.clone(), v_cache.clone()
     want_q, want_k = TorchPagedBackend(build_op_set(False), k_cache.shape[1]).rope_and_store(
-        positions, q.clone(), k.clone(), v, cos_sin, *weights, 1e-6, k_cache_ref, v_cache_ref, slots)
+        positions, q.clone(), k.clone(), v, cos_sin, *weights, 1e-6, k_cache_ref, v_cache_ref, store_meta(slots))
 
     got_q, got_k = qk_norm_rope_store(q, k, v, positions, cos_sin, *weights, 1e-6, k_cache, v_cache, slots)
     rtol, atol = TOLERANCE[dtype]
@@ -93,7 +100,7 @@ def test_fused_store_is_cuda_graph_capturable():
     q.copy_(q0), k.copy_(k0)
     k_cache_ref, v_cache_ref = k_cache.clone(), v_cache.clone()
     want_q, want_k = TorchPagedBackend(build_op_set(False), k_cache.shape[1]).rope_and_store(
-        positions, q0, k0, v, cos_sin, q_w, k_w, 1e-6, k_cache_ref, v_cache_ref, slots)
+        positions, q0, k0, v, cos_sin, q_w, k_w, 1e-6, k_cache_ref, v_cache_ref, store_meta(slots))
     graph.replay()
     torch.cuda.synchronize()
     rtol, atol = TOLERANCE[torch.bfloat16]
