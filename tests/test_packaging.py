@@ -47,8 +47,8 @@ def test_wheel_has_no_top_level_kernels(tmp_path):
     assert "kernels" not in top_level
     assert "fastgen/kernels/__init__.py" in names and "fastgen/kernels/paged_decode_attention.py" in names
     assert "fastgen/engine/scheduler.py" in names and "fastgen/model_runner.py" in names
-    shipped = {name for name in names if name.endswith((".py", ".cpp"))}
+    shipped = {name for name in names if name.endswith((".py", ".cpp", ".h"))}
     in_tree = {f"fastgen/{path.relative_to(ROOT / 'fastgen')}" for path in (ROOT / "fastgen").rglob("*")
-               if path.suffix in (".py", ".cpp")}
+               if path.suffix in (".py", ".cpp", ".h")}
     in_tree |= {f"fastgen/kernels/{path.name}" for path in (ROOT / "kernels").glob("*.py")}
     assert shipped == in_tree, (sorted(shipped - in_tree), sorted(in_tree - shipped))

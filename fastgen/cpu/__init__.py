@@ -9,7 +9,8 @@ steps above use the model:
                         ctypes; no compiler or a failed build gives None, logged once, and every
                         caller keeps a torch path.
     decode_attention    paged decode attention over the KV cache in C++ (`.cpp` + `.py`, a torch
-                        op); falls back to `torch_decode`.
+                        op; its K and V passes in `decode_attention_passes.h`, the vector
+                        helpers in `simd16.h`); falls back to `torch_decode`.
     torch_decode.py     the same attention in torch (the one-row compiled step traces it, so
                         Inductor fuses it into its own loops).
     gemm                fastgen's bf16 GEMM for CPUs with AVX-512 BF16 and without AMX.

@@ -28,8 +28,8 @@ def cpu_model_name() -> str | None:
 
 
 def cpu_flags() -> frozenset[str]:
-    """The first CPU's feature flags (empty where /proc/cpuinfo is missing)."""
-    return frozenset((_cpuinfo_field("flags") or "").split())
+    """The first CPU's feature flags ("Features" on Arm; empty where /proc/cpuinfo is missing)."""
+    return frozenset((_cpuinfo_field("flags") or _cpuinfo_field("Features") or "").split())
 
 
 def has_native_bf16() -> bool:

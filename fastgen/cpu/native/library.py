@@ -1,7 +1,7 @@
 """C++ sources of fastgen built once per machine into shared libraries, loaded with ctypes.
 
-A hand-written CPU kernel (e.g. `fastgen/cpu/native/decode_attention.cpp`) is plain C++ with a C
-entry point, or (`fastgen/cpu/native/packed_linear_op.cpp`) uses only torch's stable C ABI headers:
+A hand-written CPU kernel (e.g. `fastgen/cpu/native/decode_attention.cpp`, with the headers
+beside it) is plain C++ with a C entry point, or (`fastgen/cpu/native/packed_linear_op.cpp`) uses only torch's stable C ABI headers:
 either builds in about a second with the C++ compiler Inductor uses anyway, and needs no build
 step at install time. It is built with `-march=native`, so the library's name carries a digest of
 the source, the compiler, the flags, the CPU's feature flags and torch's version: a cache folder
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from fastgen.cpu.native.features import cpu_flags
 from fastgen.paths import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -40,14 +41,6 @@ def compiler() -> str | None:
     if explicit := os.environ.get("CXX"):
         return explicit
     return next((path for name in ("g++", "c++", "clang++") if (path := shutil.which(name))), None)
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return ""
 
 
 def torch_abi_flags() -> tuple[str, ...]:
@@ -68,8 +61,10 @@ def load_native_library(source: Path, extra_flags: tuple[str, ...] = ()) -> ctyp
         return None
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
-        digest = hashlib.sha256("\n".join([source.read_text(), cxx, version, " ".join(FLAGS + extra_flags),
-                                           platform.machine(), _cpu_flags(), torch.__version__]).encode()).hexdigest()[:16]
+        # The headers beside the source are in the digest too: any of them may be included.
+        texts = [path.read_text() for path in (source, *sorted(source.parent.glob("*.h")))]
+        digest = hashlib.sha256("\n".join([*texts, cxx, version, " ".join(FLAGS + extra_flags), platform.machine(),
+                                           " ".join(sorted(cpu_flags())), torch.__version__]).encode()).hexdigest()[:16]
         target = cache_dir() / "native" / f"{source.stem}-{digest}.so"
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
