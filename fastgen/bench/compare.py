@@ -39,6 +39,10 @@ class Delta:
     new: float | None
     worse_pct: float | None
 
+    def worse_than(self, pct: float | None) -> bool:
+        """Whether the new run is worse by more than pct percent (never when pct is None)."""
+        return pct is not None and self.worse_pct is not None and self.worse_pct > pct
+
 
 def load_report(path: str | Path) -> dict:
     """A bench report from a file; ValueError naming the file when it is not one."""
@@ -95,6 +99,6 @@ def format_comparison(deltas: list[Delta], fail_above: float | None) -> str:
     lines = [f"{'metric':26s} {'old':>12s} {'new':>12s} {'change':>9s}"]
     for d in deltas:
         change = "n/a" if d.worse_pct is None else f"{-d.worse_pct:+8.1f}%"
-        flag = "  REGRESSION" if fail_above is not None and d.worse_pct is not None and d.worse_pct > fail_above else ""
+        flag = "  REGRESSION" if d.worse_than(fail_above) else ""
         lines.append(f"{d.metric:26s} {number(d.old)} {number(d.new)} {change:>9s}{flag}")
     return "\n".join(lines)

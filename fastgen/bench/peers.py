@@ -108,6 +108,13 @@ class LlamaCppPeer:
         return prefilled - start, time.perf_counter() - prefilled
 
 
+def load_peers(names: list[str], llm, gguf: str | None, context_len: int) -> list:
+    """The peers named (`PEERS`), for the workload of `llm` (a `fastgen.LLM`): transformers on
+    its model folder in its dtype, llama.cpp on the GGUF file with a context of context_len."""
+    return [TransformersPeer(llm.config.model, llm.config.torch_dtype) if name == "transformers"
+            else LlamaCppPeer(gguf, context_len) for name in names]
+
+
 def decode_summary(peer, runs: list[tuple[float, float]], batch_size: int, new_tokens: int) -> dict:
     """A peer's decode tokens/s and prefill ms from its `decode_once` runs (medians)."""
     return {"backend": peer.name, "version": peer.version,

@@ -1,7 +1,7 @@
 """Bench reports: the JSON document (built and written) and its text summary.
 
 The document's schema is described for people in docs/bench-json.md and for machines in
-tests/cli/report_schema.py, which every bench test applies to the real command's output; the
+tests/bench/report_schema.py, which every bench test applies to the real command's output; the
 two must change together. Versioning: adding a field keeps the version; renaming, removing or
 changing the meaning or unit of a field bumps it (and the `schema` string's `/N` suffix).
 """
@@ -20,6 +20,7 @@ SCHEMAS = {
     "serve": f"fastgen.bench.serve/{SCHEMA_VERSION}",
 }
 
+
 def make_report(kind: str, argv: list[str], environment: dict, engine: dict, workload: dict, results: dict) -> dict:
     """Assemble the report of a `bench <kind>` run; kind: throughput, latency or serve (whose
     `engine` section names the endpoint measured: base_url, model, vocab_size)."""
@@ -34,6 +35,27 @@ def make_report(kind: str, argv: list[str], environment: dict, engine: dict, wor
         "results": results,
     }
     return doc
+
+
+# The machine is described by `environment`, which loads torch: imported in the two functions
+# below, not at the top, so that `bench compare` (which reads SCHEMAS) does not pay for it.
+def engine_report(kind: str, argv: list[str], llm, choice, workload: dict, results: dict) -> dict:
+    """The report of a run of fastgen's own engine (throughput, latency): the machine it ran on
+    and the engine's settings; llm: a `fastgen.LLM`, choice: the `ModelChoice` it was built from."""
+    from fastgen.bench.environment import engine_settings, environment_info
+
+    return make_report(kind, argv, environment_info(llm.engine.runner.device), engine_settings(llm, choice),
+                       workload, results)
+
+
+def endpoint_report(argv: list[str], endpoint: dict, workload: dict, results: dict) -> dict:
+    """The report of `bench serve`: the client's machine (the server may run on another) and the
+    endpoint measured ({base_url, model, vocab_size}) in place of an engine's settings."""
+    import torch
+
+    from fastgen.bench.environment import environment_info
+
+    return make_report("serve", argv, environment_info(torch.device("cpu")), endpoint, workload, results)
 
 
 def write_report(doc: dict, path: str | Path) -> None:

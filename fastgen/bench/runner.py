@@ -1,8 +1,9 @@
-"""Driving the engine for a benchmark: the warm-up, running a workload through the one
-run-to-completion loop, and the engine counters a run reports."""
+"""Driving the engine for a benchmark: the warm-up (and the run time it predicts), running a
+workload through the one run-to-completion loop, and the engine counters a run reports."""
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field, replace
 
@@ -55,6 +56,18 @@ class WarmUpTimes:
         batch = min(max_num_seqs, len(workload.prompts))
         decode_steps = -(-workload.num_output_tokens // batch)
         return workload.num_prompt_tokens * self.prefill_s_per_token + decode_steps * self.decode_step_s
+
+
+# A workload estimated to run longer than this (from the warm-up) is announced before it starts.
+LONG_RUN_NOTICE_S = 600.0
+
+
+def announce_if_long(estimate_s: float, device_type: str) -> None:
+    """Say so before starting a run that will plainly take long (a CPU with the default workload)."""
+    if estimate_s > LONG_RUN_NOTICE_S:
+        print(f"fastgen: note: this workload will take at least ~{estimate_s / 60:.0f} minutes on {device_type} "
+              f"(estimated from the warm-up); --num-prompts, --input-len and --output-len make it smaller",
+              file=sys.stderr, flush=True)
 
 
 def warm_up(engine, max_model_len: int) -> WarmUpTimes:

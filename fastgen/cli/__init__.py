@@ -1,1 +1,1 @@
-"""The `fastgen` command line: `bench throughput`, `bench latency` and `generate`."""
+"""The `fastgen` command line: `generate`, `serve` and `bench throughput|latency|serve|compare` (listed in `main`)."""

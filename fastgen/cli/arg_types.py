@@ -24,18 +24,24 @@ _BYTE_UNITS = {
 _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
-def _int(text: str) -> int:
+def _parse(convert, text: str, expected: str):
+    """convert(text); a ValueError becomes the message argparse prints: the value and what it must be."""
     try:
-        return int(text)
+        return convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer") from None
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {expected}") from None
+
+
+def integer(text: str) -> int:
+    """Any integer (the field's own check sets the limits)."""
+    return _parse(int, text, "an integer")
 
 
 def int_at_least(minimum: int, below: int | None = None):
     """Converter for integers >= minimum (and < below, when given)."""
 
     def convert(text: str) -> int:
-        value = _int(text)
+        value = integer(text)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be >= {minimum}")
         if below is not None and value >= below:
@@ -50,31 +56,17 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
 
-def integer(text: str) -> int:
-    """Any integer (the field's own check sets the limits)."""
-    return _int(text)
-
-
 def number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number") from None
+    return _parse(float, text, "a number")
 
 
 def int_list(text: str) -> list[int]:
     """Comma-separated integers: `1,2,4,8`."""
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be comma-separated integers") from None
+    return _parse(lambda t: [int(part) for part in t.split(",")], text, "comma-separated integers")
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number") from None
+    value = number(text)
     if not value >= 0.0 or math.isinf(value):  # the first also rejects nan
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a finite number >= 0")
     return value
@@ -82,17 +74,14 @@ def non_negative_float(text: str) -> float:
 
 def fraction(text: str) -> float:
     """A number in (0, 1], such as a share of GPU memory or a top-p mass."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number in (0, 1]") from None
+    value = _parse(float, text, "a number in (0, 1]")
     if not 0.0 < value <= 1.0:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be in (0, 1]")
     return value
 
 
 def top_k(text: str) -> int:
-    value = _int(text)
+    value = integer(text)
     if value == 0 or value < -1:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be -1 (all tokens) or >= 1")
     return value
@@ -138,12 +127,7 @@ def int_range(minimum: int):
         parts = text.split(":")
         if len(parts) > 2 or not all(p.strip() for p in parts):
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be N or MIN:MAX")
-        try:
-            bounds = [int(p) for p in parts]
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"invalid value {text!r}: must be N or MIN:MAX with integer bounds"
-            ) from None
+        bounds = _parse(lambda _: [int(p) for p in parts], text, "N or MIN:MAX with integer bounds")
         low, high = bounds[0], bounds[-1]
         if low < minimum:
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: {low} must be >= {minimum}")

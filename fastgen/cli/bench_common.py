@@ -1,11 +1,34 @@
-"""What both bench commands share on their command lines: the output flags."""
+"""What the bench commands share on their command lines: the random workload's flags
+(throughput and serve), the output flags (all three) and the side-by-side peers (throughput and
+latency), checked before any model loads."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
+from fastgen.bench.workload import IntRange, WorkloadSpec
 from fastgen.cli import arg_types
+
+
+def add_workload_args(parser: argparse.ArgumentParser, num_prompts: int, input_len: int,
+                      output_len: int) -> argparse._ArgumentGroup:
+    """The flags of a `WorkloadSpec` but its seed, and the temperature; the group, for more."""
+    group = parser.add_argument_group("workload")
+    group.add_argument("--num-prompts", metavar="N", type=arg_types.positive_int, default=num_prompts,
+                       help="number of requests")
+    group.add_argument("--input-len", type=arg_types.int_range(1), default=IntRange(input_len, input_len),
+                       metavar="MIN[:MAX]", help="prompt tokens after the shared prefix, drawn uniformly from [MIN, MAX]")
+    group.add_argument("--output-len", type=arg_types.int_range(1), default=IntRange(output_len, output_len),
+                       metavar="MIN[:MAX]", help="tokens generated per request, drawn uniformly from [MIN, MAX]")
+    group.add_argument("--prefix-len", metavar="N", type=arg_types.non_negative_int, default=0,
+                       help="random tokens shared at the start of every prompt (prefix-cache hits)")
+    group.add_argument("--temperature", metavar="T", type=arg_types.non_negative_float, default=0.0,
+                       help="sampling temperature of every request; 0 is greedy")
+    return group
+
+
+def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
+    return WorkloadSpec(args.num_prompts, args.input_len, args.output_len, args.prefix_len, args.seed)
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:
@@ -16,18 +39,6 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--per-request", action="store_true",
                        help="also record each request's lengths, TTFT, TPOT and end-to-end latency in the JSON")
     group.add_argument("--quiet", action="store_true", help="no progress reports on stderr")
-
-
-# A workload estimated to run longer than this (from the warm-up) is announced before it starts.
-LONG_RUN_NOTICE_S = 600.0
-
-
-def announce_if_long(estimate_s: float, device_type: str) -> None:
-    """Say so before starting a run that will plainly take long (a CPU with the default workload)."""
-    if estimate_s > LONG_RUN_NOTICE_S:
-        print(f"fastgen: note: this workload will take at least ~{estimate_s / 60:.0f} minutes on {device_type} "
-              f"(estimated from the warm-up); --num-prompts, --input-len and --output-len make it smaller",
-              file=sys.stderr, flush=True)
 
 
 def add_peer_args(parser: argparse.ArgumentParser, batch_size_flag: bool) -> None:

@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from fastgen.cli import arg_types
-from fastgen.cli.help_format import HelpFormatter
 
 EXIT_REGRESSION = 1
 
@@ -22,15 +21,11 @@ examples:
   fastgen bench compare baseline.json new.json --fail-above 10"""
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("compare", help="compare two bench reports (and gate on regressions)",
-                                   description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", metavar="OLD.json", help="the baseline report")
     parser.add_argument("new", metavar="NEW.json", help="the report to judge")
     parser.add_argument("--fail-above", metavar="PCT", type=arg_types.non_negative_float, default=None,
                         help="exit 1 when a metric is worse than the baseline by more than PCT percent")
-    parser.set_defaults(run=run, parser=parser)
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,9 +36,7 @@ def run(args: argparse.Namespace) -> int:
     for note in setup_differences(old, new):
         print(f"note: the runs differ in {note}", file=sys.stderr)
     print(format_comparison(deltas, args.fail_above))
-    if args.fail_above is None:
-        return 0
-    worse = [d for d in deltas if d.worse_pct is not None and d.worse_pct > args.fail_above]
+    worse = [d for d in deltas if d.worse_than(args.fail_above)]
     if worse:
         names = ", ".join(f"{d.metric} ({d.worse_pct:+.1f}% worse)" for d in worse)
         print(f"fastgen: regression beyond {args.fail_above:g}%: {names}", file=sys.stderr)

@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from fastgen.cli import arg_types, engine_args
-from fastgen.cli.help_format import HelpFormatter
 
 DESCRIPTION = """\
 Complete prompts with a model and print the completions (one prompt: just its text). Without
@@ -24,11 +23,7 @@ examples:
   echo "Tell me a joke." | fastgen generate --chat -"""
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "generate", help="complete prompts and print the text",
-        description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text; '-' reads it from stdin")
     group = parser.add_argument_group("generation")
     group.add_argument("--chat", action="store_true",
@@ -61,8 +56,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help="print token counts, TTFT and decode speed to stderr")
     engine_args.add_engine_args(parser, dummy_weights=False,
                                 max_model_len_default="the model's max_position_embeddings (n_positions for GPT-2)")
-    parser.set_defaults(run=run, parser=parser, enforce_eager=True)
-    return parser
+    parser.set_defaults(enforce_eager=True)
 
 
 def chat_prompt(tokenizer, text: str, system: str | None) -> list[int]:

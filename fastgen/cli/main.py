@@ -31,6 +31,20 @@ examples:
 Run `fastgen <command> --help` (or `fastgen bench <kind> --help`) for a command's flags."""
 
 
+# Each command: its name, its line in the list of commands, and the module that describes it
+# (DESCRIPTION, EPILOG), adds its flags (`add_arguments`) and runs it (`run`).
+BENCH_COMMANDS = [
+    ("throughput", "offline throughput of a random workload", bench_throughput),
+    ("latency", "latency of one batch, end to end and per step", bench_latency),
+    ("serve", "online benchmark of an OpenAI-compatible server", bench_serve),
+    ("compare", "compare two bench reports (and gate on regressions)", bench_compare),
+]
+COMMANDS = [
+    ("generate", "complete prompts and print the text", generate),
+    ("serve", "serve a model over an OpenAI-compatible HTTP API", serve),
+]
+
+
 def build_parser() -> argparse.ArgumentParser:
     import fastgen
 
@@ -51,11 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         "  fastgen bench compare baseline.json new.json --fail-above 10",
     )
     kinds = bench.add_subparsers(title="benchmarks", dest="bench", metavar="KIND", required=True)
-    leaves = (bench_throughput.add_parser(kinds), bench_latency.add_parser(kinds), bench_serve.add_parser(kinds),
-              bench_compare.add_parser(kinds), generate.add_parser(commands), serve.add_parser(commands))
-    for leaf in leaves:
-        leaf.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
-                          help="verbosity of the engine's log messages (stderr)")
+    for subparsers, table in ((kinds, BENCH_COMMANDS), (commands, COMMANDS)):
+        for name, help_text, module in table:
+            leaf = subparsers.add_parser(name, help=help_text, description=module.DESCRIPTION, epilog=module.EPILOG,
+                                         formatter_class=HelpFormatter)
+            module.add_arguments(leaf)
+            leaf.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
+                              help="verbosity of the engine's log messages (stderr)")
+            leaf.set_defaults(run=module.run, parser=leaf)
     return parser
 
 

@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from fastgen.cli import arg_types, engine_args
-from fastgen.cli.help_format import HelpFormatter
 
 DESCRIPTION = """\
 Serve a model over HTTP: OpenAI's /v1/completions, /v1/chat/completions (streaming with SSE) and
@@ -22,9 +21,7 @@ examples:
   fastgen serve --model ./Qwen3-0.6B --max-num-seqs 64 --max-waiting-requests 256"""
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
-                                   description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to listen on")
     group.add_argument("--port", type=arg_types.int_at_least(0, below=65536), default=8000,
@@ -41,8 +38,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help="seconds in-flight requests may finish after SIGINT / SIGTERM")
     engine_args.add_engine_args(parser, max_model_len_default="the model's max_position_embeddings",
                                 dummy_weights=False)
-    parser.set_defaults(run=run, parser=parser)
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from fastgen.bench.workload import IntRange, WorkloadSpec, build_workload
-from fastgen.cli import bench_common
 from fastgen.cli.main import main
 from tests.bench.report_schema import validate_report
 from tests.cli.conftest import CPU_FLAGS
@@ -158,7 +157,7 @@ def test_latency_report_counts_steps_and_tokens(fastgen_cli, tiny_models, tmp_pa
 
 
 def test_a_long_workload_is_announced_before_it_starts(capsys, monkeypatch, tiny_models):
-    monkeypatch.setattr(bench_common, "LONG_RUN_NOTICE_S", 0.0)
+    monkeypatch.setattr("fastgen.bench.runner.LONG_RUN_NOTICE_S", 0.0)
     status = main(["bench", "throughput", "--model", tiny_models["qwen3"], *CPU_FLAGS, "--num-prompts", "2",
                    "--input-len", "4", "--output-len", "2", "--quiet"])
     assert status == 0

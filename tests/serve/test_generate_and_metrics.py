@@ -69,7 +69,7 @@ def test_bench_serve_measures_the_server_and_writes_a_valid_report(server, tmp_p
 
 def test_bench_serve_goodput_counts_only_requests_within_the_slo(server):
     from fastgen.bench.serve_client import RequestTiming
-    from fastgen.cli.bench_serve import results_of
+    from fastgen.bench.serve_load import results_of
 
     fast = RequestTiming(prompt_len=4, sent_at=0.0, chunk_times=[0.01, 0.02, 0.03], done_at=0.03, output_tokens=3)
     slow = RequestTiming(prompt_len=4, sent_at=0.0, chunk_times=[2.0, 2.01], done_at=2.01, output_tokens=2)
