@@ -33,6 +33,7 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 LOAD_FORMATS = ("safetensors", "dummy")  # real weights from the folder, or random ones
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
+COMPILE_MODES = ("background", "blocking", "off")
 
 # (field name, value) -> the value as the engine keeps it (plain Python types), or ValueError
 # naming the field, the value and the limit.
@@ -144,6 +145,13 @@ class EngineConfig:
     """Run decode eagerly: no CUDA graphs (CUDA), no compiled decode step (CPU). Default: false,
     unless $FASTGEN_ENFORCE_EAGER=1 (the test suite's setting: its many short-lived engines
     would each pay a compile)."""
+    compile_mode: str = _knob("background", one_of(COMPILE_MODES))
+    """How the CPU's compiled steps are built, where they are not yet in the cache. background: the
+    engine serves at once, eagerly, while a child process compiles them, and switches to each
+    between two steps as it lands in the cache; blocking: each is compiled in this process the
+    first time a step needs it (what benchmarks want: no eager steps in the measurement); off:
+    none are built (eager steps). A graph already in the cache is loaded in seconds either way.
+    CUDA graphs are always captured at start-up."""
     cuda_graph_batch_sizes: list[int] | None = _knob(None, optional(batch_sizes))
     """Padded decode batch sizes to capture. Default: 1, 2, 4, 8, then steps of 8 up to 64 and of
     16 beyond, up to min(max_num_seqs, max_cuda_graph_batch_size)."""
@@ -249,8 +257,8 @@ class EngineConfig:
     def compiled_decode_enabled(self) -> bool:
         """The CPU counterpart of decode graphs: the decode step compiled whole (one rank, the
         torch attention backend)."""
-        return (self.torch_device.type == "cpu" and not self.enforce_eager and self.tensor_parallel_size == 1
-                and self.attention_backend in ("auto", "torch"))
+        return (self.torch_device.type == "cpu" and not self.enforce_eager and self.compile_mode != "off"
+                and self.tensor_parallel_size == 1 and self.attention_backend in ("auto", "torch"))
 
 
 @cache

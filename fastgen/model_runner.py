@@ -151,9 +151,11 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
                                       self.device) if sizes else None
         self.compiled_decode = None
         if config.compiled_decode_enabled:  # CPU only: CUDA runs never load the CPU fast path
+            from fastgen.cpu.background_compile import background_compile
             from fastgen.cpu.compiled_decode import CompiledDecodeStep
 
-            self.compiled_decode = CompiledDecodeStep(self.model, self.kv_cache.layers)
+            background = background_compile(config, num_blocks) if config.compile_mode == "background" else None
+            self.compiled_decode = CompiledDecodeStep(self.model, self.kv_cache.layers, background)
         self.step_sender = make_step_sender(self.inputs) if make_step_sender is not None else None
 
     @property
@@ -272,7 +274,9 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         return self.collect(self.launch(out))
 
     def shutdown(self) -> None:
-        """Nothing to release on one device (a tensor-parallel engine stops its workers here)."""
+        """Stop a background compile (a tensor-parallel engine stops its workers here)."""
+        if self.compiled_decode is not None:
+            self.compiled_decode.close()
 
     def _with_fork_rows(self, out: SchedulerOutput, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
         """Append each forked child's row: its parent's logits."""

@@ -116,9 +116,26 @@ def engine_settings(llm, choice) -> dict:
         "enforce_eager": config.enforce_eager,
         "cuda_graphs": runner.graphs is not None,
         "compiled_decode": runner.compiled_decode is not None,
+        "compile_mode": config.compile_mode,
+        **compile_times(runner),
         "torch_compile": config.compile_enabled,
         "attention_backend": runner.backend.name,
         "seed": config.seed,
         # Every EngineConfig field (defaults applied), so the engine of a run can be rebuilt.
         "config": {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init},
     }
+
+
+def compile_times(runner) -> dict:
+    """What building the fast steps cost, apart from the measurement: each compiled CPU graph's
+    first call (compiling or loading it, plus its first run) and whether it came from the cache;
+    the CUDA graphs' warm-up and capture."""
+    times: dict = {"compile_s": 0.0, "compiled_graphs": {}}
+    if (compiled := runner.compiled_decode) is not None:
+        times["compiled_graphs"] = {name: {"seconds": seconds, "from_cache": name in compiled.loaded}
+                                    for name, seconds in compiled.first_call_seconds.items()}
+        times["compile_s"] = sum(compiled.first_call_seconds.values())
+    if (graphs := runner.graphs) is not None:
+        times["compile_s"] = graphs.warmup_seconds + graphs.capture_seconds
+        times["compiled_graphs"] = {"cuda_graphs": {"seconds": times["compile_s"], "from_cache": False}}
+    return times

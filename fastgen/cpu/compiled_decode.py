@@ -37,7 +37,6 @@ a few seconds and neither traces nor compiles.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -46,6 +45,7 @@ from torch import nn
 
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_paged import CausalRows, TorchStepPlan, plan_of
+from fastgen.cpu.background_compile import BackgroundCompile
 from fastgen.cpu.flat_weights import flatten_weights, weight_views
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
 from fastgen.cpu.native.gemv import linears_as_gemv
@@ -145,17 +145,20 @@ class CompiledDecodeStep:
     """model: the decoder; kv_layers: each layer's (k_cache, v_cache), which the step writes
     (`fastgen.worker.kv_cache.KVCache.layers`).
 
+    background: the child process that compiles missing graphs while steps run eagerly
+    (`fastgen.cpu.background_compile`); None: a missing graph is compiled here, at its first use.
+
     `step(inputs)` runs uploaded decode inputs (their metadata prepared by the torch backend)
-    and returns the logits of every row and their argmax, or None where that graph could not be
-    built: the caller then runs the step eagerly, and the failed build is never tried again."""
+    and returns the logits of every row and their argmax, or None where that graph is not ready
+    (compiling in the background) or could not be built: the caller then runs the step eagerly,
+    and a failed build is never tried again."""
 
     GRAPHS = ("one_row", "many_rows", "prefill")
 
-    def __init__(self, model, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]):
-        # Inductor's default, a folder under /tmp, is often wiped at boot; keep its caches with
-        # fastgen's other cached artefacts unless the user chose a place.
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+    def __init__(self, model, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+                 background: BackgroundCompile | None = None):
         self.model = model
+        self.background = background
         self.kv_caches = [cache for layer in kv_layers for cache in layer]
         # The graphs take the weights as one flat buffer per dtype (the model's parameters become
         # views of them), not as hundreds of inputs: see `fastgen.cpu.flat_weights`.
@@ -173,6 +176,10 @@ class CompiledDecodeStep:
         self.first_call_seconds: dict[str, float] = {}  # graph name -> load or compile, plus first run
         self.loaded: set[str] = set()  # the graphs read from disk rather than compiled
         self.failed: set[str] = set()  # the graphs whose build raised: eager decode instead
+        self.background_seconds: dict[str, float] = {}  # graph name -> from the child's start to its file
+        needed = [name for name in self.GRAPHS if name != "prefill" or self.runs_prefill]
+        if background is not None and not all(self.paths[name].exists() for name in needed):
+            background.start()  # now, not at the first step: the sooner it starts, the sooner it ends
 
     @torch.inference_mode()
     def step(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -209,6 +216,27 @@ class CompiledDecodeStep:
         logits, greedy = out
         return logits[:num_sampled], greedy[:num_sampled]
 
+    def _ready_to_build(self, name: str) -> bool:
+        """Whether this process should load or compile graph `name` now: always without a
+        background compile; with one, once the graph's file is in the cache, or once the child
+        has ended without it (succeeded but could not save: compiled here; failed: never)."""
+        if self.background is None or self.paths[name].exists():
+            if self.background is not None and self.background.started_at is not None \
+                    and name not in self.background_seconds:
+                self.background_seconds[name] = self.background.seconds
+            return True
+        self.background.start()
+        if (failure := self.background.failure()) is not None:
+            logger.warning("the background compile failed (%s); the steps of graph %s run eagerly", failure, name)
+            self.failed.add(name)
+            return False
+        return self.background.exit_code() == 0
+
+    def close(self) -> None:
+        """Stop a background compile that still runs."""
+        if self.background is not None:
+            self.background.stop()
+
     def _pack_weights(self) -> None:
         """Pack the weights for the many-row and prefill graphs' GEMMs, once, where the copies
         fit in memory (else those GEMMs reorder the plain weights on every call, as before)."""
@@ -228,7 +256,7 @@ class CompiledDecodeStep:
         graph = self._graphs.get(name)
         if graph is not None:
             return graph(self.step_model, *args)
-        if name in self.failed:
+        if name in self.failed or not self._ready_to_build(name):
             return None
         if name != "one_row":
             self._pack_weights()
@@ -251,6 +279,8 @@ class CompiledDecodeStep:
         self.first_call_seconds[name] = time.perf_counter() - start
         if loaded:
             self.loaded.add(name)
-        logger.info("%s the CPU step graph %s in %.1fs (%s)", "loaded" if loaded else "compiled",
-                    name, self.first_call_seconds[name], self.paths[name])
+        logger.info("%s the CPU step graph %s in %.1fs (%s)%s", "loaded" if loaded else "compiled",
+                    name, self.first_call_seconds[name], self.paths[name],
+                    f", {self.background_seconds[name]:.0f}s after the background compile started"
+                    if name in self.background_seconds else "")
         return out

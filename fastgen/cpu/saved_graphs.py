@@ -8,7 +8,7 @@ together; loading that package takes a few seconds and traces nothing.
 A package is only valid for the exact code and shapes it was traced from, and it is called with
 its guards off (they would reject an input made under another autograd mode, and checking
 hundreds of tensors costs about a millisecond a step). So everything a trace depends on goes into
-the file's name instead (`graph_key`): fastgen's source, torch, Python, the CPU's vector
+the file's name instead (`graph_key`): the fastgen source it traces, torch, Python, the CPU's vector
 capability, the thread count, the model's configuration and the shapes and dtypes of every
 parameter and static tensor. A package whose key matches was traced from the same program over
 the same fixed shapes (every other size is a symbol of its own: no duck shaping); any change
@@ -33,20 +33,37 @@ from pathlib import Path
 
 import torch
 
-import fastgen
+from fastgen.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
 UNUSED_DAYS = 30
 
 
+# The packages whose code a compiled step runs or builds it from: the model and its layers,
+# attention, the op set, the CPU fast path and how weights split; and `fastgen.kernels` (the KV
+# store's torch twin). The engine, the server and the CLI change without changing any graph, so
+# they stay out of its key (`tests/cpu/test_compiled_decode.py` checks that every file a trace
+# runs is in here).
+TRACED_PACKAGES = ("models", "layers", "attention", "compile", "cpu", "parallel")
+
+
+def traced_sources() -> list[Path]:
+    """The Python files a compiled step's key covers, sorted."""
+    import fastgen.kernels
+
+    root = Path(fastgen.__file__).parent
+    paths = [path for package in TRACED_PACKAGES for path in (root / package).rglob("*.py")]
+    paths += Path(fastgen.kernels.__file__).parent.glob("*.py")
+    return sorted(path.resolve() for path in paths)
+
+
 @functools.cache
 def source_digest() -> str:
-    """A digest of every Python file of the installed fastgen package."""
+    """A digest of the code the compiled steps trace (`traced_sources`)."""
     digest = hashlib.sha256()
-    root = Path(fastgen.__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
+    for path in traced_sources():
+        digest.update(f"{path.parent.name}/{path.name}".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
@@ -70,6 +87,10 @@ def load_or_compile(fn: Callable, backend: Callable, args: tuple, model: torch.n
     """`fn(model, *args)` compiled whole (one graph, symbolic sizes) with `backend`: loaded from
     `path` when a package is there, else compiled and saved there. Returns the compiled function
     (same arguments as `fn`) and whether it was loaded."""
+    # Inductor's default, a folder under /tmp, is often wiped at boot; keep its caches with
+    # fastgen's other cached artefacts unless the user chose a place. Inductor reads its folder
+    # from this variable (and writes its default there itself): there is no per-compile setting.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
     if path.exists():
         try:
             with open(path, "rb") as f:

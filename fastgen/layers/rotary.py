@@ -35,6 +35,20 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(in_band, blended, scaled)
 
 
+# The shortest RoPE table built: every max_model_len up to it gets the same table, so the same
+# compiled CPU steps (whose saved graphs are keyed by every buffer's shape).
+MIN_ROPE_TABLE_POSITIONS = 4096
+
+
+def rope_table_positions(max_model_len: int, model_limit: int) -> int:
+    """Positions the RoPE table holds: max_model_len rounded up to a power of two, at least
+    MIN_ROPE_TABLE_POSITIONS, at most the model's own limit (a table of float32 [positions,
+    head_dim]: 2 MiB at 4,096 positions and head_dim 128). Rounding up keeps a new max_model_len
+    from changing the compiled steps' shapes."""
+    bucket = max(MIN_ROPE_TABLE_POSITIONS, 1 << (max_model_len - 1).bit_length())
+    return max(max_model_len, min(bucket, model_limit))
+
+
 class RotaryEmbedding(nn.Module):
     """Holds a float32 [max_positions, head_dim] table of cos | sin (rotate-half layout); the
     attention backend applies it to q and k, fused with the KV store where it can."""

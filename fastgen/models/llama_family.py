@@ -25,7 +25,7 @@ from fastgen.compile import OpSet
 from fastgen.layers.attention import PagedAttention
 from fastgen.layers.norm import RMSNorm
 from fastgen.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
-from fastgen.layers.rotary import RotaryEmbedding
+from fastgen.layers.rotary import RotaryEmbedding, rope_table_positions
 from fastgen.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from fastgen.models.llama_family_config import LlamaFamilyConfig
 from fastgen.models.loader import CheckpointFormat
@@ -122,7 +122,10 @@ class LlamaFamilyForCausalLM(nn.Module):
                  tp: TensorParallelGroup = SINGLE_RANK):
         super().__init__()
         self.config = cfg
-        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        # The table covers max_positions (the engine's max_model_len), rounded up so that engines
+        # of nearby lengths share compiled steps.
+        positions = rope_table_positions(max_positions, cfg.max_position_embeddings)
+        rotary = RotaryEmbedding(cfg.head_dim, positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, backend, ops, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)

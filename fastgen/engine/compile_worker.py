@@ -1,0 +1,72 @@
+"""The child process that compiles an engine's CPU step graphs into the cache while its parent
+serves (`EngineConfig.compile_mode = "background"`, `fastgen.cpu.background_compile`).
+
+    python -m fastgen.engine.compile_worker SPEC_JSON
+
+SPEC_JSON: {"model": folder, "engine": {EngineConfig field: value}, "threads": n}. The child
+builds the same engine on random weights (a graph depends on the weights' shapes, never their
+values, and its cache key says so), compiling in this process (`compile_mode="blocking"`), and
+runs requests that reach each graph once: a prompt alone (the prefill graph, then the one-row
+decode graph) and two together (the many-row decode graph). Each graph is saved to the cache as
+it is built, so the parent can switch to it before the child finishes. Exit status 0 when every
+graph was built, 1 when one could not be (the child's log says why).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+from fastgen.config import EngineConfig
+from fastgen.engine.llm_engine import LLMEngine
+from fastgen.sampling_params import SamplingParams
+
+logger = logging.getLogger("fastgen.compile_worker")
+
+NICENESS = 10
+PROMPT_TOKENS = 8  # enough tokens for the prefill graph (two or more a step)
+
+
+def build_every_graph(engine: LLMEngine) -> set[str]:
+    """Run requests that use every compiled graph; return the graphs that could not be built."""
+    vocab = engine.config.model_config.vocab_size
+    # Distinct token ids, so no prompt is a prefix-cache hit (a hit's step runs eagerly).
+    prompts = [[(100 * i + t) % vocab for t in range(PROMPT_TOKENS)] for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    for batch in (prompts[:1], prompts[1:]):
+        for prompt in batch:
+            engine.add_request(prompt, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+    return set(engine.runner.compiled_decode.failed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Below the parent, whose steps it competes with for the cores (`fastgen.cpu.background_compile`).
+    os.nice(NICENESS)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = json.loads(argv[0])
+    import torch
+
+    # The thread count is part of every graph's key: the parent's, so the parent finds them.
+    torch.set_num_threads(spec["threads"])
+    engine_args = {**spec["engine"], "compile_mode": "blocking", "enforce_eager": False,
+                   "enable_prefix_caching": False}
+    config = EngineConfig(model=spec["model"], **engine_args)
+    engine = LLMEngine(config, load_format="dummy", skip_tokenizer_init=True)
+    try:
+        failed = build_every_graph(engine)
+    finally:
+        engine.shutdown()
+    if failed:
+        logger.error("could not build the graphs %s", sorted(failed))
+        return 1
+    logger.info("every graph built")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

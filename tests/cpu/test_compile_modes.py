@@ -1,0 +1,121 @@
+"""How the compiled CPU steps get built: keys that hold only what a trace depends on (so a new
+max_model_len or max_num_seqs reuses the graphs), and the background compile that lets an engine
+serve eagerly, and correctly, until its graphs are ready."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+import fastgen
+import fastgen.kernels
+import fastgen.cpu.background_compile as background_compile
+import fastgen.cpu.compiled_decode as compiled_decode
+from fastgen import LLM, SamplingParams
+from fastgen.cpu.saved_graphs import traced_sources
+from fastgen.layers.rotary import rope_table_positions
+from tests.conftest import random_prompts
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def cpu_llm(model: str, compile_mode: str, **kwargs) -> LLM:
+    settings = {"dtype": "float32", "block_size": 4, "num_kv_blocks": 256, "max_num_seqs": 8,
+                "max_num_batched_tokens": 64, **kwargs}
+    return LLM(model, enforce_eager=False, compile_mode=compile_mode, **settings)
+
+
+def assert_equal_transformers(reference, model: str, prompts, outputs) -> None:
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.outputs[0].token_ids == reference(model, [prompt], GREEDY.max_tokens)[0]
+
+
+@pytest.mark.parametrize(("max_model_len", "limit", "positions"), [
+    (100, 8192, 4096), (4096, 8192, 4096), (4097, 8192, 8192), (5000, 40960, 8192), (300, 1024, 1024),
+    (9000, 9000, 9000), (1, 2048, 2048),
+])
+def test_rope_tables_round_up_to_shared_sizes(max_model_len, limit, positions):
+    assert rope_table_positions(max_model_len, limit) == positions
+
+
+def test_a_new_max_model_len_or_max_num_seqs_reuses_the_compiled_graphs(tiny_models, private_cache):
+    model = tiny_models["qwen3"]
+    paths = cpu_llm(model, "blocking", max_model_len=64, max_num_seqs=4).engine.runner.compiled_decode.paths
+    assert cpu_llm(model, "blocking", max_model_len=1000, max_num_seqs=16).engine.runner.compiled_decode.paths == paths
+    # The KV cache's shape is part of the graph: another block count is another graph.
+    assert cpu_llm(model, "blocking", num_kv_blocks=128).engine.runner.compiled_decode.paths != paths
+
+
+def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cache, monkeypatch):
+    """The key digests only the packages the steps trace (`traced_sources`); here each graph is
+    traced and the files its operations came from must all be among them."""
+    seen: set[str] = set()
+
+    def recording_backend(gemv: bool):
+        def backend(gm, example_inputs):
+            for node in gm.graph.nodes:
+                seen.update(re.findall(r'File "([^"]+)"', node.meta.get("stack_trace") or ""))
+            return gm.forward
+
+        return backend
+
+    monkeypatch.setattr(compiled_decode, "inductor_backend", recording_backend)
+    llm = cpu_llm(tiny_models["qwen3"], "blocking")
+    llm.generate(random_prompts([7], seed=81), GREEDY)  # prefill graph, then one-row decode
+    llm.generate(random_prompts([5, 9], seed=82), GREEDY)  # many-row decode
+    assert set(llm.engine.runner.compiled_decode.first_call_seconds) == {"one_row", "many_rows", "prefill"}
+    roots = (Path(fastgen.__file__).resolve().parent, Path(fastgen.kernels.__file__).resolve().parent)
+    ours = {Path(f).resolve() for f in seen if Path(f).resolve().is_relative_to(roots[0])
+            or Path(f).resolve().is_relative_to(roots[1])}
+    assert any(path.name == "llama_family.py" for path in ours)  # the recording saw the model's code
+    assert ours <= set(traced_sources()), sorted(ours - set(traced_sources()))
+
+
+def test_background_compile_serves_eagerly_then_switches_to_the_graphs(tiny_models, reference, private_cache):
+    """The engine answers while a child process compiles; once the child has saved the graphs,
+    the next steps load and run them. Every output equals transformers', before and after."""
+    model = tiny_models["qwen3"]
+    llm = cpu_llm(model, "background")
+    compiled = llm.engine.runner.compiled_decode
+    assert compiled.background.process is not None  # started with the engine
+    prompts = random_prompts([11, 5], seed=71)
+    assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
+    if compiled.background.exit_code() is None:  # still compiling: nothing was built here
+        assert compiled.first_call_seconds == {}
+    assert compiled.background.process.wait(timeout=600) == 0
+    alone = random_prompts([9], seed=72)
+    assert_equal_transformers(reference, model, alone, llm.generate(alone, GREEDY))
+    assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
+    assert compiled.loaded == {"one_row", "many_rows", "prefill"}  # from the child, none compiled here
+    assert set(compiled.background_seconds) == compiled.loaded
+    llm.engine.shutdown()
+
+
+def test_a_failed_background_compile_leaves_the_engine_eager_and_correct(tiny_models, reference, private_cache,
+                                                                         monkeypatch, caplog):
+    def broken(config, num_kv_blocks):  # a child that cannot build its engine
+        spec = {"model": str(private_cache / "no-such-model"), "engine": {}, "threads": 1}
+        return background_compile.BackgroundCompile(spec, private_cache / "background.log")
+
+    monkeypatch.setattr(background_compile, "background_compile", broken)
+    model = tiny_models["qwen3"]
+    llm = cpu_llm(model, "background")
+    compiled = llm.engine.runner.compiled_decode
+    assert compiled.background.process.wait(timeout=120) != 0
+    prompts = random_prompts([6, 10], seed=73) + random_prompts([4], seed=74)
+    with caplog.at_level(logging.WARNING):
+        assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
+    assert compiled.failed == {"prefill", "many_rows"} and compiled.first_call_seconds == {}
+    assert "the background compile failed" in caplog.text and "background.log" in caplog.text
+
+
+def test_compile_mode_off_builds_no_compiled_steps(tiny_models):
+    assert cpu_llm(tiny_models["qwen3"], "off").engine.runner.compiled_decode is None
+
+
+def test_compile_mode_is_checked(tiny_models):
+    with pytest.raises(ValueError, match="compile_mode='eager' is not one of"):
+        cpu_llm(tiny_models["qwen3"], "eager")
