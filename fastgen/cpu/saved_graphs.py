@@ -47,6 +47,10 @@ UNUSED_DAYS = 30
 # runs is in here).
 TRACED_PACKAGES = ("models", "layers", "attention", "compile", "cpu", "parallel")
 
+# Raised when code outside those packages changes what a graph may assume of its inputs (2: block
+# tables are at least two columns wide, so no graph holds their width as a constant).
+INPUT_CONTRACT = 2
+
 
 def traced_sources() -> list[Path]:
     """The Python files a compiled step's key covers, sorted."""
@@ -74,7 +78,7 @@ def graph_key(name: str, model: torch.nn.Module, model_config: object, static: S
     from torch._inductor.utils import parallel_num_threads
 
     # The thread count is written into Inductor's C++ (its OpenMP loops), so it is part of the key too.
-    parts = [name, source_digest(), torch.__version__, platform.python_version(), sys.platform,
+    parts = [name, f"inputs {INPUT_CONTRACT}", source_digest(), torch.__version__, platform.python_version(), sys.platform,
              torch.backends.cpu.get_cpu_capability(), f"threads {parallel_num_threads()}", repr(model_config)]
     parts += [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters()]
     parts += [f"{n}:{tuple(b.shape)}:{b.dtype}" for n, b in model.named_buffers()]

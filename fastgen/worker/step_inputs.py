@@ -78,7 +78,10 @@ class StepInputBuilder:
         self.input_ids = CpuGpuBuffer((tokens,), torch.int64, device)
         self.positions = CpuGpuBuffer((tokens,), torch.int64, device)
         self.slot_mapping = CpuGpuBuffer((tokens,), torch.int64, device, fill=-1)
-        self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, device)
+        # Two columns at least (the spare one all -1): a compiled CPU graph traced over one-column
+        # tables would hold that width as a constant (torch.compile specialises sizes of 1), and
+        # graphs are shared between engines whose max_model_len gives other widths.
+        self.block_table = BlockTable(max_num_seqs, max(2, max_blocks_per_seq), device)
         self.context_lens = CpuGpuBuffer((max_num_seqs,), torch.int32, device)
         self.query_start_loc = CpuGpuBuffer((max_num_seqs + 1,), torch.int32, device)
         self.logits_indices = CpuGpuBuffer((max_num_seqs,), torch.int64, device)

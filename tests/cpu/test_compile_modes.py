@@ -49,6 +49,22 @@ def test_a_new_max_model_len_or_max_num_seqs_reuses_the_compiled_graphs(tiny_mod
     assert cpu_llm(model, "blocking", max_model_len=64, num_kv_blocks=128).engine.runner.compiled_decode.paths != paths
 
 
+def test_engines_of_other_lengths_run_the_same_graphs_correctly(tiny_models, reference, private_cache):
+    """An engine whose block tables are one block wide (max_model_len <= block_size) compiles the
+    graphs; one with wider tables loads and runs them: the width is a size of the graphs, not a
+    constant of the first engine's. Both equal transformers."""
+    model = tiny_models["qwen3"]
+    prompts = random_prompts([9], seed=91) + random_prompts([5, 12], seed=92)
+    engines = []
+    for max_model_len in (64, 1000):
+        llm = cpu_llm(model, "blocking", block_size=256, num_kv_blocks=8, max_model_len=max_model_len)
+        assert_equal_transformers(reference, model, prompts[:1], llm.generate(prompts[:1], GREEDY))
+        assert_equal_transformers(reference, model, prompts[1:], llm.generate(prompts[1:], GREEDY))
+        engines.append(llm.engine.runner.compiled_decode)
+    assert engines[0].paths == engines[1].paths and engines[0].loaded == set()
+    assert engines[1].loaded == {"one_row", "many_rows", "prefill"} and not engines[1].failed
+
+
 def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cache, monkeypatch):
     """The key digests only the packages the steps trace (`traced_sources`); here each graph is
     traced and the files its operations came from must all be among them."""
