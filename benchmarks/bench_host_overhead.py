@@ -230,6 +230,7 @@ class EngineDecodeBatch:
             model_dir, load_format="dummy", dtype="float32", device="cpu", block_size=block_size,
             num_kv_blocks=kv_blocks_for(block_size), max_num_seqs=NUM_SEQS,
             max_num_batched_tokens=MAX_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
+            compile_mode="blocking",  # the model never runs here: no background compile either
         )
         self.engine = self.llm.engine
         self.block_size = block_size
