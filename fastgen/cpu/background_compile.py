@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -32,6 +33,10 @@ from fastgen.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
+LOG_DAYS = 7  # a child's log is kept this long (a failure's message points at it)
+_engines = itertools.count()  # several engines of one process get logs of their own
+
+
 class BackgroundCompile:
     """spec: what the child builds (`fastgen.engine.compile_worker`: model folder, engine fields,
     thread count); log_path: where its output goes (kept for a failure's message)."""
@@ -41,17 +46,22 @@ class BackgroundCompile:
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self.started_at: float | None = None
+        self.stopped = False  # stopped by this process (its exit is then no failure)
 
     def start(self) -> None:
         """Start the child, once (later calls do nothing)."""
         if self.process is not None:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        prune_logs(self.log_path.parent)
         self.started_at = time.perf_counter()
         with open(self.log_path, "w") as log:
+            # A session of its own: Ctrl-C at the terminal interrupts the engine's caller, not the
+            # compile (which would otherwise end, and leave the engine eager for good).
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "fastgen.engine.compile_worker", json.dumps(self.spec)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_environment(),
+                start_new_session=True,
             )
         atexit.register(self.stop)
         logger.info("compiling the CPU step graphs in the background (process %d, log %s); steps run eagerly "
@@ -66,11 +76,8 @@ class BackgroundCompile:
         """The child's exit status, or None while it runs (or before it started)."""
         return None if self.process is None else self.process.poll()
 
-    def failure(self) -> str | None:
-        """Why the child failed (its log's last lines), or None while it runs or after success."""
-        code = self.exit_code()
-        if code in (None, 0):
-            return None
+    def describe_exit(self, code: int) -> str:
+        """The exit status and the last lines of the child's log, for a warning."""
         try:
             tail = self.log_path.read_text().strip().splitlines()[-5:]
         except OSError:
@@ -80,6 +87,7 @@ class BackgroundCompile:
     def stop(self) -> None:
         """Stop the child if it still runs (what it saved stays in the cache)."""
         if self.process is not None and self.process.poll() is None:
+            self.stopped = True
             self.process.terminate()
             try:
                 self.process.wait(timeout=10)
@@ -89,6 +97,17 @@ class BackgroundCompile:
         atexit.unregister(self.stop)
 
 
+def prune_logs(folder: Path) -> None:
+    """Delete the children's logs older than LOG_DAYS."""
+    now = time.time()
+    for log in folder.glob("background-*.log"):
+        try:
+            if now - log.stat().st_mtime > LOG_DAYS * 86400:
+                log.unlink()
+        except OSError:  # removed meanwhile by another process
+            pass
+
+
 def background_compile(config: EngineConfig, num_kv_blocks: int) -> BackgroundCompile:
     """The child for an engine of `config` whose cache has `num_kv_blocks` blocks: the same
     engine fields (the cache's size given as its block count, so its shape is the same), the
@@ -96,7 +115,7 @@ def background_compile(config: EngineConfig, num_kv_blocks: int) -> BackgroundCo
     engine = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and f.name != "model"}
     engine["num_kv_blocks"] = num_kv_blocks
     spec = {"model": str(config.model), "engine": engine, "threads": torch.get_num_threads()}
-    return BackgroundCompile(spec, cache_dir() / "compiled" / f"background-{os.getpid()}.log")
+    return BackgroundCompile(spec, cache_dir() / "compiled" / f"background-{os.getpid()}-{next(_engines)}.log")
 
 
 def child_environment() -> dict[str, str]:

@@ -178,7 +178,8 @@ class CompiledDecodeStep:
         self.failed: set[str] = set()  # the graphs whose build raised: eager decode instead
         self.background_seconds: dict[str, float] = {}  # graph name -> from the child's start to its file
         needed = [name for name in self.GRAPHS if name != "prefill" or self.runs_prefill]
-        if background is not None and not all(self.paths[name].exists() for name in needed):
+        self._awaited = {name for name in needed if not self.paths[name].exists()}  # what the child builds
+        if background is not None and self._awaited:
             background.start()  # now, not at the first step: the sooner it starts, the sooner it ends
 
     @torch.inference_mode()
@@ -218,19 +219,21 @@ class CompiledDecodeStep:
 
     def _ready_to_build(self, name: str) -> bool:
         """Whether this process should load or compile graph `name` now: always without a
-        background compile; with one, once the graph's file is in the cache, or once the child
-        has ended without it (succeeded but could not save: compiled here; failed: never)."""
-        if self.background is None or self.paths[name].exists():
-            if self.background is not None and self.background.started_at is not None \
-                    and name not in self.background_seconds:
+        background compile; with one, only once the graph's file is in the cache. Never compiled
+        here in background mode (minutes of work in the serving process): a child that ended
+        without the file leaves that graph's steps eager, with a warning."""
+        if self.background is None:
+            return True
+        if self.paths[name].exists():
+            if name in self._awaited and name not in self.background_seconds:
                 self.background_seconds[name] = self.background.seconds
             return True
         self.background.start()
-        if (failure := self.background.failure()) is not None:
-            logger.warning("the background compile failed (%s); the steps of graph %s run eagerly", failure, name)
+        if (code := self.background.exit_code()) is not None and not self.background.stopped:
+            logger.warning("the background compile ended (%s) without the graph %s; its steps run eagerly",
+                           self.background.describe_exit(code), name)
             self.failed.add(name)
-            return False
-        return self.background.exit_code() == 0
+        return False
 
     def close(self) -> None:
         """Stop a background compile that still runs."""

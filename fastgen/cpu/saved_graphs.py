@@ -9,7 +9,8 @@ A package is only valid for the exact code and shapes it was traced from, and it
 its guards off (they would reject an input made under another autograd mode, and checking
 hundreds of tensors costs about a millisecond a step). So everything a trace depends on goes into
 the file's name instead (`graph_key`): the fastgen source it traces, torch, Python, the CPU's vector
-capability, the thread count, the model's configuration and the shapes and dtypes of every
+capability and feature flags (a cache shared between machines must not hand an AMX graph to a CPU
+without AMX), the thread count, the model's configuration and the shapes and dtypes of every
 parameter and static tensor. A package whose key matches was traced from the same program over
 the same fixed shapes (every other size is a symbol of its own: no duck shaping); any change
 makes a new key and so a new compile.
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from fastgen.cpu.native.features import cpu_flags
 from fastgen.paths import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -43,11 +45,11 @@ UNUSED_DAYS = 30
 # The packages whose code a compiled step runs or builds it from: the model and its layers,
 # attention, the op set, the CPU fast path and how weights split; and `fastgen.kernels` (the KV
 # store's torch twin). The engine, the server and the CLI change without changing any graph, so
-# they stay out of its key (`tests/cpu/test_compiled_decode.py` checks that every file a trace
+# they stay out of its key (`tests/cpu/test_compile_modes.py` checks that every file a trace
 # runs is in here).
 TRACED_PACKAGES = ("models", "layers", "attention", "compile", "cpu", "parallel")
 
-# Raised when code outside those packages changes what a graph may assume of its inputs (2: block
+# Bumped when code outside those packages changes what a graph may assume of its inputs (2: block
 # tables are at least two columns wide, so no graph holds their width as a constant).
 INPUT_CONTRACT = 2
 
@@ -78,8 +80,9 @@ def graph_key(name: str, model: torch.nn.Module, model_config: object, static: S
     from torch._inductor.utils import parallel_num_threads
 
     # The thread count is written into Inductor's C++ (its OpenMP loops), so it is part of the key too.
-    parts = [name, f"inputs {INPUT_CONTRACT}", source_digest(), torch.__version__, platform.python_version(), sys.platform,
-             torch.backends.cpu.get_cpu_capability(), f"threads {parallel_num_threads()}", repr(model_config)]
+    parts = [name, f"inputs {INPUT_CONTRACT}", source_digest(), torch.__version__, platform.python_version(),
+             sys.platform, torch.backends.cpu.get_cpu_capability(), " ".join(sorted(cpu_flags())),
+             f"threads {parallel_num_threads()}", repr(model_config)]
     parts += [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters()]
     parts += [f"{n}:{tuple(b.shape)}:{b.dtype}" for n, b in model.named_buffers()]
     parts += [f"static:{tuple(t.shape)}:{t.dtype}" for t in static]

@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 
 from fastgen.config import EngineConfig
 from fastgen.engine.llm_engine import LLMEngine
@@ -30,7 +32,8 @@ PROMPT_TOKENS = 8  # enough tokens for the prefill graph (two or more a step)
 
 
 def build_every_graph(engine: LLMEngine) -> set[str]:
-    """Run requests that use every compiled graph; return the graphs that could not be built."""
+    """Run requests that use every compiled graph; return the graphs that are not in the cache
+    after (failed to build, or built but not saved: the parent finds only what is saved)."""
     vocab = engine.config.model_config.vocab_size
     # Distinct token ids, so no prompt is a prefix-cache hit (a hit's step runs eagerly).
     prompts = [[(100 * i + t) % vocab for t in range(PROMPT_TOKENS)] for i in range(3)]
@@ -40,13 +43,16 @@ def build_every_graph(engine: LLMEngine) -> set[str]:
             engine.add_request(prompt, params)
         while engine.has_unfinished_requests():
             engine.step()
-    return set(engine.runner.compiled_decode.failed)
+    compiled = engine.runner.compiled_decode
+    needed = [name for name in compiled.GRAPHS if name != "prefill" or compiled.runs_prefill]
+    return {name for name in needed if not compiled.paths[name].exists()}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Below the parent, whose steps it competes with for the cores (`fastgen.cpu.background_compile`).
     os.nice(NICENESS)
+    exit_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = json.loads(argv[0])
     import torch
@@ -62,10 +68,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.shutdown()
     if failed:
-        logger.error("could not build the graphs %s", sorted(failed))
+        logger.error("the graphs %s are not in the cache", sorted(failed))
         return 1
     logger.info("every graph built")
     return 0
+
+
+def exit_with_parent() -> None:
+    """End this process when its parent is gone, however it went (a killed parent runs no exit
+    handler to stop the child): a thread that watches the parent's pid."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 if __name__ == "__main__":
