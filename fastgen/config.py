@@ -115,8 +115,12 @@ class EngineConfig:
     max_num_seqs: int = _knob(256, at_least(1))
     """Most sequences in one step (the decode batch)."""
     max_num_batched_tokens: int = _knob(8192, at_least(1))
-    """Most prompt tokens computed in one prefill step; longer prompts are split into chunks of at
-    most this many tokens."""
+    """The token budget of one step: every running sequence's decode token first, then prompt
+    chunks in what remains; longer prompts are split over several steps."""
+    long_prefill_token_threshold: int = _knob(256, at_least(0))
+    """Most tokens of one prompt in a step that also decodes running sequences, so that a long
+    prompt arriving beside them costs each stream several short steps, not one long freeze (as
+    vLLM's option of this name). 0: no cap beyond the budget."""
     max_model_len: int | None = _knob(None, optional(at_least(2)))
     """Longest sequence, prompt + output. Default: the model's length limit (config.json's
     max_position_embeddings; n_positions for GPT-2)."""

@@ -27,7 +27,10 @@ class SchedulerOutput:
     """The scheduler's decision for one step, handed to the runner as plain data.
 
     seqs: sequences in batch order. num_new_tokens: tokens each computes, starting at its
-    `num_computed_tokens`. is_prefill: prompt step (many tokens a sequence) or decode (one).
+    `num_computed_tokens`. is_prefill: a step with prompt tokens (any number a sequence), or a
+    decode step (one token a sequence, the CUDA graphs' and compiled decode graphs' kind).
+    num_decodes: the first num_decodes sequences decode one token each (all of them in a decode
+    step); the rest compute prompt chunks. A prefill step with decodes is a mixed step.
 
     The facts the worker's per-sequence state follows (block-table rows, sampler generators),
     so that it never has to infer a change:
@@ -50,6 +53,7 @@ class SchedulerOutput:
     preempted_seq_ids: tuple[int, ...] = ()
     finished_seq_ids: tuple[int, ...] = ()
     forks: tuple[Fork, ...] = ()
+    num_decodes: int = 0
 
     @property
     def forked_seqs(self) -> tuple[Sequence, ...]:
@@ -59,6 +63,11 @@ class SchedulerOutput:
     def empty_decode(cls) -> "SchedulerOutput":
         """A decode step with no sequences: what graph capture and the memory profile pad out."""
         return cls([], [], False, [], [])
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens this step computes (every token but the decodes')."""
+        return self.num_tokens - self.num_decodes
 
     @property
     def num_tokens(self) -> int:

@@ -3,6 +3,7 @@ workload through the one run-to-completion loop, and the engine counters a run r
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -27,15 +28,23 @@ class EngineCounters:
     hit_tokens: int
     queried_tokens: int
     preemptions: int
+    decode_tokens: int = 0
+    prompt_tokens: int = 0
+    mixed_steps: int = 0
 
     @classmethod
     def read(cls, engine) -> "EngineCounters":
         stats = engine.stats()
-        return cls(stats.prefix_hit_tokens, stats.prefix_queried_tokens, stats.num_preemptions)
+        return cls(stats.prefix_hit_tokens, stats.prefix_queried_tokens, stats.num_preemptions, stats.decode_tokens,
+                   stats.prompt_tokens, stats.mixed_steps)
 
     def since(self, earlier: "EngineCounters") -> "EngineCounters":
-        return EngineCounters(self.hit_tokens - earlier.hit_tokens, self.queried_tokens - earlier.queried_tokens,
-                              self.preemptions - earlier.preemptions)
+        return EngineCounters(*(now - before for now, before in zip(dataclasses.astuple(self),
+                                                                     dataclasses.astuple(earlier))))
+
+    def step_tokens(self) -> dict[str, int]:
+        """The scheduler's choices over the measurement (the bench JSON's `step_tokens`)."""
+        return {"decode": self.decode_tokens, "prompt": self.prompt_tokens, "mixed_steps": self.mixed_steps}
 
     @property
     def hit_rate(self) -> float:

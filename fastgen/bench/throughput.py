@@ -89,6 +89,7 @@ def measure_round(engine, device, workload: Workload, temperature: float, peers:
         "prefix_cache_hit_rate": counters.hit_rate,
         "cached_prompt_tokens": sum(o.metrics.num_cached_tokens for o in outputs),
         "num_preemptions": counters.preemptions,
+        "step_tokens": counters.step_tokens(),
     }
     if per_request:
         results["requests"] = request_records(outputs)

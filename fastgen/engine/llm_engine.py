@@ -79,11 +79,13 @@ class LLMEngine:
             config.max_num_batched_tokens,
             config.max_model_len,
             eos,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
         )
         self.outbox = Outbox()
         self.live = LiveRequests(self.scheduler, self.outbox)
         self.requests, self.parents = self.live.states, self.live.parents  # read-only views, by id
         self.num_steps = 0
+        self.step_tokens = {"decode": 0, "prompt": 0, "mixed_steps": 0}  # since start, by kind
         self.factory = RequestFactory(config, self.tokenizer)
         self.driver = Driver()  # which thread may drive the engine
 
@@ -172,6 +174,8 @@ class LLMEngine:
             num_kv_blocks=bm.num_blocks, num_used_kv_blocks=bm.num_blocks - bm.num_free_blocks,
             prefix_hit_tokens=bm.num_hit_tokens, prefix_queried_tokens=bm.num_queried_tokens,
             num_preemptions=scheduler.num_preemptions, num_steps=self.num_steps,
+            decode_tokens=self.step_tokens["decode"], prompt_tokens=self.step_tokens["prompt"],
+            mixed_steps=self.step_tokens["mixed_steps"],
         )
 
     def check_invariants(self) -> None:
@@ -217,6 +221,9 @@ class LLMEngine:
             return StepResult(outputs, None, 0, 0, 0, started)
         outputs += self.live.deliver(made)
         self.num_steps += 1
+        self.step_tokens["decode"] += out.num_decodes
+        self.step_tokens["prompt"] += out.num_prompt_tokens
+        self.step_tokens["mixed_steps"] += int(out.is_prefill and out.num_decodes > 0)
         return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started)
 
     def _run(self, out: SchedulerOutput, started: float) -> tuple[list[RequestOutput], int]:

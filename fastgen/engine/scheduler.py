@@ -1,12 +1,17 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each computes.
 
-Policy: prefill first, then decode. A prefill step continues prompts already split into chunks,
-then admits waiting sequences in arrival order while `max_num_seqs`, `max_num_batched_tokens`
-and free blocks allow; a prompt longer than the token budget is computed in budget-sized chunks
-over several steps. With nothing to prefill, every running sequence decodes one token; when a
-sequence needs a new block and none is free, the newest running sequence is preempted: its blocks
-are freed and it goes back to the front of the queue, to be recomputed later (its full blocks often
-come straight back from the prefix cache).
+Policy: one step, one token budget (`max_num_batched_tokens`), decodes first. Every running
+sequence whose prompt is computed gets its next token's slot; when one needs a new block and none
+is free, the newest running sequence not yet given its slot is preempted: its blocks are freed and
+it goes back to the front of the queue, to be recomputed later (its full blocks often come
+straight back from the prefix cache). Prompt chunks fill what remains of the budget in the same
+step: prompts already split into chunks first, then waiting sequences admitted in arrival order
+while `max_num_seqs` and free blocks allow. A prompt longer than the budget is computed in chunks
+over several steps, and while the step also decodes, each prompt's chunk is at most
+`long_prefill_token_threshold` tokens: a long prompt then costs each running stream several
+short steps instead of one long freeze. The step is a decode step when it has no prompt tokens
+(CUDA graphs, the compiled CPU decode graphs), else a prefill step whose decode rows are
+one-token queries.
 
 Parallel sampling (n > 1): the other completions of a prompt wait (`add_forks`) and fork from
 the first once its prompt is computed (see `fastgen.engine.forks`).
@@ -38,11 +43,13 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
+        long_prefill_token_threshold: int = 0,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.long_prefill_token_threshold = long_prefill_token_threshold  # 0: chunks are not capped
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -68,7 +75,7 @@ class Scheduler:
     # ---- scheduling ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput | None:
         """Pick the next step's batch; None when there is nothing to run."""
-        out = self._schedule_prefill() or self._schedule_decode()
+        out = self._schedule_step()
         if out is None:
             return None
         if self.pending_forks:
@@ -102,16 +109,49 @@ class Scheduler:
             if seq.status is SequenceStatus.RUNNING:
                 self._preempt(seq)
 
-    def _schedule_prefill(self) -> SchedulerOutput | None:
-        budget = self.max_num_batched_tokens
+    def _schedule_step(self) -> SchedulerOutput | None:
+        decodes, new_blocks = self._schedule_decodes()
+        cap = self.long_prefill_token_threshold if decodes and self.long_prefill_token_threshold else None
+        prompts, counts, new_tables = self._schedule_prompt_chunks(self.max_num_batched_tokens - len(decodes), cap)
+        n = len(decodes)
+        if not prompts:
+            return SchedulerOutput(decodes, [1] * n, False, [False] * n, new_blocks, num_decodes=n) if decodes else None
+        return SchedulerOutput(decodes + prompts, [1] * n + counts, True, [False] * n + new_tables,
+                               new_blocks + [()] * len(prompts), num_decodes=n)
+
+    def _schedule_decodes(self) -> tuple[list[Sequence], list[tuple[int, ...]]]:
+        """A slot for the next token of every running sequence whose prompt is computed (one
+        token left to compute), preempting as blocks run out; the sequences and their new blocks."""
+        scheduled: list[Sequence] = []
+        new_blocks: list[tuple[int, ...]] = []
+        queue = deque(seq for seq in self.running if seq.num_uncomputed_tokens == 1)
+        while queue:
+            seq = queue.popleft()
+            while not self.block_manager.can_append(seq):
+                # The newest running sequence not given its slot yet (a later decode or a prompt
+                # in progress), else this one.
+                victim = next((s for s in reversed(self.running) if s is not seq and s not in scheduled), seq)
+                if victim in queue:
+                    queue.remove(victim)
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                new_blocks.append(self.block_manager.append_slot(seq))
+                scheduled.append(seq)
+        return scheduled, new_blocks
+
+    def _schedule_prompt_chunks(self, budget: int, cap: int | None) -> tuple[list[Sequence], list[int], list[bool]]:
+        """Prompt chunks within `budget` tokens, each at most `cap` (None: no cap): prompts in
+        progress first, then waiting ones admitted in order. Returns the sequences, their token
+        counts and whether each got its block table now."""
         seqs, counts, new_tables = [], [], []
-        # Prompts already started in chunks go first: they hold blocks and should finish.
         for seq in self.running:
-            if budget == 0:
+            if budget <= 0:
                 break
             remaining = seq.num_uncomputed_tokens
-            if remaining > 1:  # one left is a plain decode step
-                n = min(remaining, budget)
+            if remaining > 1:  # one left is a decode (`_schedule_decodes`)
+                n = min(remaining, budget, cap or remaining)
                 seqs.append(seq)
                 counts.append(n)
                 new_tables.append(False)
@@ -124,33 +164,13 @@ class Scheduler:
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            n = min(seq.num_uncomputed_tokens, budget)
+            remaining = seq.num_uncomputed_tokens
+            n = min(remaining, budget, cap or remaining)
             seqs.append(seq)
             counts.append(n)
             new_tables.append(True)
             budget -= n
-        if not seqs:
-            return None
-        return SchedulerOutput(seqs, counts, True, new_tables, [()] * len(seqs))
-
-    def _schedule_decode(self) -> SchedulerOutput | None:
-        scheduled: list[Sequence] = []
-        new_blocks: list[tuple[int, ...]] = []
-        queue = deque(self.running)
-        while queue:
-            seq = queue.popleft()
-            while not self.block_manager.can_append(seq):
-                victim = queue.pop() if queue else seq
-                self._preempt(victim)
-                if victim is seq:
-                    break
-            else:
-                new_blocks.append(self.block_manager.append_slot(seq))
-                scheduled.append(seq)
-        if not scheduled:
-            return None
-        n = len(scheduled)
-        return SchedulerOutput(scheduled, [1] * n, False, [False] * n, new_blocks)
+        return seqs, counts, new_tables
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)

@@ -14,7 +14,8 @@ class EngineStats:
     blocks; num_used_kv_blocks: those held by sequences (free blocks that still carry a
     prefix-cache key count as free). prefix_hit_tokens / prefix_queried_tokens: prompt tokens
     served from the prefix cache / looked up, since start. num_preemptions, num_steps: since
-    start."""
+    start. decode_tokens / prompt_tokens: tokens computed by kind since start; mixed_steps:
+    steps that decoded and computed prompt chunks together."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -24,6 +25,9 @@ class EngineStats:
     prefix_queried_tokens: int = 0
     num_preemptions: int = 0
     num_steps: int = 0
+    decode_tokens: int = 0
+    prompt_tokens: int = 0
+    mixed_steps: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -41,6 +41,12 @@ class _EngineCollector:
                                 "Share of prompt tokens served from the prefix cache since start.", s.prefix_hit_rate)
         yield CounterMetricFamily("fastgen_num_preemptions", "Sequences preempted since start.",
                                   s.num_preemptions)
+        tokens = CounterMetricFamily("fastgen_step_tokens", "Tokens computed since start, by kind.", labels=["kind"])
+        tokens.add_metric(["decode"], s.decode_tokens)
+        tokens.add_metric(["prompt"], s.prompt_tokens)
+        yield tokens
+        yield CounterMetricFamily("fastgen_mixed_steps", "Steps that decoded and computed prompt chunks together.",
+                                  s.mixed_steps)
 
 
 class ServerMetrics:

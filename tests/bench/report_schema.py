@@ -41,7 +41,7 @@ _RESULTS = {
         "elapsed_s": "number", "num_requests": "int", "prompt_tokens": "int", "output_tokens": "int",
         "requests_per_s": "number", "output_tokens_per_s": "number", "total_tokens_per_s": "number",
         "ttft_ms": "stats", "tpot_ms": "stats", "e2e_latency_ms": "stats",
-        "prefix_cache_hit_rate": "number", "cached_prompt_tokens": "int", "num_preemptions": "int",
+        "prefix_cache_hit_rate": "number", "cached_prompt_tokens": "int", "num_preemptions": "int", "step_tokens": "dict",
         "peak_memory_bytes": "int", "reported_round": "int",
     },
     "latency": {

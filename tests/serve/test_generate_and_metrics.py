@@ -49,6 +49,10 @@ def test_metrics_parse_and_count_finished_requests(server):
     assert values["fastgen_time_to_first_token_seconds_count"] >= 1
     assert values["fastgen_generation_tokens_total"] >= 3
     assert values["fastgen_kv_cache_blocks_total"] == ENGINE_ARGS["num_kv_blocks"]
+    # The scheduler's choices by kind: this request's prompt, then its decodes (two after the first token).
+    assert values['fastgen_step_tokens_total{kind=prompt}'] >= 1
+    assert values['fastgen_step_tokens_total{kind=decode}'] >= 2
+    assert "fastgen_mixed_steps_total" in values
 
 
 def test_bench_serve_measures_the_server_and_writes_a_valid_report(server, tmp_path):

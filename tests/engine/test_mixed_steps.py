@@ -1,0 +1,99 @@
+"""Mixed steps: running sequences decode in the same step as prompt chunks, within one token
+budget, and a long prompt's chunks are capped while streams run. Greedy output equals
+transformers' whatever the mix: prompts arrive while others decode, at every chunk size."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastgen import LLM, SamplingParams
+from fastgen.engine.block_manager import BlockManager
+from fastgen.engine.scheduler import Scheduler
+from fastgen.sequence import Sequence
+from tests.conftest import random_prompts
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+
+def scheduler(budget=64, threshold=0, num_blocks=64, block_size=4):
+    return Scheduler(BlockManager(num_blocks, block_size), 8, budget, 256, eos_token_ids=[0],
+                     long_prefill_token_threshold=threshold)
+
+
+def step(s: Scheduler):
+    out = s.schedule()
+    s.postprocess(out, [7 if out.samples(i) else None for i in range(len(out.seqs))])
+    return out
+
+
+def prompt(seq_id: int, n: int) -> Sequence:
+    return Sequence(seq_id, [10 + (seq_id * 7 + i) % 90 for i in range(n)], SamplingParams(max_tokens=20, ignore_eos=True))
+
+
+def test_a_prompt_arriving_beside_a_stream_shares_its_steps_in_capped_chunks():
+    s = scheduler(budget=64, threshold=8)
+    stream = prompt(0, 5)
+    s.add(stream)
+    assert step(s).num_new_tokens == [5]  # alone: a plain prefill
+    assert not step(s).is_prefill  # then a plain decode
+    long = prompt(1, 30)
+    s.add(long)
+    counts = []
+    while long.num_computed_tokens < 30:
+        out = step(s)
+        assert out.is_prefill and out.seqs[0] is stream and out.num_new_tokens[0] == 1  # the stream decodes first
+        counts.append(out.num_new_tokens[1])
+    assert counts == [8, 8, 8, 6]  # capped while the stream runs
+    out = step(s)
+    assert not out.is_prefill and out.seqs == [stream, long]
+
+
+def test_without_streams_a_long_prompt_takes_the_whole_budget():
+    s = scheduler(budget=16, threshold=4)
+    s.add(prompt(0, 40))
+    assert [step(s).num_new_tokens for _ in range(3)] == [[16], [16], [8]]
+
+
+def test_decode_tokens_count_against_the_budget():
+    s = scheduler(budget=6, threshold=0)
+    for i in range(3):
+        s.add(prompt(i, 2))
+    step(s)  # three 2-token prompts
+    s.add(prompt(3, 10))
+    out = step(s)
+    assert out.num_new_tokens == [1, 1, 1, 3]  # three decodes leave 3 of the 6 tokens
+    s.block_manager.check_invariants(s.running)
+
+
+@pytest.mark.parametrize(("budget", "threshold"), [(1, 0), (3, 1), (8, 2), (16, 5), (64, 0)])
+def test_prompts_arriving_while_others_decode_equal_transformers(tiny_models, reference, budget, threshold):
+    """Requests join one at a time while earlier ones decode, so steps mix decode rows with
+    prompt chunks of every size the budget and cap allow (a budget of 1: a step is either one
+    decode or one token of a prompt). Every output equals transformers' greedy continuation."""
+    model = tiny_models["qwen3"]
+    llm = LLM(model, dtype="float32", block_size=4, num_kv_blocks=256, max_num_seqs=8,
+              max_num_batched_tokens=budget, long_prefill_token_threshold=threshold, max_model_len=128)
+    engine = llm.engine
+    prompts = random_prompts([7, 40, 3, 25, 1, 12], seed=33)
+    kinds: set[str] = set()
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        out = schedule()
+        if out is not None:
+            kinds.add("mixed" if out.is_prefill and out.num_decodes else "prefill" if out.is_prefill else "decode")
+        return out
+
+    engine.scheduler.schedule = recording_schedule
+    finals = {}
+    ids = []
+    for p in prompts:
+        ids.append(engine.add_request(p, GREEDY))
+        for _ in range(3):
+            finals.update({o.request_id: o for o in engine.step() if o.finished})
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    for request_id, p in zip(ids, prompts):
+        assert finals[request_id].token_ids == reference(model, [p], GREEDY.max_tokens)[0]
+    assert ("mixed" in kinds) == (budget > 1)  # a one-token budget goes to a decode when there is one
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
