@@ -117,10 +117,13 @@ class EngineConfig:
     max_num_batched_tokens: int = _knob(8192, at_least(1))
     """The token budget of one step: every running sequence's decode token first, then prompt
     chunks in what remains; longer prompts are split over several steps."""
-    long_prefill_token_threshold: int = _knob(256, at_least(0))
+    long_prefill_token_threshold: int | None = _knob(None, optional(at_least(0)))
     """Most tokens of one prompt in a step that also decodes running sequences, so that a long
     prompt arriving beside them costs each stream several short steps, not one long freeze (as
-    vLLM's option of this name). 0: no cap beyond the budget."""
+    vLLM's option of this name). 0: no cap beyond the budget. Default: 64 on CPU (a prompt token
+    at a 3,000-token context costs about 3 ms there, so a chunk stays within about ten decode
+    steps); none on CUDA, whose mixed steps run eagerly (tens of ms of host work each), so more
+    of them would cost a long prompt more than they save the streams."""
     max_model_len: int | None = _knob(None, optional(at_least(2)))
     """Longest sequence, prompt + output. Default: the model's length limit (config.json's
     max_position_embeddings; n_positions for GPT-2)."""
@@ -200,6 +203,8 @@ class EngineConfig:
         self.device = resolve_device(self.device)
         if self.enforce_eager is None:
             self.enforce_eager = os.environ.get("FASTGEN_ENFORCE_EAGER") == "1"
+        if self.long_prefill_token_threshold is None:
+            self.long_prefill_token_threshold = 64 if self.device == "cpu" else 0
         self._check_attention_backend()
         if self.tensor_parallel_size > 1:
             from fastgen.distributed.launch import check_world
