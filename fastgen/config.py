@@ -116,7 +116,8 @@ class EngineConfig:
     """Most sequences in one step (the decode batch)."""
     max_num_batched_tokens: int = _knob(8192, at_least(1))
     """The token budget of one step: every running sequence's decode token first, then prompt
-    chunks in what remains; longer prompts are split over several steps."""
+    chunks in what remains; longer prompts are split over several steps. Keep it above
+    max_num_seqs: a budget that the decodes use up leaves prompts waiting until streams end."""
     long_prefill_token_threshold: int | None = _knob(None, optional(at_least(0)))
     """Most tokens of one prompt in a step that also decodes running sequences, so that a long
     prompt arriving beside them costs each stream several short steps, not one long freeze (as

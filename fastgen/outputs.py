@@ -117,9 +117,10 @@ class RequestOutput:
 class StepResult:
     """What one `run_step` did. outputs: every output made since the previous step (this step's,
     and final outputs of requests aborted in between), whichever consumer they are for.
-    is_prefill: the kind of step (None when there was nothing to run). num_seqs / num_tokens:
-    the batch it computed. num_sampled: output tokens it produced. started_at: perf_counter
-    time the step began."""
+    is_prefill: the kind of step (None when there was nothing to run): True when it computed
+    prompt tokens, of which it may also have decoded `num_decodes` sequences (a mixed step).
+    num_seqs / num_tokens: the batch it computed. num_sampled: output tokens it produced.
+    started_at: perf_counter time the step began."""
 
     outputs: list[RequestOutput]
     is_prefill: bool | None
@@ -127,3 +128,8 @@ class StepResult:
     num_tokens: int
     num_sampled: int
     started_at: float
+    num_decodes: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.num_tokens - self.num_decodes

@@ -29,8 +29,9 @@ class SchedulerOutput:
     seqs: sequences in batch order. num_new_tokens: tokens each computes, starting at its
     `num_computed_tokens`. is_prefill: a step with prompt tokens (any number a sequence), or a
     decode step (one token a sequence, the CUDA graphs' and compiled decode graphs' kind).
-    num_decodes: the first num_decodes sequences decode one token each (all of them in a decode
-    step); the rest compute prompt chunks. A prefill step with decodes is a mixed step.
+    num_decodes: the first num_decodes sequences decode one token each, the rest compute prompt
+    chunks (set by the scheduler; 0 in steps made by hand, such as graph capture's empty step).
+    A prefill step with decodes is a mixed step.
 
     The facts the worker's per-sequence state follows (block-table rows, sampler generators),
     so that it never has to infer a change:

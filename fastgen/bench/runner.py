@@ -92,7 +92,7 @@ def warm_up(engine, max_model_len: int) -> WarmUpTimes:
 
     def record(step) -> None:
         if step.is_prefill:
-            prefill.append((time.perf_counter() - step.started_at) / max(step.num_tokens, 1))
+            prefill.append((time.perf_counter() - step.started_at) / max(step.num_prompt_tokens, 1))
         elif step.is_prefill is not None:
             decode.append(time.perf_counter() - step.started_at)
 
@@ -131,8 +131,7 @@ def run_requests(engine, workload: Workload, temperature: float, progress: bool 
         def each_step(step):
             nonlocal done, prompt_tokens
             done += sum(1 for o in step.outputs if o.finished and o.request_id in mine)
-            if step.is_prefill:
-                prompt_tokens += step.num_tokens
+            prompt_tokens += step.num_prompt_tokens
             bar.set_postfix_str(f"{done}/{len(states)} requests, {prompt_tokens} prompt tokens", refresh=False)
             bar.update(step.num_sampled)
             if on_step is not None:
@@ -161,7 +160,7 @@ def run_iteration(engine, workload, temperature: float, device) -> IterationTime
 
     def time_step(step) -> None:
         synchronize(device)
-        if step.is_prefill is not None:
+        if step.is_prefill is not None:  # a mixed step counts as a prefill step (it computes prompt tokens)
             kind = times.prefill_steps if step.is_prefill else times.decode_steps
             kind.append(time.perf_counter() - step.started_at)
 

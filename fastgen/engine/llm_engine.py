@@ -224,7 +224,7 @@ class LLMEngine:
         self.step_tokens["decode"] += out.num_decodes
         self.step_tokens["prompt"] += out.num_prompt_tokens
         self.step_tokens["mixed_steps"] += int(out.is_prefill and out.num_decodes > 0)
-        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started)
+        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes)
 
     def _run(self, out: SchedulerOutput, started: float) -> tuple[list[RequestOutput], int]:
         """Run a scheduled step; its requests' outputs (not yet delivered) and the number of

@@ -110,6 +110,8 @@ class Scheduler:
                 self._preempt(seq)
 
     def _schedule_step(self) -> SchedulerOutput | None:
+        """Decodes, then prompt chunks in what the budget leaves (capped while there are decodes):
+        a prefill step when any prompt token runs, else a decode step; None when nothing runs."""
         decodes, new_blocks = self._schedule_decodes()
         cap = self.long_prefill_token_threshold if decodes and self.long_prefill_token_threshold else None
         prompts, counts, new_tables = self._schedule_prompt_chunks(self.max_num_batched_tokens - len(decodes), cap)

@@ -9,7 +9,7 @@ import pytest
 from fastgen import LLM, SamplingParams
 from fastgen.engine.block_manager import BlockManager
 from fastgen.engine.scheduler import Scheduler
-from fastgen.sequence import Sequence
+from fastgen.sequence import Sequence, SequenceStatus
 from tests.conftest import random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
@@ -27,7 +27,8 @@ def step(s: Scheduler):
 
 
 def prompt(seq_id: int, n: int) -> Sequence:
-    return Sequence(seq_id, [10 + (seq_id * 7 + i) % 90 for i in range(n)], SamplingParams(max_tokens=20, ignore_eos=True))
+    tokens = [10 + (seq_id * 7 + i) % 90 for i in range(n)]
+    return Sequence(seq_id, tokens, SamplingParams(max_tokens=20, ignore_eos=True))
 
 
 def test_a_prompt_arriving_beside_a_stream_shares_its_steps_in_capped_chunks():
@@ -46,6 +47,22 @@ def test_a_prompt_arriving_beside_a_stream_shares_its_steps_in_capped_chunks():
     assert counts == [8, 8, 8, 6]  # capped while the stream runs
     out = step(s)
     assert not out.is_prefill and out.seqs == [stream, long]
+
+
+def test_a_stream_short_of_blocks_preempts_the_prompt_in_progress_beside_it():
+    """Blocks run out in a mixed step: the newest running sequence not yet given its slot, here a
+    half-computed prompt, goes back to the front of the queue; the stream decodes."""
+    s = scheduler(budget=64, threshold=2, num_blocks=6, block_size=2)
+    stream, long = prompt(0, 3), prompt(1, 8)
+    s.add(stream)
+    step(s)  # the stream's prompt: 2 blocks, its first token sampled
+    s.add(long)
+    out = step(s)
+    assert out.is_prefill and out.num_decodes == 1 and out.num_new_tokens == [1, 2]  # long holds all 4 free blocks
+    out = step(s)  # the stream's next token needs a block: none is free
+    assert s.num_preemptions == 1 and long.status is SequenceStatus.WAITING and s.waiting[0] is long
+    assert not out.is_prefill and out.seqs == [stream] and long.num_computed_tokens == 0
+    s.block_manager.check_invariants(s.running)
 
 
 def test_without_streams_a_long_prompt_takes_the_whole_budget():
