@@ -70,7 +70,7 @@ def build_llm(args, eager: bool) -> LLM:
               else dict(num_kv_blocks=-(-args.max_model_len // args.block_size) * max(args.batch_sizes) + 8))
     return LLM(str(args.model_dir), load_format="dummy", skip_tokenizer_init=True, device=args.device,
                dtype=args.dtype, max_num_seqs=max(args.batch_sizes), max_model_len=args.max_model_len,
-               block_size=args.block_size, enforce_eager=eager, **budget)
+               block_size=args.block_size, enforce_eager=eager, compile_mode="blocking", **budget)
 
 
 def startup_info(llm: LLM, seconds: float) -> dict:
