@@ -183,10 +183,8 @@ def build_llm(choice: ModelChoice, args: argparse.Namespace, *, need_tokenizer: 
               **engine_kwargs(args, needed_model_len))
     status(f"ready in {time.perf_counter() - start:.1f} s: {llm.config.model_config.architecture} on "
            f"{llm.engine.runner.device}, {llm.config.dtype_name}, {llm.engine.runner.num_kv_blocks} KV blocks")
-    compiled = llm.engine.runner.compiled_decode
-    if compiled is not None and compiled.background is not None and compiled.background.exit_code() is None \
-            and compiled.background.process is not None:
-        status(f"compiling the CPU step graphs in the background (log: {compiled.background.log_path}); "
+    if (background := getattr(llm.engine.runner.compiled_decode, "background", None)) and background.running:
+        status(f"compiling the CPU step graphs in the background (log: {background.log_path}); "
                "steps run eagerly until each is ready")
     return llm
 

@@ -72,6 +72,10 @@ class BackgroundCompile:
         """Since the child started (0 before)."""
         return 0.0 if self.started_at is None else time.perf_counter() - self.started_at
 
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def exit_code(self) -> int | None:
         """The child's exit status, or None while it runs (or before it started)."""
         return None if self.process is None else self.process.poll()
