@@ -82,14 +82,19 @@ def test_decode_tokens_count_against_the_budget():
     s.block_manager.check_invariants(s.running)
 
 
-@pytest.mark.parametrize(("budget", "threshold"), [(1, 0), (3, 1), (8, 2), (16, 5), (64, 0)])
-def test_prompts_arriving_while_others_decode_equal_transformers(tiny_models, reference, budget, threshold):
+@pytest.mark.parametrize(("budget", "threshold", "compiled"), [
+    (1, 0, False), (3, 1, False), (8, 2, False), (16, 5, False), (64, 0, False), (16, 5, True),
+])
+def test_prompts_arriving_while_others_decode_equal_transformers(tiny_models, reference, private_cache, budget,
+                                                                 threshold, compiled):
     """Requests join one at a time while earlier ones decode, so steps mix decode rows with
     prompt chunks of every size the budget and cap allow (a budget of 1: a step is either one
-    decode or one token of a prompt). Every output equals transformers' greedy continuation."""
+    decode or one token of a prompt). Every output equals transformers' greedy continuation,
+    eagerly and through the compiled CPU graphs (a mixed step runs the prefill graph)."""
     model = tiny_models["qwen3"]
     llm = LLM(model, dtype="float32", block_size=4, num_kv_blocks=256, max_num_seqs=8,
-              max_num_batched_tokens=budget, long_prefill_token_threshold=threshold, max_model_len=128)
+              max_num_batched_tokens=budget, long_prefill_token_threshold=threshold, max_model_len=128,
+              enforce_eager=not compiled, compile_mode="blocking")
     engine = llm.engine
     prompts = random_prompts([7, 40, 3, 25, 1, 12], seed=33)
     kinds: set[str] = set()
@@ -113,4 +118,7 @@ def test_prompts_arriving_while_others_decode_equal_transformers(tiny_models, re
     for request_id, p in zip(ids, prompts):
         assert finals[request_id].token_ids == reference(model, [p], GREEDY.max_tokens)[0]
     assert ("mixed" in kinds) == (budget > 1)  # a one-token budget goes to a decode when there is one
+    if compiled:
+        assert "prefill" in llm.engine.runner.compiled_decode.first_call_seconds
+        assert not llm.engine.runner.compiled_decode.failed
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
