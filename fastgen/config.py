@@ -221,6 +221,11 @@ class EngineConfig:
         if name == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"attention_backend='triton' on device={self.device!r} runs only under TRITON_INTERPRET=1")
 
+    def init_values(self) -> dict:
+        """Every field the constructor takes, by name, as resolved (defaults applied): enough to
+        build the same configuration again."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
     @property
     def torch_device(self) -> torch.device:
         """The resolved device: `cpu` or `cuda:N`, always with its index on CUDA."""

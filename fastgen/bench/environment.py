@@ -6,7 +6,6 @@ can be told apart (another GPU, another torch, CUDA graphs off).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
 import resource
@@ -122,7 +121,7 @@ def engine_settings(llm, choice) -> dict:
         "attention_backend": runner.backend.name,
         "seed": config.seed,
         # Every EngineConfig field (defaults applied), so the engine of a run can be rebuilt.
-        "config": {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init},
+        "config": config.init_values(),
     }
 
 

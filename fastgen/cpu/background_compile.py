@@ -16,7 +16,6 @@ its process exits; whatever it saved by then stays in the cache for the next eng
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import itertools
 import json
 import logging
@@ -116,8 +115,8 @@ def background_compile(config: EngineConfig, num_kv_blocks: int) -> BackgroundCo
     """The child for an engine of `config` whose cache has `num_kv_blocks` blocks: the same
     engine fields (the cache's size given as its block count, so its shape is the same), the
     same thread count (written into the compiled code, so part of every graph's key)."""
-    engine = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and f.name != "model"}
-    engine["num_kv_blocks"] = num_kv_blocks
+    engine = {**config.init_values(), "num_kv_blocks": num_kv_blocks}
+    del engine["model"]
     spec = {"model": str(config.model), "engine": engine, "threads": torch.get_num_threads()}
     return BackgroundCompile(spec, cache_dir() / "compiled" / f"background-{os.getpid()}-{next(_engines)}.log")
 

@@ -177,8 +177,9 @@ class CompiledDecodeStep:
         self.loaded: set[str] = set()  # the graphs read from disk rather than compiled
         self.failed: set[str] = set()  # the graphs whose build raised: eager decode instead
         self.background_seconds: dict[str, float] = {}  # graph name -> from the child's start to its file
-        needed = [name for name in self.GRAPHS if name != "prefill" or self.runs_prefill]
-        self._awaited = {name for name in needed if not self.paths[name].exists()}  # what the child builds
+        # The graphs this engine's steps use: no prefill graph where the kernel does not cover it.
+        self.needed = tuple(name for name in self.GRAPHS if name != "prefill" or self.runs_prefill)
+        self._awaited = {name for name in self.needed if not self.paths[name].exists()}  # what the child builds
         if background is not None and self._awaited:
             background.start()  # now, not at the first step: the sooner it starts, the sooner it ends
 

@@ -44,8 +44,7 @@ def build_every_graph(engine: LLMEngine) -> set[str]:
         while engine.has_unfinished_requests():
             engine.step()
     compiled = engine.runner.compiled_decode
-    needed = [name for name in compiled.GRAPHS if name != "prefill" or compiled.runs_prefill]
-    return {name for name in needed if not compiled.paths[name].exists()}
+    return {name for name in compiled.needed if not compiled.paths[name].exists()}
 
 
 def main(argv: list[str] | None = None) -> int:
