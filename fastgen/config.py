@@ -20,6 +20,7 @@ from fastgen.checks import boolean, integer, positive_real, real
 from fastgen.cpu.native.features import has_native_bf16
 from fastgen.models.config import DTYPE_NAMES, ModelConfig, torch_dtype
 from fastgen.models.hub import resolve_model_path
+from fastgen.quantization.formats import METHODS as QUANTIZATION_METHODS
 from fastgen.sampling_params import SEED_LIMIT
 
 if TYPE_CHECKING:
@@ -134,6 +135,15 @@ class EngineConfig:
     """Weight and activation dtype. auto: the model's own on CUDA; on CPU bfloat16 for a bfloat16
     model when the processor has native bf16 (AVX-512 BF16 or AMX, several times float32's
     matmul rate), else float32."""
+    quantization: str | None = _knob(None, optional(one_of(QUANTIZATION_METHODS)))
+    """Weight-only quantization, done once at load: int8 (one scale per output channel) or int4
+    (one scale per group of quantization_group_size inputs, symmetric as llama.cpp's Q4_0); the
+    LM head and embedding take int8 under both. Activations and the KV cache stay in dtype. The
+    CPU's compiled steps have kernels for both; elsewhere each product dequantizes its weight
+    first (correct, not fast). Default: the weights as the checkpoint has them."""
+    quantization_group_size: int | None = _knob(None, optional(at_least(2)))
+    """Inputs that share one scale under quantization. Default: 32 for int4, a whole row for
+    int8. Must divide every linear layer's input width (and be even for int4)."""
     device: str = _knob("auto", device_name)
     """auto (CUDA when present), cpu, cuda or cuda:N. Resolved once, at construction, to cpu or
     cuda:N ("cuda" and "auto" take the current CUDA device), so every later use names its index."""
@@ -202,6 +212,9 @@ class EngineConfig:
                 f"max_model_len={self.max_model_len} exceeds the model's {self.model_config.max_len_limit}"
             )
         self.device = resolve_device(self.device)
+        if self.quantization_group_size is not None and self.quantization is None:
+            raise ValueError(f"quantization_group_size={self.quantization_group_size} needs a quantization method "
+                             f"(one of {list(QUANTIZATION_METHODS)})")
         if self.enforce_eager is None:
             self.enforce_eager = os.environ.get("FASTGEN_ENFORCE_EAGER") == "1"
         if self.long_prefill_token_threshold is None:

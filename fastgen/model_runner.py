@@ -17,6 +17,7 @@ from fastgen.cpu.allocator import keep_freed_memory
 from fastgen.graphs import CudaGraphRunner, default_capture_sizes
 from fastgen.models.build import default_dtype, skip_weight_init
 from fastgen.models.loader import load_weights
+from fastgen.models.quantize import quantize_model
 from fastgen.models.registry import model_class
 from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
 from fastgen.scheduler_output import SchedulerOutput
@@ -125,6 +126,8 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
                                                       tp=tp)
         if real_weights:
             load_weights(self.model, config.model)
+        if config.quantization is not None:
+            quantize_model(self.model, config.quantization, config.quantization_group_size)
         self.model.eval()
         logger.info("model built in %.1fs (%s, %s)", time.perf_counter() - start, config.torch_dtype, self.device)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from fastgen.layers.quantizable import QuantizableWeight
 from fastgen.parallel.group import TensorParallelGroup
 from fastgen.parallel.sharding import OutputShard
 
@@ -36,7 +36,7 @@ def copy_into(target: torch.Tensor, tensor: CheckpointTensor) -> None:
         target.copy_(tensor.read())
 
 
-class ColumnParallelLinear(nn.Linear):
+class ColumnParallelLinear(QuantizableWeight, nn.Linear):
     """One matmul for this rank's slice of one or more projections of the same input.
 
     shards: per projection (q, k, v; or gate, up), the output rows this rank holds, in order; the
@@ -74,8 +74,11 @@ class ColumnParallelLinear(nn.Linear):
             copy_into(param.narrow(0, self.local_offset(i), shard.size), source.narrow(0, shard.start, shard.size))
         return [f"{suffix}#{i}" if self.merged else suffix for i, _ in pieces]
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product(x, self.bias)
 
-class RowParallelLinear(nn.Linear):
+
+class RowParallelLinear(QuantizableWeight, nn.Linear):
     """y = x W^T + b where x arrives split along its features (the column-parallel layer's local
     output): each rank multiplies its [out, in / size] slice, one all-reduce sums the partial
     products, and the bias is added once, after it. Returns the whole [T, out] on every rank."""
@@ -87,8 +90,8 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return super().forward(x)
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+            return self.product(x, self.bias)
+        out = self.tp.all_reduce(self.product(x, None))
         return out if self.bias is None else out.add_(self.bias)
 
     def load_checkpoint_tensor(self, suffix: str, tensor: CheckpointTensor, index: int | None) -> list[str]:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fastgen.layers.parallel_linear import check_shape, copy_into
+from fastgen.layers.quantizable import QuantizableWeight
 from fastgen.parallel.group import TensorParallelGroup
 from fastgen.parallel.sharding import vocab_rows_per_rank
 
@@ -35,7 +35,7 @@ def load_vocab_rows(weight: torch.Tensor, tensor: CheckpointTensor, vocab_size: 
         weight[real:].zero_()
 
 
-class VocabParallelEmbedding(nn.Embedding):
+class VocabParallelEmbedding(QuantizableWeight, nn.Embedding):
     """ids [T] (int64, anywhere in the vocabulary) -> [T, hidden] on every rank."""
 
     def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallelGroup):
@@ -46,10 +46,10 @@ class VocabParallelEmbedding(nn.Embedding):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return super().forward(ids)
+            return self.lookup(ids)
         local = ids - self.first_row
         outside = (local < 0) | (local >= self.num_embeddings)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = self.lookup(local.masked_fill(outside, 0))
         return self.tp.all_reduce(out.masked_fill_(outside.unsqueeze(-1), 0.0))
 
     def load_checkpoint_tensor(self, suffix: str, tensor: CheckpointTensor, index: int | None) -> list[str]:
@@ -57,7 +57,7 @@ class VocabParallelEmbedding(nn.Embedding):
         return [suffix]
 
 
-class ParallelLMHead(nn.Linear):
+class ParallelLMHead(QuantizableWeight, nn.Linear):
     """hidden [S, hidden] -> logits [S, vocab] in the weight's dtype, on every rank."""
 
     def __init__(self, hidden_size: int, vocab_size: int, tp: TensorParallelGroup):
@@ -66,7 +66,7 @@ class ParallelLMHead(nn.Linear):
         self.tp = tp
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.tp.gather_last_dim(F.linear(hidden, self.weight))
+        logits = self.tp.gather_last_dim(self.product(hidden, None))
         return logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size]
 
     def load_checkpoint_tensor(self, suffix: str, tensor: CheckpointTensor, index: int | None) -> list[str]:

@@ -1,0 +1,73 @@
+"""Weights that may be quantized: the products and lookups of fastgen's linear and embedding layers.
+
+A layer with this mixin computes through `product` (a linear layer) or `lookup` (an embedding):
+`F.linear` / `F.embedding` over its `weight`, or, once `quantize_` replaced that weight by
+codes and scales (`fastgen.quantization.formats`), the quantized op over those. The codes,
+scales and minimums are parameters (`weight_codes`, `weight_scales`, `weight_mins`), so every
+path that walks a model's parameters (the flat weight buffers of the compiled CPU steps, tensor
+parallel loading, `named_parameters` deduplicating a tied matrix) sees them as it saw `weight`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastgen.quantization.formats import QuantFormat
+from fastgen.quantization.ops import quantized_embedding, quantized_linear
+from fastgen.quantization.quantize import QuantizedTensors, quantize_weight
+
+
+def _frozen(tensor: torch.Tensor | None) -> nn.Parameter | None:
+    return None if tensor is None else nn.Parameter(tensor, requires_grad=False)
+
+
+class QuantizableWeight:
+    """Mixin for nn.Linear / nn.Embedding subclasses (see the module's docstring)."""
+
+    quant_format: QuantFormat | None = None
+    activation_dtype: torch.dtype | None = None  # the dtype of the weight quantized away, and of the outputs
+
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., in] times the weight's transpose, plus `bias`: [..., out]."""
+        fmt = self.quant_format
+        if fmt is None:
+            return F.linear(x, self.weight, bias)
+        return quantized_linear(x, self.weight_codes, self.weight_scales, self.weight_mins, bias, fmt.bits,
+                                fmt.group_size)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """The weight's rows `ids`: [*ids.shape, hidden]."""
+        fmt = self.quant_format
+        if fmt is None:
+            return F.embedding(ids, self.weight)
+        return quantized_embedding(ids, self.weight_codes, self.weight_scales, self.weight_mins, fmt,
+                                   self.activation_dtype)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weight as held: codes, scales and minimums once quantized."""
+        tensors = [self.weight] if self.quant_format is None else \
+            [t for t in (self.weight_codes, self.weight_scales, self.weight_mins) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def quantize_(self, fmt: QuantFormat, tensors: QuantizedTensors | None = None) -> None:
+        """Replace `weight` by its quantized form in `fmt` (computed here unless `tensors` brings
+        it, e.g. read from a GGUF file)."""
+        assert self.quant_format is None, "quantized twice"
+        dtype = self.weight.dtype
+        if tensors is None:
+            tensors = quantize_weight(self.weight, fmt)
+        self._replace_weight(fmt, dtype, *(_frozen(t) for t in tensors))
+
+    def share_quantized_(self, other: QuantizableWeight) -> None:
+        """Hold `other`'s quantized weight (a tied LM head and embedding)."""
+        self._replace_weight(other.quant_format, other.activation_dtype, other.weight_codes, other.weight_scales,
+                             other.weight_mins)
+
+    def _replace_weight(self, fmt, dtype, codes, scales, mins) -> None:
+        del self.weight
+        self.weight_codes, self.weight_scales = codes, scales
+        self.register_parameter("weight_mins", mins)
+        self.quant_format, self.activation_dtype = fmt, dtype

@@ -1,0 +1,55 @@
+"""What a quantized weight is: codes, per-group scales and (optionally) per-group minimums.
+
+A weight [N, K] is cut along K into groups of `group_size` consecutive inputs; each output row's
+group has its own scale (and, where `has_mins`, its own minimum), stored as float16 as llama.cpp
+stores them (GGUF files load without a conversion):
+
+- 8 bits: int8 codes [N, K], w = code * scale. `int8` uses one group per row (per output
+  channel); GGUF's Q8_0 groups of 32.
+- 4 bits: two codes a byte, uint8 [N, K / 2]. Within a group of G inputs, byte j holds input j in
+  its low nibble and input j + G/2 in its high one (GGUF's block order, so a Q4_0 / Q4_1 block is
+  copied as it is). Without minimums w = (code - 8) * scale (symmetric, as Q4_0); with them
+  w = code * scale + min (as Q4_1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+METHODS = ("int8", "int4")
+DEFAULT_INT4_GROUP_SIZE = 32
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    bits: int
+    group_size: int
+    has_mins: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.bits in (4, 8) and self.group_size >= 1, self
+        assert self.bits == 8 or self.group_size % 2 == 0, "4-bit groups pair inputs into bytes"
+
+    def describe(self) -> str:
+        return f"{self.bits}-bit, groups of {self.group_size}" + (", with minimums" if self.has_mins else "")
+
+
+def check_group_size(name: str, group_size: int, in_features: int, bits: int) -> None:
+    """ValueError unless `group_size` divides the weight's input width (and is even at 4 bits)."""
+    if in_features % group_size or (bits == 4 and group_size % 2):
+        even = ", and even for 4-bit codes" if bits == 4 else ""
+        raise ValueError(f"quantization_group_size={group_size} does not fit {name}: it must divide its "
+                         f"{in_features} inputs{even}")
+
+
+def linear_format(method: str, group_size: int | None, in_features: int, name: str) -> QuantFormat:
+    """The format `method` gives a linear layer's weight of `in_features` inputs."""
+    if method == "int8":
+        size = group_size or in_features
+        check_group_size(name, size, in_features, 8)
+        return QuantFormat(8, size)
+    if method == "int4":
+        size = group_size or DEFAULT_INT4_GROUP_SIZE
+        check_group_size(name, size, in_features, 4)
+        return QuantFormat(4, size)
+    raise ValueError(f"quantization={method!r} is not one of {list(METHODS)}")

@@ -1,0 +1,39 @@
+"""The quantized products the layers call: `fastgen::quantized_linear` and the embedding lookup.
+
+`quantized_linear` is an op of its own (not a torch expression) so that each place that runs it
+can choose its kernel: the one-row CPU graph rewrites it into a reduction that Inductor fuses
+with the dequantization (`fastgen.cpu.native.gemv`), the many-row CPU graphs call the C++ kernel
+through it, and elsewhere (eager steps, CUDA) its own kernel below dequantizes the weight and
+multiplies, exact but not fast.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fastgen.quantization.formats import QuantFormat
+from fastgen.quantization.quantize import dequantize
+
+
+@torch.library.custom_op("fastgen::quantized_linear", mutates_args=())
+def quantized_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                     bias: torch.Tensor | None, bits: int, group_size: int) -> torch.Tensor:
+    """F.linear(x, dequantize(codes, scales, mins), bias) for x [..., K] (see
+    `fastgen.quantization.formats` for the layout)."""
+    weight = dequantize(codes, scales, mins, QuantFormat(bits, group_size, mins is not None), x.dtype)
+    return F.linear(x, weight, bias)
+
+
+@quantized_linear.register_fake
+def _(x, codes, scales, mins, bias, bits, group_size):
+    return x.new_empty((*x.shape[:-1], codes.shape[0]))
+
+
+def quantized_embedding(ids: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                        fmt: QuantFormat, dtype: torch.dtype) -> torch.Tensor:
+    """The rows `ids` of a quantized [vocab, hidden] matrix, dequantized: [*ids.shape, hidden]."""
+    flat = ids.reshape(-1)
+    rows = dequantize(codes.index_select(0, flat), scales.index_select(0, flat),
+                      None if mins is None else mins.index_select(0, flat), fmt, dtype)
+    return rows.reshape(*ids.shape, rows.shape[-1])
