@@ -43,11 +43,11 @@ UNUSED_DAYS = 30
 
 
 # The packages whose code a compiled step runs or builds it from: the model and its layers,
-# attention, the op set, the CPU fast path and how weights split; and `fastgen.kernels` (the KV
-# store's torch twin). The engine, the server and the CLI change without changing any graph, so
-# they stay out of its key (`tests/cpu/test_compile_modes.py` checks that every file a trace
-# runs is in here).
-TRACED_PACKAGES = ("models", "layers", "attention", "compile", "cpu", "parallel")
+# attention, the op set, the CPU fast path, how weights split and how they are quantized; and
+# `fastgen.kernels` (the KV store's torch twin). The engine, the server and the CLI change
+# without changing any graph, so they stay out of its key (`tests/cpu/test_compile_modes.py`
+# checks that every file a trace runs is in here).
+TRACED_PACKAGES = ("models", "layers", "attention", "compile", "cpu", "parallel", "quantization")
 
 # Bumped when code outside those packages changes what a graph may assume of its inputs (2: block
 # tables are at least two columns wide, so no graph holds their width as a constant).

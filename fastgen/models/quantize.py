@@ -33,6 +33,10 @@ def quantize_model(model: nn.Module, method: str, group_size: int | None = None)
                 formats[name] = QuantFormat(8, module.weight.shape[1])
             else:
                 formats[name] = linear_format(method, group_size, module.in_features, name)
+    if next(model.parameters()).device.type == "cpu":
+        from fastgen.cpu.native.quantized_linear import load_kernel
+
+        load_kernel()  # the op's C++ kernel for the CPU (built once per machine, in about a second)
     owners: dict[int, QuantizableWeight] = {}  # id of a weight -> the module that quantized it
     for name, module in model.named_modules():
         if name not in formats:

@@ -21,11 +21,24 @@ def quantized_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                      bias: torch.Tensor | None, bits: int, group_size: int) -> torch.Tensor:
     """F.linear(x, dequantize(codes, scales, mins), bias) for x [..., K] (see
     `fastgen.quantization.formats` for the layout)."""
+    return _dequantize_and_multiply(x, codes, scales, mins, bias, bits, group_size)
+
+
+def _dequantize_and_multiply(x, codes, scales, mins, bias, bits, group_size):
     weight = dequantize(codes, scales, mins, QuantFormat(bits, group_size, mins is not None), x.dtype)
     return F.linear(x, weight, bias)
 
 
+@torch.library.custom_op("fastgen::quantized_linear_reference", mutates_args=())
+def quantized_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                               bias: torch.Tensor | None, bits: int, group_size: int) -> torch.Tensor:
+    """`quantized_linear`'s Python kernel under a name of its own: what a native kernel of that op
+    (`fastgen.cpu.native.quantized_linear`) calls for a product it cannot serve."""
+    return _dequantize_and_multiply(x, codes, scales, mins, bias, bits, group_size)
+
+
 @quantized_linear.register_fake
+@quantized_linear_reference.register_fake
 def _(x, codes, scales, mins, bias, bits, group_size):
     return x.new_empty((*x.shape[:-1], codes.shape[0]))
 

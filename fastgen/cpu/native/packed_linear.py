@@ -107,9 +107,11 @@ def packable_weights(model: nn.Module) -> list[torch.Tensor]:
     and oneDNN may refuse to reorder)."""
     if not has_native_bf16():
         return []
-    return [module.weight for module in model.modules()
-            if isinstance(module, nn.Linear) and module.weight.dtype == torch.bfloat16
-            and module.weight.device.type == "cpu" and module.weight.dim() == 2]
+    weights = (getattr(module, "weight", None) for module in model.modules() if isinstance(module, nn.Linear))
+    # (a quantized layer has no `weight`: its codes go through `fastgen::quantized_linear`)
+    return [weight for weight in weights
+            if weight is not None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
+            and weight.dim() == 2]
 
 
 def packing_kernel() -> str:

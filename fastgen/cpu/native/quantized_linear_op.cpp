@@ -1,0 +1,236 @@
+// `fastgen::quantized_linear` for CPU tensors in C++: a product over int8 / 4-bit codes that
+// converts each code to float32 in registers and never writes a dequantized weight anywhere.
+//
+// Layout (fastgen.quantization.formats): codes int8 [N, K] or uint8 [N, K / 2] (in a group of G
+// inputs, byte j holds input j in its low nibble and input j + G/2 in its high one); scales and
+// minimums float16 [N, K / G]. w = code * scale (8 bits), (code - 8) * scale or code * scale + min
+// (4 bits).
+//
+// Each output is a sum over groups: the group's code-times-input products in float32 vectors,
+// times the group's scale; a 4-bit group's offset (-8 * scale, or its minimum) times the sum of
+// its inputs is added once per group instead of once per weight. Output channels are shared out
+// between threads; a channel's codes are read once and used for every row (at a few rows they
+// stay in L1 between rows), so at one row the kernel streams the codes at the memory bandwidth.
+//
+// The op's schema and Python kernel are `fastgen.quantization.ops`'; loading this library adds
+// a kernel for the CPU dispatch key. Any call it cannot serve (no AVX-512, an input that is not
+// float32 / bf16, strided tensors, a group size that is not a multiple of 32) goes to the
+// Python kernel, registered a second time as `fastgen::quantized_linear_reference`. Built
+// against torch's stable C ABI only, so it compiles in about a second.
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include <omp.h>
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define FASTGEN_HAVE_AVX512 1
+#else
+#define FASTGEN_HAVE_AVX512 0
+#endif
+
+namespace {
+
+using torch::stable::Tensor;
+
+std::atomic<int64_t> served_count{0};
+
+float bf16_to_float(uint16_t v) {
+    const uint32_t bits = uint32_t(v) << 16;
+    float out;
+    std::memcpy(&out, &bits, 4);
+    return out;
+}
+
+uint16_t float_to_bf16(float v) {  // round to nearest even, as torch's casts
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);  // NaN stays NaN
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return uint16_t(bits >> 16);
+}
+
+Tensor reference_kernel(const Tensor& x, const Tensor& codes, const Tensor& scales, const std::optional<Tensor>& mins,
+                        const std::optional<Tensor>& bias, int64_t bits, int64_t group_size) {
+    std::array<StableIValue, 7> stack{torch::stable::detail::from(x), torch::stable::detail::from(codes),
+                                      torch::stable::detail::from(scales), torch::stable::detail::from(mins),
+                                      torch::stable::detail::from(bias), torch::stable::detail::from(bits),
+                                      torch::stable::detail::from(group_size)};
+    TORCH_ERROR_CODE_CHECK(aoti_torch_call_dispatcher("fastgen::quantized_linear_reference", "", stack.data()));
+    return torch::stable::detail::to<Tensor>(stack[0]);
+}
+
+#if FASTGEN_HAVE_AVX512
+
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// C outputs of one row (channels c0..c0+C-1, their codes `stride` bytes apart): sum over k of
+// x[k] * w[c, k], w as the 8-bit codes say. C channels at once: C independent chains of
+// additions (one channel alone waits on its own adds' latency) sharing every load of x.
+template <int C>
+inline void dot8(const int8_t* q, int64_t stride, const float* x, const uint16_t* scales, int64_t groups, int64_t k,
+                 int64_t g, float* out) {
+    __m512 total[C];
+    for (int c = 0; c < C; ++c) total[c] = _mm512_setzero_ps();
+    for (int64_t start = 0; start < k; start += g) {
+        __m512 acc[C];
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+        for (int64_t j = start; j < start + g; j += 16) {
+            const __m512 xs = _mm512_loadu_ps(x + j);
+            for (int c = 0; c < C; ++c) {
+                const __m128i bytes = _mm_loadu_si128((const __m128i*)(q + c * stride + j));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), xs, acc[c]);
+            }
+        }
+        for (int c = 0; c < C; ++c)
+            total[c] = _mm512_fmadd_ps(acc[c], _mm512_set1_ps(half_to_float(scales[c * groups + start / g])), total[c]);
+    }
+    for (int c = 0; c < C; ++c) out[c] = _mm512_reduce_add_ps(total[c]);
+}
+
+// The same over 4-bit codes (K / 2 bytes a channel); xsum: the sum of x over each group.
+template <int C>
+inline void dot4(const uint8_t* q, int64_t stride, const float* x, const float* xsum, const uint16_t* scales,
+                 const uint16_t* mins, int64_t groups, int64_t g, float* out) {
+    const __m512i low_nibble = _mm512_set1_epi32(15);
+    __m512 total[C];
+    float offsets[C];
+    for (int c = 0; c < C; ++c) total[c] = _mm512_setzero_ps(), offsets[c] = 0.0f;
+    const int64_t half = g / 2;
+    for (int64_t group = 0; group < groups; ++group) {
+        const float* xs = x + group * g;
+        __m512 acc[C];
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < half; j += 16) {
+            const __m512 x_low = _mm512_loadu_ps(xs + j), x_high = _mm512_loadu_ps(xs + half + j);
+            for (int c = 0; c < C; ++c) {
+                const __m128i bytes = _mm_loadu_si128((const __m128i*)(q + c * stride + group * half + j));
+                const __m512i b = _mm512_cvtepu8_epi32(bytes);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, low_nibble)), x_low, acc[c]);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), x_high, acc[c]);
+            }
+        }
+        for (int c = 0; c < C; ++c) {
+            const float scale = half_to_float(scales[c * groups + group]);
+            total[c] = _mm512_fmadd_ps(acc[c], _mm512_set1_ps(scale), total[c]);
+            offsets[c] += (mins ? half_to_float(mins[c * groups + group]) : -8.0f * scale) * xsum[group];
+        }
+    }
+    for (int c = 0; c < C; ++c) out[c] = _mm512_reduce_add_ps(total[c]) + offsets[c];
+}
+
+#endif  // FASTGEN_HAVE_AVX512
+
+Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Tensor> mins, std::optional<Tensor> bias,
+                        int64_t bits, int64_t group_size) {
+#if FASTGEN_HAVE_AVX512
+    const int32_t bf16 = aoti_torch_dtype_bfloat16(), f32 = aoti_torch_dtype_float32(),
+                  f16 = aoti_torch_dtype_float16();
+    int32_t x_dtype = 0, s_dtype = 0, m_dtype = f16, b_dtype = 0;
+    aoti_torch_get_dtype(x.get(), &x_dtype);
+    aoti_torch_get_dtype(scales.get(), &s_dtype);
+    if (mins.has_value()) aoti_torch_get_dtype(mins->get(), &m_dtype);
+    if (bias.has_value()) aoti_torch_get_dtype(bias->get(), &b_dtype);
+    const int64_t k = x.dim() > 0 ? x.size(-1) : 0;
+    const int64_t n = codes.dim() == 2 ? codes.size(0) : 0;
+    const int64_t groups = group_size > 0 ? k / group_size : 0;
+    const bool served = (x_dtype == bf16 || x_dtype == f32) && x.is_contiguous() && k > 0 && n > 0 &&
+        codes.is_contiguous() && scales.is_contiguous() && s_dtype == f16 && m_dtype == f16 &&
+        (bits == 8 || bits == 4) && group_size % 32 == 0 && k % group_size == 0 &&
+        codes.size(1) == (bits == 8 ? k : k / 2) && scales.dim() == 2 && scales.size(0) == n &&
+        scales.size(1) == groups && (!mins.has_value() || (bits == 4 && mins->is_contiguous() && mins->dim() == 2 &&
+                                                           mins->size(0) == n && mins->size(1) == groups)) &&
+        (!bias.has_value() || (b_dtype == x_dtype && bias->dim() == 1 && bias->size(0) == n && bias->is_contiguous()));
+    if (!served) return reference_kernel(x, codes, scales, mins, bias, bits, group_size);
+
+    std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+    sizes.back() = n;
+    std::vector<int64_t> strides(sizes.size(), 1);
+    for (int64_t d = int64_t(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
+    AtenTensorHandle handle = nullptr;
+    TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(int64_t(sizes.size()), sizes.data(), strides.data(), x_dtype,
+                                                    aoti_torch_device_type_cpu(), 0, &handle));
+    Tensor out(handle);
+    const int64_t m = x.numel() / k;
+    if (m == 0) return out;
+    served_count.fetch_add(1, std::memory_order_relaxed);
+
+    // The rows in float32 (and, for 4-bit codes, each group's input sum), once for all channels.
+    thread_local std::vector<float> rows, sums;
+    const float* xf = static_cast<const float*>(x.data_ptr());
+    if (x_dtype == bf16) {
+        rows.resize(m * k);
+        const uint16_t* xb = static_cast<const uint16_t*>(x.data_ptr());
+        for (int64_t i = 0; i < m * k; ++i) rows[i] = bf16_to_float(xb[i]);
+        xf = rows.data();
+    }
+    if (bits == 4) {
+        sums.resize(m * groups);
+        for (int64_t r = 0; r < m; ++r)
+            for (int64_t group = 0; group < groups; ++group) {
+                float s = 0.0f;
+                for (int64_t j = 0; j < group_size; ++j) s += xf[r * k + group * group_size + j];
+                sums[r * groups + group] = s;
+            }
+    }
+    const uint16_t* sc = static_cast<const uint16_t*>(scales.data_ptr());
+    const uint16_t* mn = mins.has_value() ? static_cast<const uint16_t*>(mins->data_ptr()) : nullptr;
+    const void* b = bias.has_value() ? bias->data_ptr() : nullptr;
+    const bool out_bf16 = x_dtype == bf16;
+    void* o = out.data_ptr();
+    const float* xsums = sums.data();
+    const int8_t* q8 = static_cast<const int8_t*>(codes.data_ptr());
+    const uint8_t* q4 = static_cast<const uint8_t*>(codes.data_ptr());
+    constexpr int64_t kBlock = 4;  // channels computed together (see dot8)
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    const int64_t row_bytes = bits == 8 ? k : k / 2;
+    #pragma omp parallel for schedule(static) num_threads(omp_get_max_threads())
+    for (int64_t block = 0; block < blocks; ++block) {
+        const int64_t first = block * kBlock, count = std::min(kBlock, n - first);
+        for (int64_t r = 0; r < m; ++r) {
+            float v[kBlock];
+            for (int64_t c0 = 0; c0 < count; c0 += (count - c0 >= kBlock ? kBlock : 1)) {
+                const int64_t col = first + c0;
+                const bool four = count - c0 >= kBlock;
+                if (bits == 8) {
+                    if (four) dot8<kBlock>(q8 + col * k, row_bytes, xf + r * k, sc + col * groups, groups, k, group_size, v + c0);
+                    else dot8<1>(q8 + col * k, row_bytes, xf + r * k, sc + col * groups, groups, k, group_size, v + c0);
+                } else {
+                    const uint16_t* mc = mn ? mn + col * groups : nullptr;
+                    if (four) dot4<kBlock>(q4 + col * row_bytes, row_bytes, xf + r * k, xsums + r * groups, sc + col * groups, mc, groups, group_size, v + c0);
+                    else dot4<1>(q4 + col * row_bytes, row_bytes, xf + r * k, xsums + r * groups, sc + col * groups, mc, groups, group_size, v + c0);
+                }
+            }
+            for (int64_t c = 0; c < count; ++c) {
+                const int64_t col = first + c;
+                const float add = b == nullptr ? 0.0f
+                    : out_bf16 ? bf16_to_float(static_cast<const uint16_t*>(b)[col]) : static_cast<const float*>(b)[col];
+                if (out_bf16) static_cast<uint16_t*>(o)[r * n + col] = float_to_bf16(v[c] + add);
+                else static_cast<float*>(o)[r * n + col] = v[c] + add;
+            }
+        }
+    }
+    return out;
+#else
+    return reference_kernel(x, codes, scales, mins, bias, bits, group_size);
+#endif
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(fastgen, CPU, m) { m.impl("quantized_linear", TORCH_BOX(&quantized_linear)); }
+
+extern "C" {
+
+int64_t fastgen_quantized_linear_served() { return served_count.load(); }
+
+}  // extern "C"

@@ -1,0 +1,76 @@
+"""A quantized engine's greedy output equals transformers' on the same model with every weight
+fastgen quantizes replaced by its dequantized value (`fake_quantized_copy`), token for token in
+float32: eagerly for every family and method, and through the compiled CPU graphs."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastgen import LLM, SamplingParams
+from fastgen.cpu.native.quantized_linear import products_served_natively
+from fastgen.models.quantize import weight_bytes
+from tests.conftest import FAMILIES, random_prompts
+from tests.quantization.fake_quantized import fake_quantized_copy
+from tests.tiny_models import hf_greedy
+
+MAX_TOKENS = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def fake_quantized(tiny_models, tmp_path_factory):
+    """(family, method) -> the reference folder, built on first use."""
+    made: dict[tuple[str, str], str] = {}
+
+    def get(family: str, method: str) -> str:
+        if (family, method) not in made:
+            out = tmp_path_factory.mktemp(f"{family}-{method}")
+            made[family, method] = str(fake_quantized_copy(tiny_models[family], out, method))
+        return made[family, method]
+
+    return get
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_quantized_greedy_equals_transformers_on_the_dequantized_weights(tiny_models, fake_quantized, family, method):
+    prompts = random_prompts([5, 17, 40], seed=11)
+    llm = LLM(tiny_models[family], dtype="float32", quantization=method, block_size=16, num_kv_blocks=64)
+    served = products_served_natively()
+    got = [out.token_ids for out in llm.generate(prompts, GREEDY)]
+    assert got == hf_greedy(fake_quantized(family, method), prompts, MAX_TOKENS)
+    assert got != hf_greedy(tiny_models[family], prompts, MAX_TOKENS), "the quantization changed nothing"
+    assert products_served_natively() > served  # the C++ kernel computed them
+
+
+def test_quantized_weights_take_a_half_and_about_a_third(tiny_models):
+    """Tiny models have a large vocabulary for their size, so the int8 LM head keeps int4 above
+    a quarter here (SmolLM2-135M's figures are in the README)."""
+    sizes = {method: weight_bytes(LLM(tiny_models["llama"], dtype="bfloat16", quantization=method,
+                                      num_kv_blocks=8, block_size=16, max_model_len=128).engine.runner.model)
+             for method in (None, "int8", "int4")}
+    assert 0.5 <= sizes["int8"] / sizes[None] <= 0.53
+    assert sizes["int4"] < 0.4 * sizes[None]
+
+
+def test_quantization_settings_are_checked(tiny_models):
+    with pytest.raises(ValueError, match=r"quantization='fp8' is not one of \['int8', 'int4'\]"):
+        LLM(tiny_models["llama"], quantization="fp8")
+    with pytest.raises(ValueError, match=r"quantization_group_size=32 needs a quantization method"):
+        LLM(tiny_models["llama"], quantization_group_size=32)
+    with pytest.raises(ValueError, match=r"quantization_group_size=48 does not fit .*: it must divide its"):
+        LLM(tiny_models["llama"], quantization="int4", quantization_group_size=48, num_kv_blocks=8, max_model_len=128)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_compiled_cpu_graphs_run_the_quantized_kernel(tiny_models, fake_quantized, private_cache, method):
+    """One request alone (the one-row graph) and a batch (the many-row and prefill graphs)."""
+    llm = LLM(tiny_models["llama"], dtype="float32", quantization=method, enforce_eager=False,
+              compile_mode="blocking", block_size=4, num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=64)
+    prompts = random_prompts([11], seed=61) + random_prompts([3, 30, 100, 6], seed=64)
+    alone = llm.generate(prompts[:1], GREEDY)[0].token_ids
+    batch = [out.token_ids for out in llm.generate(prompts[1:], GREEDY)]
+    assert [alone, *batch] == hf_greedy(fake_quantized("llama", method), prompts, MAX_TOKENS)
+    compiled = llm.engine.runner.compiled_decode
+    assert set(compiled.first_call_seconds) == {"one_row", "many_rows", "prefill"} and not compiled.failed

@@ -1,0 +1,99 @@
+"""The quantized layout and each kernel of `fastgen::quantized_linear`, against the reference
+F.linear(x, dequantize(...)) (`fastgen.quantization.quantize`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastgen.cpu.native.quantized_linear import load_kernel, products_served_natively
+from fastgen.quantization.formats import QuantFormat, linear_format
+from fastgen.quantization.ops import quantized_embedding, quantized_linear, quantized_linear_reference
+from fastgen.quantization.quantize import dequantize, quantize_weight, unpack_codes
+
+FORMATS = [QuantFormat(8, 64), QuantFormat(8, 32), QuantFormat(4, 32), QuantFormat(4, 64)]
+
+
+def test_int8_codes_round_to_the_nearest_step_of_each_row():
+    torch.manual_seed(0)
+    weight = torch.randn(16, 64)
+    fmt = QuantFormat(8, 64)
+    codes, scales, mins = quantize_weight(weight, fmt)
+    assert codes.dtype == torch.int8 and scales.shape == (16, 1) and scales.dtype == torch.float16 and mins is None
+    assert codes.abs().amax(-1).tolist() == [127] * 16  # each row's largest weight spans the range
+    error = (dequantize(codes, scales, mins, fmt, torch.float32) - weight).abs()
+    assert (error <= scales.float() / 2 + 1e-6).all()
+
+
+def test_int4_layout_is_ggufs_block_order():
+    """In a group of G inputs, byte j holds input j (low nibble) and input j + G/2 (high), and the
+    value of largest magnitude is exact (Q4_0's rule)."""
+    fmt = QuantFormat(4, 32)
+    weight = torch.zeros(1, 32)
+    weight[0, 3], weight[0, 16 + 3], weight[0, 5] = -8.0, 7.0, 1.0
+    codes, scales, _ = quantize_weight(weight, fmt)
+    assert codes.shape == (1, 16) and codes.dtype == torch.uint8 and scales.item() == 1.0
+    assert codes[0, 3].item() == (0 | (15 << 4))  # input 3 -> code 0 (-8), input 19 -> code 15 (+7)
+    assert unpack_codes(codes, fmt)[0, 5].item() == 9
+    assert torch.equal(dequantize(codes, scales, None, fmt, torch.float32), weight)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_cpu_kernel_equals_dequantize_then_multiply(dtype, fmt, rows):
+    assert load_kernel() is not None, "the C++ kernel builds wherever fastgen's other CPU kernels do"
+    torch.manual_seed(rows)
+    weight, x, bias = torch.randn(37, 128), torch.randn(rows, 128).to(dtype), torch.randn(37).to(dtype)
+    codes, scales, mins = quantize_weight(weight, fmt)
+    variants = [(mins, bias)]
+    if fmt.bits == 4:  # with minimums (GGUF's Q4_1 form): code * scale + min
+        variants.append(((torch.rand_like(scales.float()) - 0.5).half(), None))
+    for group_mins, b in variants:
+        want = F.linear(x.float(), dequantize(codes, scales, group_mins, QuantFormat(fmt.bits, fmt.group_size,
+                                                                                       group_mins is not None),
+                                              torch.float32), None if b is None else b.float())
+        served = products_served_natively()
+        got = quantized_linear(x, codes, scales, group_mins, b, fmt.bits, fmt.group_size)
+        assert products_served_natively() == served + 1
+        assert got.dtype == dtype and got.shape == (rows, 37)
+        # bf16: outputs of magnitude ~50 round to steps of 0.25; the reference also rounds each
+        # dequantized weight to bf16 before its products.
+        tolerance = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=0.3)
+        torch.testing.assert_close(got.float(), want, **tolerance)
+        reference = quantized_linear_reference(x, codes, scales, group_mins, b, fmt.bits, fmt.group_size)
+        torch.testing.assert_close(reference.float(), want, **tolerance)
+
+
+def test_products_the_kernel_cannot_serve_go_to_the_reference():
+    """A group of 16 (not a multiple of 32) and a half-precision input: the Python kernel answers."""
+    load_kernel()
+    torch.manual_seed(2)
+    fmt = QuantFormat(4, 16)
+    codes, scales, _ = quantize_weight(torch.randn(8, 64), fmt)
+    x = torch.randn(2, 64)
+    served = products_served_natively()
+    got = quantized_linear(x, codes, scales, None, None, 4, 16)
+    assert products_served_natively() == served
+    torch.testing.assert_close(got, F.linear(x, dequantize(codes, scales, None, fmt, torch.float32)))
+
+
+def test_quantized_embedding_dequantizes_the_rows_looked_up():
+    torch.manual_seed(3)
+    fmt = QuantFormat(8, 16)
+    codes, scales, mins = quantize_weight(torch.randn(50, 16), fmt)
+    ids = torch.tensor([[3, 49], [0, 3]])
+    got = quantized_embedding(ids, codes, scales, mins, fmt, torch.float32)
+    assert torch.equal(got, F.embedding(ids, dequantize(codes, scales, mins, fmt, torch.float32)))
+
+
+def test_formats_refuse_what_they_cannot_hold():
+    assert linear_format("int4", None, 96, "x") == QuantFormat(4, 32)
+    assert linear_format("int8", None, 96, "x") == QuantFormat(8, 96)
+    with pytest.raises(ValueError, match=r"group_size=7 does not fit layers\.0\.mlp: it must divide its 96"):
+        linear_format("int4", 7, 96, "layers.0.mlp")
+    with pytest.raises(ValueError, match=r"quantization_group_size=3 .*even for 4-bit"):
+        linear_format("int4", 3, 96, "x")
+    with pytest.raises(ValueError, match=r"quantization='int3' is not one of \['int8', 'int4'\]"):
+        linear_format("int3", None, 96, "x")
