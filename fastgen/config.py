@@ -135,12 +135,14 @@ class EngineConfig:
     """Weight and activation dtype. auto: the model's own on CUDA; on CPU bfloat16 for a bfloat16
     model when the processor has native bf16 (AVX-512 BF16 or AMX, several times float32's
     matmul rate), else float32."""
-    quantization: str | None = _knob(None, optional(one_of(QUANTIZATION_METHODS)))
+    quantization: str | None = _knob(None, optional(one_of((*QUANTIZATION_METHODS, "gguf"))))
     """Weight-only quantization, done once at load: int8 (one scale per output channel) or int4
     (one scale per group of quantization_group_size inputs, symmetric as llama.cpp's Q4_0); the
-    LM head and embedding take int8 under both. Activations and the KV cache stay in dtype. The
-    CPU's compiled steps have kernels for both; elsewhere each product dequantizes its weight
-    first (correct, not fast). Default: the weights as the checkpoint has them."""
+    LM head and embedding take int8 under both. gguf: the Q8_0 / Q4_0 / Q4_1 blocks of the GGUF
+    file the model was converted from, as they are (model: a .gguf file, or the default model,
+    whose file is Q4_1). Activations and the KV cache stay in dtype. The CPU's compiled steps
+    have kernels for all of them; elsewhere each product dequantizes its weight first (correct,
+    not fast). Default: the weights as the checkpoint has them."""
     quantization_group_size: int | None = _knob(None, optional(at_least(2)))
     """Inputs that share one scale under quantization. Default: 32 for int4, a whole row for
     int8. Must divide every linear layer's input width (and be even for int4)."""
@@ -195,6 +197,8 @@ class EngineConfig:
     (EngineOverloaded; HTTP 503 in the server) instead of queueing without bound. Batch
     LLM.generate calls are not capped."""
     model_config: ModelConfig = field(init=False, repr=False)
+    gguf_file: str | None = field(init=False, repr=False, default=None)
+    """With quantization="gguf": the GGUF file whose blocks the engine loads."""
 
     def __post_init__(self) -> None:
         self.model = resolve_model_path(str(self.model))
@@ -212,9 +216,11 @@ class EngineConfig:
                 f"max_model_len={self.max_model_len} exceeds the model's {self.model_config.max_len_limit}"
             )
         self.device = resolve_device(self.device)
-        if self.quantization_group_size is not None and self.quantization is None:
+        if self.quantization_group_size is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization_group_size={self.quantization_group_size} needs a quantization method "
-                             f"(one of {list(QUANTIZATION_METHODS)})")
+                             f"(one of {list(QUANTIZATION_METHODS)}), got quantization={self.quantization!r}")
+        if self.quantization == "gguf":
+            self._find_gguf_file()
         if self.enforce_eager is None:
             self.enforce_eager = os.environ.get("FASTGEN_ENFORCE_EAGER") == "1"
         if self.long_prefill_token_threshold is None:
@@ -226,6 +232,19 @@ class EngineConfig:
             check_world(self)
         if self.cuda_graph_batch_sizes is not None:
             self.cuda_graph_batch_sizes = sorted(set(self.cuda_graph_batch_sizes))
+
+    def _find_gguf_file(self) -> None:
+        from fastgen.models.gguf_weights import gguf_source
+
+        source = gguf_source(self.model)
+        if source is None or not source.is_file():
+            raise ValueError(f"quantization='gguf' needs a model converted from a GGUF file (pass the .gguf file as "
+                             f"model); model={self.model!r} " + ("is not one" if source is None
+                                                                 else f"came from {str(source)!r}, which is gone"))
+        if self.tensor_parallel_size > 1:
+            raise ValueError("quantization='gguf' runs on one rank, got "
+                             f"tensor_parallel_size={self.tensor_parallel_size}")
+        self.gguf_file = str(source)
 
     def _check_attention_backend(self) -> None:
         name, on_cuda = self.attention_backend, self.device.startswith("cuda")

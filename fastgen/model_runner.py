@@ -127,7 +127,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         if real_weights:
             load_weights(self.model, config.model)
         if config.quantization is not None:
-            quantize_model(self.model, config.quantization, config.quantization_group_size)
+            quantize_model(self.model, config.quantization, config.quantization_group_size, config.gguf_file)
         self.model.eval()
         logger.info("model built in %.1fs (%s, %s)", time.perf_counter() - start, config.torch_dtype, self.device)
 

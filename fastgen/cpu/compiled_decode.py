@@ -50,6 +50,7 @@ from fastgen.cpu.flat_weights import flatten_weights, weight_views
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
 from fastgen.cpu.native.gemv import linears_as_gemv
 from fastgen.cpu.native.packed_linear import linears_as_packed, pack_linear_weights, packable_weights
+from fastgen.cpu.native.quantized_linear import pack_quantized_weights, twin_bytes
 from fastgen.cpu.native.torch_decode import DecodeKVIndex
 from fastgen.cpu.saved_graphs import graph_key, load_or_compile
 from fastgen.layers.attention import PagedAttention
@@ -243,15 +244,17 @@ class CompiledDecodeStep:
 
     def _pack_weights(self) -> None:
         """Pack the weights for the many-row and prefill graphs' GEMMs, once, where the copies
-        fit in memory (else those GEMMs reorder the plain weights on every call, as before)."""
+        fit in memory (else those GEMMs reorder the plain weights on every call, as before, and
+        quantized products of many rows run the GEMV)."""
         if self._packing_tried:
             return
         self._packing_tried = True
         needed = sum(weight.numel() * weight.element_size() for weight in packable_weights(self.model))
+        needed += twin_bytes(self.model)
         try:
             check_fits("packed copies of the linear weights (the compiled CPU steps' GEMMs)", needed,
                        torch.device("cpu"), "those GEMMs use the plain weights instead")
-            self.packed_weights = pack_linear_weights(self.model)
+            self.packed_weights = pack_linear_weights(self.model) + pack_quantized_weights(self.model)
         except (ValueError, RuntimeError) as exc:  # short of memory, or a kernel refused to pack
             logger.warning("not packing the linear weights: %s", exc)
 

@@ -92,6 +92,8 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         config.architectures = ["LlamaForCausalLM"]
         config.dtype = dtype
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        # Which file this folder came from: quantization="gguf" serves that file's own blocks.
+        (tmp / "gguf_source.json").write_text(json.dumps({"path": str(gguf_path.resolve())}) + "\n")
         config.save_pretrained(tmp)
         _tidy_config_json(tmp / "config.json")
         GenerationConfig.from_model_config(config).save_pretrained(tmp)
@@ -112,7 +114,7 @@ def default_model_path() -> Path:
     Reuses a complete folder; a folder under the name with files missing is rebuilt.
     """
     path = cache_dir() / DEFAULT_MODEL_NAME
-    if _is_complete(path):
+    if is_complete(path):
         return path
     if path.exists():
         logger.warning("Rebuilding incomplete model folder %s", path)
@@ -125,7 +127,7 @@ def default_model_path() -> Path:
     return convert_gguf_to_hf(gguf_path, path)
 
 
-def _is_complete(path: Path) -> bool:
+def is_complete(path: Path) -> bool:
     return all((path / name).is_file() for name in _REQUIRED_FILES)
 
 
@@ -134,7 +136,7 @@ def _commit(tmp: Path, out_dir: Path) -> None:
     try:
         os.replace(tmp, out_dir)
     except OSError:
-        if not _is_complete(out_dir):
+        if not is_complete(out_dir):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -14,10 +14,15 @@ _MODEL_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 def resolve_model_path(model: str) -> str:
-    """`model` itself when it is a folder; else the cached snapshot folder of the Hugging Face
-    id `model`. Raises ValueError naming the id when it is neither."""
+    """`model` itself when it is a folder; the folder converted from it when it is a GGUF file
+    (`fastgen.models.gguf_weights.gguf_folder`); else the cached snapshot folder of the Hugging
+    Face id `model`. Raises ValueError naming the id when it is none of these."""
     if Path(model).is_dir():
         return model
+    if model.endswith(".gguf") and Path(model).is_file():
+        from fastgen.models.gguf_weights import gguf_folder
+
+        return str(gguf_folder(model))
     if not _MODEL_ID.fullmatch(model) or model.endswith((".", "..")):
         raise ValueError(f"model={model!r} is not a directory")
     # Imported here: only needed for ids, and it costs a few hundred milliseconds to import.

@@ -20,12 +20,22 @@ from torch import nn
 
 from fastgen.layers.quantizable import QuantizableWeight
 from fastgen.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
+from fastgen.models.gguf_weights import load_gguf_weights
 from fastgen.quantization.formats import QuantFormat, linear_format
 
 
-def quantize_model(model: nn.Module, method: str, group_size: int | None = None) -> None:
+def quantize_model(model: nn.Module, method: str, group_size: int | None = None, gguf_file: str | None = None) -> None:
     """Quantize `model`'s weights in place with `method` ("int8" / "int4"; see the module's
-    docstring); ValueError naming the layer where `group_size` does not divide its inputs."""
+    docstring), or ("gguf") load `gguf_file`'s quantized blocks in their place
+    (`fastgen.models.gguf_weights`); ValueError naming the layer where `group_size` does not
+    divide its inputs."""
+    if next(model.parameters()).device.type == "cpu":
+        from fastgen.cpu.native.quantized_linear import load_kernel
+
+        load_kernel()  # the op's C++ kernel for the CPU (built once per machine, in about a second)
+    if method == "gguf":
+        load_gguf_weights(model, gguf_file)
+        return
     formats: dict[str, QuantFormat] = {}
     for name, module in model.named_modules():  # checked whole before any weight changes
         if isinstance(module, QuantizableWeight) and module.quant_format is None:
@@ -33,10 +43,6 @@ def quantize_model(model: nn.Module, method: str, group_size: int | None = None)
                 formats[name] = QuantFormat(8, module.weight.shape[1])
             else:
                 formats[name] = linear_format(method, group_size, module.in_features, name)
-    if next(model.parameters()).device.type == "cpu":
-        from fastgen.cpu.native.quantized_linear import load_kernel
-
-        load_kernel()  # the op's C++ kernel for the CPU (built once per machine, in about a second)
     owners: dict[int, QuantizableWeight] = {}  # id of a weight -> the module that quantized it
     for name, module in model.named_modules():
         if name not in formats:

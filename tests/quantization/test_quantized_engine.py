@@ -54,7 +54,7 @@ def test_quantized_weights_take_a_half_and_about_a_third(tiny_models):
 
 
 def test_quantization_settings_are_checked(tiny_models):
-    with pytest.raises(ValueError, match=r"quantization='fp8' is not one of \['int8', 'int4'\]"):
+    with pytest.raises(ValueError, match=r"quantization='fp8' is not one of \['int8', 'int4', 'gguf'\]"):
         LLM(tiny_models["llama"], quantization="fp8")
     with pytest.raises(ValueError, match=r"quantization_group_size=32 needs a quantization method"):
         LLM(tiny_models["llama"], quantization_group_size=32)

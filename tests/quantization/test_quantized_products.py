@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from fastgen.cpu.native.quantized_linear import load_kernel, products_served_natively
+from fastgen.cpu.native.gemm import gemm_available
+from fastgen.cpu.native.quantized_linear import (load_kernel, pack_quantized_weights, products_served_natively,
+                                                 twin_bytes)
+from fastgen.layers.quantizable import QuantizableWeight
 from fastgen.quantization.formats import QuantFormat, linear_format
 from fastgen.quantization.ops import quantized_embedding, quantized_linear, quantized_linear_reference
 from fastgen.quantization.quantize import dequantize, quantize_weight, unpack_codes
@@ -42,10 +46,11 @@ def test_int4_layout_is_ggufs_block_order():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
 @pytest.mark.parametrize("rows", [1, 3, 9])
-def test_cpu_kernel_equals_dequantize_then_multiply(dtype, fmt, rows):
+@pytest.mark.parametrize("width", [128, 576])  # 576: more than 16 groups (the bf16 kernel's scale window)
+def test_cpu_kernel_equals_dequantize_then_multiply(dtype, fmt, rows, width):
     assert load_kernel() is not None, "the C++ kernel builds wherever fastgen's other CPU kernels do"
     torch.manual_seed(rows)
-    weight, x, bias = torch.randn(37, 128), torch.randn(rows, 128).to(dtype), torch.randn(37).to(dtype)
+    weight, x, bias = torch.randn(37, width), torch.randn(rows, width).to(dtype), torch.randn(37).to(dtype)
     codes, scales, mins = quantize_weight(weight, fmt)
     variants = [(mins, bias)]
     if fmt.bits == 4:  # with minimums (GGUF's Q4_1 form): code * scale + min
@@ -58,9 +63,9 @@ def test_cpu_kernel_equals_dequantize_then_multiply(dtype, fmt, rows):
         got = quantized_linear(x, codes, scales, group_mins, b, fmt.bits, fmt.group_size)
         assert products_served_natively() == served + 1
         assert got.dtype == dtype and got.shape == (rows, 37)
-        # bf16: outputs of magnitude ~50 round to steps of 0.25; the reference also rounds each
+        # bf16: outputs of magnitude ~100 round to steps of 0.5; the reference also rounds each
         # dequantized weight to bf16 before its products.
-        tolerance = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=0.3)
+        tolerance = dict(rtol=1e-5, atol=2e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=0.6)
         torch.testing.assert_close(got.float(), want, **tolerance)
         reference = quantized_linear_reference(x, codes, scales, group_mins, b, fmt.bits, fmt.group_size)
         torch.testing.assert_close(reference.float(), want, **tolerance)
@@ -97,3 +102,35 @@ def test_formats_refuse_what_they_cannot_hold():
         linear_format("int4", 3, 96, "x")
     with pytest.raises(ValueError, match=r"quantization='int3' is not one of \['int8', 'int4'\]"):
         linear_format("int3", None, 96, "x")
+
+
+class QuantizedLinear(QuantizableWeight, nn.Linear):
+    def forward(self, x):
+        return self.product(x, self.bias)
+
+
+@pytest.mark.parametrize("fmt", FORMATS + [QuantFormat(4, 32, has_mins=True)], ids=str)
+@pytest.mark.parametrize("rows", [4, 9, 40])
+def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
+    """Four rows or more in bf16, with a twin: the bf16 GEMM over dequantized panels (the weight
+    rounded to bf16 first, as the reference does). 100 outputs: two whole panels and a part."""
+    if not gemm_available():
+        pytest.skip("fastgen's bf16 GEMM needs AVX-512 BF16")
+    torch.manual_seed(rows)
+    layer = QuantizedLinear(576, 100, bias=True, dtype=torch.bfloat16)
+    tensors = quantize_weight(layer.weight, QuantFormat(fmt.bits, fmt.group_size))
+    if fmt.has_mins:
+        # Q4_1's minimums: each group's lowest weight, some 4 to 12 steps below zero
+        tensors = tensors._replace(mins=(-tensors.scales.float() * (4 + 8 * torch.rand(tensors.scales.shape))).half())
+    layer.quantize_(fmt, tensors)
+    assert pack_quantized_weights(layer) == 1 and twin_bytes(layer) > 0
+    x = torch.randn(rows, 576, dtype=torch.bfloat16)
+    weight = dequantize(layer.weight_codes, layer.weight_scales, layer.weight_mins, fmt, torch.bfloat16)
+    by_gemm = products_served_natively(by_gemm=True)
+    got = layer(x)
+    assert products_served_natively(by_gemm=True) == by_gemm + 1
+    torch.testing.assert_close(got, F.linear(x, weight, layer.bias), rtol=1e-2, atol=1e-2)
+    assert products_served_natively(by_gemm=True) == by_gemm + 1
+    alone = layer(x[:1])  # one row: the GEMV
+    assert products_served_natively(by_gemm=True) == by_gemm + 1
+    torch.testing.assert_close(alone, got[:1], rtol=1e-2, atol=1e-2)

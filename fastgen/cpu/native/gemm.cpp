@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include <omp.h>
 
@@ -114,6 +115,40 @@ void rows(int r, const uint16_t* a, int64_t k, const uint16_t* panel, const floa
     }
 }
 
+// One panel of a quantized weight, dequantized into the bf16 panel layout above (`out`: ceil(K /
+// 2) pair rows of 96). The quantized twin keeps that layout (fastgen.cpu.native.quantized_linear):
+// per pair row, 96 int8 codes, or 48 bytes of 4-bit codes (byte i: element i in its low nibble,
+// element i + 48 in its high one); per group of inputs, the 48 columns' float16 scales and (4-bit)
+// offsets. Element e of a pair row is column e / 2's weight, so each 16-element vector takes the
+// scales of 8 columns, each twice. w = code * scale + offset in float32, rounded to bf16 once: the
+// weight `fastgen.quantization.dequantize` gives in bf16.
+void dequantize_panel(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, int64_t pairs,
+                      int64_t pairs_per_group, int bits, uint16_t* out) {
+    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i nibble = _mm512_set1_epi32(15);
+    for (int64_t p = 0; p < pairs; ++p) {
+        const int64_t group = p / pairs_per_group;
+        const uint16_t* s = scales + group * kPanel;
+        const uint16_t* o = offsets ? offsets + group * kPanel : nullptr;
+        __m512 w[6];
+        for (int v = 0; v < 6; ++v) {
+            __m512i q;
+            if (bits == 8) {
+                q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(codes + p * 96 + 16 * v)));
+            } else {
+                const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(codes + p * 48 + 16 * (v % 3))));
+                q = v < 3 ? _mm512_and_si512(b, nibble) : _mm512_srli_epi32(b, 4);
+            }
+            const __m512 scale = _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)(s + 8 * v)))));
+            const __m512 f = _mm512_cvtepi32_ps(q);
+            w[v] = o ? _mm512_fmadd_ps(f, scale, _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)(o + 8 * v))))))
+                     : _mm512_mul_ps(f, scale);
+        }
+        for (int v = 0; v < 3; ++v)
+            _mm512_storeu_si512(out + p * 96 + 32 * v, (__m512i)_mm512_cvtne2ps_pbh(w[2 * v + 1], w[2 * v]));
+    }
+}
+
 #endif  // FASTGEN_HAVE_BF16
 
 }  // namespace
@@ -194,6 +229,47 @@ int fastgen_gemm(const uint16_t* a, const uint16_t* packed, const float* bias, u
     return 0;
 #else
     (void)a, (void)packed, (void)bias, (void)c, (void)m, (void)n, (void)k, (void)num_threads;
+    return -1;
+#endif
+}
+
+// C [m, n] = A [m, k] . W^T (+ bias) for a weight quantized into panels (see dequantize_panel):
+// codes: ceil(n / 48) panels of k / 2 pair rows; scales, offsets (4-bit only, else null):
+// float16 [panels][k / group_size][48]; k and group_size even. Each thread dequantizes its panels
+// one at a time into a bf16 panel of its own (in L2 for the model's widths) and sweeps every row
+// of A over it with the bf16 kernel: a weight is converted once a call, not once a row.
+int fastgen_gemm_quantized(const uint16_t* a, const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets,
+                           const float* bias, uint16_t* c, int64_t m, int64_t n, int64_t k, int bits,
+                           int64_t group_size, int num_threads) {
+#if FASTGEN_HAVE_BF16
+    if (k % 2 || group_size % 2 || (bits != 8 && bits != 4)) return -1;
+    const int64_t pairs = k / 2, panels = (n + kPanel - 1) / kPanel, groups = k / group_size;
+    const int64_t panel_bytes = pairs * (bits == 8 ? 96 : 48), panel_scales = groups * kPanel;
+    const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);
+    #pragma omp parallel num_threads(num_threads)
+    {
+        thread_local std::vector<uint16_t> panel;
+        panel.resize(pairs * 2 * kPanel);
+        const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        const int64_t begin = panels * thread / threads, end = panels * (thread + 1) / threads;
+        for (int64_t first = 0; first < m; first += chunk) {
+            const int64_t last = std::min(m, first + chunk);
+            for (int64_t p = begin; p < end; ++p) {
+                dequantize_panel(codes + p * panel_bytes, scales + p * panel_scales,
+                                 offsets ? offsets + p * panel_scales : nullptr, pairs, group_size / 2, bits,
+                                 panel.data());
+                const int64_t col = p * kPanel;
+                const int64_t cols = std::min(kPanel, n - col);
+                for (int64_t r = first; r < last; r += kRows)
+                    rows(static_cast<int>(std::min(kRows, last - r)), a + r * k, k, panel.data(),
+                         bias ? bias + col : nullptr, c + r * n + col, n, cols, Prefetch{nullptr, 0, false});
+            }
+        }
+    }
+    return 0;
+#else
+    (void)a, (void)codes, (void)scales, (void)offsets, (void)bias, (void)c, (void)m, (void)n, (void)k, (void)bits,
+        (void)group_size, (void)num_threads;
     return -1;
 #endif
 }

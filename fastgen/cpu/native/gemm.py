@@ -37,6 +37,7 @@ def _library():
     library.fastgen_gemm_pack.restype = None
     library.fastgen_gemm.argtypes = [pointer, pointer, pointer, pointer, i64, i64, i64, ctypes.c_int]
     library.fastgen_gemm.restype = ctypes.c_int
+    library.fastgen_gemm_quantized.restype = ctypes.c_int
     return library
 
 

@@ -1,38 +1,166 @@
-"""The CPU kernel of `fastgen::quantized_linear` (`quantized_linear_op.cpp`).
+"""The CPU kernels of `fastgen::quantized_linear` (`quantized_linear_op.cpp`, and for many rows
+`fastgen_gemm_quantized` in `gemm.cpp`).
 
-Loading the library registers it for the CPU dispatch key, so every quantized product on the
+Loading the op's library registers it for the CPU dispatch key, so every quantized product on the
 CPU (eager steps and the compiled graphs, which call the op as an extern kernel) runs it instead
-of the op's dequantize-then-multiply Python kernel. At one row it streams the codes: the
-quantized step's time is the bytes it reads, not the conversions.
+of the op's dequantize-then-multiply Python kernel:
 
-Where the library cannot be built (no compiler) the Python kernel serves every product.
+- a few rows (the decode steps of a few requests): a GEMV that converts each code in registers
+  and streams the codes at the memory bandwidth;
+- four rows or more, bf16, where the weight has a twin packed by `pack_quantized_weights`: the
+  bf16 GEMM's register tile over panels that each thread dequantizes one at a time into its
+  cache, so each weight is converted once a call rather than once a row.
+
+A twin is the codes again, in the GEMM's panel order, with its scales (and offsets) per group and
+panel column in float16: about as large as the codes (1 byte a weight for int8, 0.625 for int4 in
+groups of 32). Like the bf16 weights' packed twins (`fastgen.cpu.native.packed_linear`), they are
+made for the compiled steps' many-row graphs, where memory allows.
+
+Where a library cannot be built (no compiler) the Python kernel serves every product.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import nn
 
 import fastgen.quantization.ops  # noqa: F401  (the op's schema must exist before a kernel is registered for it)
+from fastgen.cpu.native import gemm as cpu_gemm
 from fastgen.cpu.native.library import load_native_library, torch_abi_flags
+from fastgen.quantization.formats import QuantFormat
+from fastgen.quantization.quantize import unpack_codes
 
 SOURCE = Path(__file__).with_name("quantized_linear_op.cpp")
+PANEL = 48  # output columns per panel: gemm.cpp's kPanel
 
 
 @functools.cache
 def load_kernel() -> ctypes.CDLL | None:
-    """Build (once per machine) and load the kernel; None where it cannot be."""
+    """Build (once per machine) and load the op's kernel, told where the quantized GEMM is; None
+    where it cannot be built."""
     library = load_native_library(SOURCE, torch_abi_flags())
-    if library is not None:
-        library.fastgen_quantized_linear_served.restype = ctypes.c_int64
+    if library is None:
+        return None
+    pointer, i64 = ctypes.c_void_p, ctypes.c_int64
+    library.fastgen_quantized_linear_served.restype = i64
+    library.fastgen_quantized_linear_served_by_gemm.restype = i64
+    library.fastgen_quantized_linear_set_gemm.argtypes = [pointer]
+    library.fastgen_quantized_linear_add_twin.argtypes = [pointer, pointer, pointer, pointer, i64, i64, i64, i64]
+    library.fastgen_quantized_linear_drop_twin.argtypes = [pointer, pointer]
+    gemm = cpu_gemm._library()
+    if gemm is not None:
+        library.fastgen_quantized_linear_set_gemm(ctypes.cast(gemm.fastgen_gemm_quantized, pointer))
     return library
 
 
-def products_served_natively() -> int:
-    """How many quantized products the C++ kernel computed in this process (0 while it is not
-    loaded; asking does not load it)."""
+def products_served_natively(by_gemm: bool = False) -> int:
+    """How many quantized products the C++ kernel computed in this process (`by_gemm`: of them,
+    through a twin and the GEMM); 0 while it is not loaded (asking does not load it)."""
     if not load_kernel.cache_info().currsize:
         return 0
     library = load_kernel()
-    return 0 if library is None else library.fastgen_quantized_linear_served()
+    if library is None:
+        return 0
+    return library.fastgen_quantized_linear_served_by_gemm() if by_gemm else library.fastgen_quantized_linear_served()
+
+
+class QuantizedTwin(NamedTuple):
+    """A quantized weight in the GEMM's panel order (see `fastgen_gemm_quantized`), and the codes
+    it was packed from (held, so no other tensor comes to live at their address meanwhile)."""
+
+    codes: torch.Tensor  # uint8 [panels, K / 2, 96 or 48]
+    scales: torch.Tensor  # float16 [panels, groups, 48]
+    offsets: torch.Tensor | None  # float16 [panels, groups, 48]: 4-bit only
+    source: torch.Tensor
+
+
+_twins: dict[int, QuantizedTwin] = {}
+
+
+def _by_panel_column(per_row: torch.Tensor, panels: int) -> torch.Tensor:
+    """[N, groups] -> [panels, groups, 48], rows past N zero."""
+    padded = per_row.new_zeros(panels * PANEL, per_row.shape[1])
+    padded[: per_row.shape[0]] = per_row
+    return padded.view(panels, PANEL, -1).transpose(1, 2).contiguous()
+
+
+def pack_twin(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, fmt: QuantFormat) -> QuantizedTwin:
+    """The twin of one quantized weight (its input width even)."""
+    values = unpack_codes(codes, fmt)  # [N, K]: int8 codes, or nibbles 0..15
+    n, k = values.shape
+    panels = -(-n // PANEL)
+    padded = values.new_zeros(panels * PANEL, k)
+    padded[:n] = values
+    # Element e of a pair row is column e // 2's input 2p + e % 2 (the bf16 panel's layout).
+    rows = padded.view(panels, PANEL, k // 2, 2).permute(0, 2, 1, 3).reshape(panels, k // 2, 2 * PANEL)
+    if fmt.bits == 8:
+        panel_codes = rows.view(torch.uint8).contiguous()
+        offsets = None
+    else:
+        panel_codes = (rows[..., :PANEL] | (rows[..., PANEL:] << 4)).contiguous()
+        offsets = _by_panel_column(mins if mins is not None else (scales.float() * -8).half(), panels)
+    return QuantizedTwin(panel_codes, _by_panel_column(scales, panels), offsets, codes)
+
+
+def _forget(key: int, twin: QuantizedTwin) -> None:
+    if _twins.get(key) is twin:
+        del _twins[key]
+    if (library := load_kernel()) is not None:
+        library.fastgen_quantized_linear_drop_twin(key, twin.codes.data_ptr())
+
+
+def quantized_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers of `model` whose weight is quantized (`fastgen.layers.quantizable`), each
+    matrix once (a tied LM head shares its embedding's)."""
+    seen: set[int] = set()
+    layers = []
+    for module in model.modules():
+        if getattr(module, "quant_format", None) is not None and id(module.weight_codes) not in seen:
+            seen.add(id(module.weight_codes))
+            layers.append(module)
+    return layers
+
+
+def twin_bytes(model: nn.Module) -> int:
+    """Bytes the twins of `model`'s quantized weights would take (what `pack_quantized_weights`
+    allocates)."""
+    total = 0
+    for module in quantized_layers(model):
+        n, groups = module.weight_scales.shape
+        k = module.weight_codes.shape[1] * (2 if module.quant_format.bits == 4 else 1)
+        panels = -(-n // PANEL)
+        total += panels * PANEL * k * module.quant_format.bits // 8
+        total += panels * PANEL * groups * 2 * (1 if module.quant_format.bits == 8 else 2)
+    return total
+
+
+def pack_quantized_weights(model: nn.Module) -> int:
+    """Give each quantized CPU weight of `model` (bf16 activations, even width) a twin for the
+    GEMM, once; returns how many have one. Nothing where the kernels are not built."""
+    library = load_kernel()
+    if library is None or cpu_gemm._library() is None:
+        return 0
+    count = 0
+    for module in quantized_layers(model):
+        codes, fmt = module.weight_codes, module.quant_format
+        if codes.device.type != "cpu" or module.activation_dtype != torch.bfloat16 or fmt.group_size % 2:
+            continue
+        key = codes.data_ptr()
+        if key not in _twins:
+            with torch.no_grad():
+                twin = pack_twin(codes.detach(), module.weight_scales.detach(),
+                                 None if module.weight_mins is None else module.weight_mins.detach(), fmt)
+            _twins[key] = twin
+            weakref.finalize(codes, _forget, key, twin)
+            k = codes.shape[1] * (2 if fmt.bits == 4 else 1)
+            library.fastgen_quantized_linear_add_twin(
+                key, twin.codes.data_ptr(), twin.scales.data_ptr(),
+                None if twin.offsets is None else twin.offsets.data_ptr(), codes.shape[0], k, fmt.bits, fmt.group_size)
+        count += 1
+    return count

@@ -23,6 +23,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 #include <optional>
 #include <vector>
 
@@ -42,7 +44,35 @@ namespace {
 
 using torch::stable::Tensor;
 
-std::atomic<int64_t> served_count{0};
+std::atomic<int64_t> served_count{0}, gemm_count{0};
+
+// fastgen_gemm_quantized of gemm.cpp (handed over by fastgen_quantized_linear_set_gemm), and the
+// quantized twins it reads (fastgen_quantized_linear_add_twin), by the address of the codes.
+using QuantizedGemmFn = int (*)(const uint16_t*, const uint8_t*, const uint16_t*, const uint16_t*, const float*,
+                                uint16_t*, int64_t, int64_t, int64_t, int, int64_t, int);
+std::atomic<QuantizedGemmFn> gemm{nullptr};
+
+struct Twin {
+    const uint8_t* codes;
+    const uint16_t* scales;
+    const uint16_t* offsets;
+    int64_t n, k, bits, group_size;
+};
+
+std::mutex twins_mutex;
+std::unordered_map<const void*, Twin> twins;
+
+bool lookup(const void* codes, Twin* out) {
+    std::lock_guard<std::mutex> lock(twins_mutex);
+    auto it = twins.find(codes);
+    if (it == twins.end()) return false;
+    *out = it->second;
+    return true;
+}
+
+// From this many rows a product goes through the GEMM over the weight's twin, where it has one:
+// the GEMV below converts every code once per row, the GEMM once per call.
+constexpr int64_t kGemmRows = 4;
 
 float bf16_to_float(uint16_t v) {
     const uint32_t bits = uint32_t(v) << 16;
@@ -128,6 +158,61 @@ inline void dot4(const uint8_t* q, int64_t stride, const float* x, const float* 
     for (int c = 0; c < C; ++c) out[c] = _mm512_reduce_add_ps(total[c]) + offsets[c];
 }
 
+#if defined(__AVX512BF16__)
+#define FASTGEN_HAVE_BF16_DOT 1
+
+// dot4 for bf16 inputs, two codes per AVX-512 BF16 dot-product lane. A nibble q becomes the bf16
+// number 128 + q by setting the exponent bits above it (0x4300 | q: exact, no conversion), so
+// 32 bytes of codes are 64 weights in two vdpbf16ps; the 128 * (the group's input sum) that adds is
+// taken off with the group's offset. The inputs come rearranged in the order the nibbles do
+// (`low[b]`, `high[b]`: the inputs of byte b's low and high nibble). A 32-byte run spans one group,
+// or two of 32 inputs: each lane's scale is picked out of 16 groups' scales with one permute.
+template <int C>
+inline void dot4_bf16(const uint8_t* q, int64_t stride, const uint16_t* low, const uint16_t* high, const float* xsum,
+                      const uint16_t* scales, const uint16_t* mins, int64_t groups, int64_t g, float* out) {
+    const __m512i nibble = _mm512_set1_epi16(15), exponent = _mm512_set1_epi16(0x4300);
+    const int64_t half = g / 2, bytes = groups * half;
+    __m512 total[C];
+    for (int c = 0; c < C; ++c) total[c] = _mm512_setzero_ps();
+    __m512 group_scales[C];
+    int64_t loaded = -1;  // the first of the 16 groups whose scales group_scales holds
+    for (int64_t b = 0; b < bytes; b += 32) {
+        const int64_t first = b / half, second = (b + 16) / half;  // bytes b's and b + 16's groups
+        if (loaded < 0 || second >= loaded + 16) {
+            loaded = first;
+            const __mmask16 mask = groups - first >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (groups - first)) - 1);
+            for (int c = 0; c < C; ++c)
+                group_scales[c] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + c * groups + first));
+        }
+        const __m512i pick = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_set1_epi32(int(first - loaded)),
+                                                     _mm512_set1_epi32(int(second - loaded)));
+        const __m512bh x_low = (__m512bh)_mm512_loadu_si512(low + b), x_high = (__m512bh)_mm512_loadu_si512(high + b);
+        for (int c = 0; c < C; ++c) {
+            const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(q + c * stride + b)));
+            const __m512bh w_low = (__m512bh)_mm512_or_si512(_mm512_and_si512(w, nibble), exponent);
+            const __m512bh w_high = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(w, 4), exponent);
+            const __m512 acc = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), w_low, x_low), w_high, x_high);
+            total[c] = _mm512_fmadd_ps(acc, _mm512_permutexvar_ps(pick, group_scales[c]), total[c]);
+        }
+    }
+    // Each group's offset times its input sum: (min, or -8 scale) - 128 scale.
+    for (int c = 0; c < C; ++c) {
+        __m512 offsets = _mm512_setzero_ps();
+        for (int64_t group = 0; group < groups; group += 16) {
+            const __mmask16 mask = groups - group >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (groups - group)) - 1);
+            const __m512 scale = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + c * groups + group));
+            const __m512 offset = mins ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, mins + c * groups + group))
+                                       : _mm512_mul_ps(scale, _mm512_set1_ps(-8.0f));
+            offsets = _mm512_fmadd_ps(_mm512_fmadd_ps(scale, _mm512_set1_ps(-128.0f), offset),
+                                      _mm512_maskz_loadu_ps(mask, xsum + group), offsets);
+        }
+        out[c] = _mm512_reduce_add_ps(_mm512_add_ps(total[c], offsets));
+    }
+}
+#else
+#define FASTGEN_HAVE_BF16_DOT 0
+#endif
+
 #endif  // FASTGEN_HAVE_AVX512
 
 Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Tensor> mins, std::optional<Tensor> bias,
@@ -164,6 +249,24 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
     if (m == 0) return out;
     served_count.fetch_add(1, std::memory_order_relaxed);
 
+    Twin twin;
+    const QuantizedGemmFn kernel = gemm.load();
+    if (m >= kGemmRows && x_dtype == bf16 && kernel != nullptr && lookup(codes.data_ptr(), &twin) && twin.n == n &&
+        twin.k == k && twin.bits == bits && twin.group_size == group_size) {
+        thread_local std::vector<float> bias32;  // the GEMM adds a float32 bias
+        if (bias.has_value()) {
+            const uint16_t* bb = static_cast<const uint16_t*>(bias->data_ptr());
+            bias32.resize(n);
+            for (int64_t i = 0; i < n; ++i) bias32[i] = bf16_to_float(bb[i]);
+        }
+        if (kernel(static_cast<const uint16_t*>(x.data_ptr()), twin.codes, twin.scales, twin.offsets,
+                   bias.has_value() ? bias32.data() : nullptr, static_cast<uint16_t*>(out.data_ptr()), m, n, k,
+                   int(bits), group_size, omp_get_max_threads()) == 0) {
+            gemm_count.fetch_add(1, std::memory_order_relaxed);
+            return out;
+        }
+    }
+
     // The rows in float32 (and, for 4-bit codes, each group's input sum), once for all channels.
     thread_local std::vector<float> rows, sums;
     const float* xf = static_cast<const float*>(x.data_ptr());
@@ -182,6 +285,21 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
                 sums[r * groups + group] = s;
             }
     }
+    // bf16 inputs against 4-bit codes: the dot-product kernel, its inputs in nibble order.
+    const bool bf16_dot = FASTGEN_HAVE_BF16_DOT && bits == 4 && x_dtype == bf16 && (k / 2) % 32 == 0;
+    thread_local std::vector<uint16_t> nibble_order;
+    if (bf16_dot) {
+        const int64_t half = group_size / 2;
+        const uint16_t* xb = static_cast<const uint16_t*>(x.data_ptr());
+        nibble_order.resize(m * k);
+        for (int64_t r = 0; r < m; ++r)
+            for (int64_t byte = 0; byte < k / 2; ++byte) {
+                const int64_t input = byte / half * group_size + byte % half;
+                nibble_order[r * k + byte] = xb[r * k + input];
+                nibble_order[r * k + k / 2 + byte] = xb[r * k + input + half];
+            }
+    }
+    const uint16_t* arranged = nibble_order.data();
     const uint16_t* sc = static_cast<const uint16_t*>(scales.data_ptr());
     const uint16_t* mn = mins.has_value() ? static_cast<const uint16_t*>(mins->data_ptr()) : nullptr;
     const void* b = bias.has_value() ? bias->data_ptr() : nullptr;
@@ -204,6 +322,13 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
                 if (bits == 8) {
                     if (four) dot8<kBlock>(q8 + col * k, row_bytes, xf + r * k, sc + col * groups, groups, k, group_size, v + c0);
                     else dot8<1>(q8 + col * k, row_bytes, xf + r * k, sc + col * groups, groups, k, group_size, v + c0);
+                } else if (bf16_dot) {
+#if FASTGEN_HAVE_BF16_DOT
+                    const uint16_t* mc = mn ? mn + col * groups : nullptr;
+                    const uint16_t* lo = arranged + r * k;
+                    if (four) dot4_bf16<kBlock>(q4 + col * row_bytes, row_bytes, lo, lo + k / 2, xsums + r * groups, sc + col * groups, mc, groups, group_size, v + c0);
+                    else dot4_bf16<1>(q4 + col * row_bytes, row_bytes, lo, lo + k / 2, xsums + r * groups, sc + col * groups, mc, groups, group_size, v + c0);
+#endif
                 } else {
                     const uint16_t* mc = mn ? mn + col * groups : nullptr;
                     if (four) dot4<kBlock>(q4 + col * row_bytes, row_bytes, xf + r * k, xsums + r * groups, sc + col * groups, mc, groups, group_size, v + c0);
@@ -232,5 +357,25 @@ STABLE_TORCH_LIBRARY_IMPL(fastgen, CPU, m) { m.impl("quantized_linear", TORCH_BO
 extern "C" {
 
 int64_t fastgen_quantized_linear_served() { return served_count.load(); }
+
+int64_t fastgen_quantized_linear_served_by_gemm() { return gemm_count.load(); }
+
+void fastgen_quantized_linear_set_gemm(void* fn) { gemm.store(reinterpret_cast<QuantizedGemmFn>(fn)); }
+
+// The twin of the codes at `codes` ([n, k] weights of `bits` bits, groups of `group_size`), packed
+// into panels by fastgen.cpu.native.quantized_linear.
+void fastgen_quantized_linear_add_twin(const void* codes, const void* panel_codes, const void* scales,
+                                       const void* offsets, int64_t n, int64_t k, int64_t bits, int64_t group_size) {
+    std::lock_guard<std::mutex> lock(twins_mutex);
+    twins[codes] = Twin{static_cast<const uint8_t*>(panel_codes), static_cast<const uint16_t*>(scales),
+                        static_cast<const uint16_t*>(offsets), n, k, bits, group_size};
+}
+
+// Forget the twin of `codes`, if it is still the one whose panels are at `panel_codes`.
+void fastgen_quantized_linear_drop_twin(const void* codes, const void* panel_codes) {
+    std::lock_guard<std::mutex> lock(twins_mutex);
+    auto it = twins.find(codes);
+    if (it != twins.end() && it->second.codes == panel_codes) twins.erase(it);
+}
 
 }  // extern "C"
