@@ -140,9 +140,8 @@ class EngineConfig:
     (one scale per group of quantization_group_size inputs, symmetric as llama.cpp's Q4_0); the
     LM head and embedding take int8 under both. gguf: the Q8_0 / Q4_0 / Q4_1 blocks of the GGUF
     file the model was converted from, as they are (model: a .gguf file, or the default model,
-    whose file is Q4_1). Activations and the KV cache stay in dtype. The CPU's compiled steps
-    have kernels for all of them; elsewhere each product dequantizes its weight first (correct,
-    not fast). Default: the weights as the checkpoint has them."""
+    whose file is Q4_1). Activations and the KV cache stay in dtype. Kernels: C++ on the CPU,
+    Triton on CUDA. Default: gguf for a .gguf model, else the weights as the checkpoint has them."""
     quantization_group_size: int | None = _knob(None, optional(at_least(2)))
     """Inputs that share one scale under quantization. Default: 32 for int4, a whole row for
     int8. Must divide every linear layer's input width (and be even for int4)."""
@@ -201,6 +200,7 @@ class EngineConfig:
     """With quantization="gguf": the GGUF file whose blocks the engine loads."""
 
     def __post_init__(self) -> None:
+        from_gguf = str(self.model).endswith(".gguf")
         self.model = resolve_model_path(str(self.model))
         self.model_config = ModelConfig.from_folder(self.model)
         if type(self.device).__module__ == "torch":  # a torch.device
@@ -219,6 +219,8 @@ class EngineConfig:
         if self.quantization_group_size is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization_group_size={self.quantization_group_size} needs a quantization method "
                              f"(one of {list(QUANTIZATION_METHODS)}), got quantization={self.quantization!r}")
+        if from_gguf and self.quantization is None:
+            self.quantization = "gguf"  # a GGUF file is served from its own blocks unless asked otherwise
         if self.quantization == "gguf":
             self._find_gguf_file()
         if self.enforce_eager is None:

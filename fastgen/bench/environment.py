@@ -97,13 +97,16 @@ def engine_settings(llm, choice) -> dict:
     config = llm.config
     runner = llm.engine.runner
     mc = config.model_config
+    num_parameters, weight_bytes = weight_sizes(runner.model)
     return {
         "model": config.model,
         "model_preset": choice.preset,
         "load_format": choice.load_format,
         "architecture": mc.architecture,
-        "num_parameters": sum(p.numel() for p in runner.model.parameters()),
+        "num_parameters": num_parameters,
         "dtype": config.dtype_name,
+        "quantization": config.quantization,
+        "weight_bytes": weight_bytes,
         "device": str(runner.device),
         "block_size": config.block_size,
         "max_num_seqs": config.max_num_seqs,
@@ -123,6 +126,18 @@ def engine_settings(llm, choice) -> dict:
         # Every EngineConfig field (defaults applied), so the engine of a run can be rebuilt.
         "config": config.init_values(),
     }
+
+
+def weight_sizes(model) -> tuple[int, int]:
+    """(weights, bytes) of `model` as held, tied ones once: a quantized matrix counts its weights
+    (two 4-bit codes a byte; its scales and minimums are no weights) and the bytes of its codes,
+    scales and minimums (`fastgen.layers.quantizable`)."""
+    count = nbytes = 0
+    for name, p in model.named_parameters():
+        nbytes += p.numel() * p.element_size()
+        if not name.endswith(("weight_scales", "weight_mins")):
+            count += p.numel() * (2 if name.endswith("weight_codes") and p.dtype == torch.uint8 else 1)
+    return count, nbytes
 
 
 def compile_times(runner) -> dict:

@@ -11,7 +11,8 @@
 - Norms, biases, GPT-2's position embedding and the KV cache stay in the activation dtype.
 
 Quantized after the checkpoint loads (each tensor-parallel rank quantizes its own shard), in
-place: peak memory is the unquantized model's.
+place: peak memory is the unquantized model's. `gguf` instead takes every one of those matrices
+from the model's GGUF file as it is (`fastgen.models.gguf_weights`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The quantized products the layers call: `fastgen::quantized_linear` and the embedding lookup.
 
 `quantized_linear` is an op of its own (not a torch expression) so that each place that runs it
-can choose its kernel: the one-row CPU graph rewrites it into a reduction that Inductor fuses
-with the dequantization (`fastgen.cpu.native.gemv`), the many-row CPU graphs call the C++ kernel
-through it, and elsewhere (eager steps, CUDA) its own kernel below dequantizes the weight and
-multiplies, exact but not fast.
+can choose its kernel: on the CPU fastgen's C++ kernels (`fastgen.cpu.native.quantized_linear`
+registers them), on CUDA the Triton kernel (`fastgen.kernels.quantized_matmul`); elsewhere, and
+where those cannot serve a call, its own kernel below dequantizes the weight and multiplies,
+exact but not fast.
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ def quantized_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: tor
     """`quantized_linear`'s Python kernel under a name of its own: what a native kernel of that op
     (`fastgen.cpu.native.quantized_linear`) calls for a product it cannot serve."""
     return _dequantize_and_multiply(x, codes, scales, mins, bias, bits, group_size)
+
+
+@quantized_linear.register_kernel("cuda")
+def _triton_kernel(x, codes, scales, mins, bias, bits, group_size):
+    """On CUDA: fastgen's Triton kernel, dequantizing in registers (`fastgen.kernels.quantized_matmul`)."""
+    from fastgen.kernels.quantized_matmul import quantized_matmul  # Triton: imported where a GPU runs it
+
+    return quantized_matmul(x, codes, scales, mins, bias, bits, group_size)
 
 
 @quantized_linear.register_fake

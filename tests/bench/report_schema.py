@@ -20,7 +20,8 @@ _ENVIRONMENT = {
 }
 _ENGINE = {
     "model": "str", "model_preset": "str?", "load_format": "str", "architecture": "str",
-    "num_parameters": "int", "dtype": "str", "device": "str", "block_size": "int", "max_num_seqs": "int",
+    "num_parameters": "int", "dtype": "str", "quantization": "str?", "weight_bytes": "int", "device": "str",
+    "block_size": "int", "max_num_seqs": "int",
     "max_num_batched_tokens": "int", "max_model_len": "int", "num_kv_blocks": "int", "kv_cache_bytes": "int",
     "enable_prefix_caching": "bool", "enforce_eager": "bool", "cuda_graphs": "bool", "compiled_decode": "bool", "torch_compile": "bool",
     "compile_mode": "str", "compile_s": "number", "compiled_graphs": "dict",

@@ -3,6 +3,8 @@ gguf package's own dequantization, and the default model served from its shipped
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -36,17 +38,21 @@ def test_gguf_needs_a_model_converted_from_one(tiny_models):
 
 
 @pytest.mark.slow
-def test_default_model_served_from_its_q4_1_file(tmp_path):
-    """Greedy tokens of the shipped Q4_1 blocks, in float32, equal transformers' on the same file
-    dequantized to float32 (the weights the blocks stand for)."""
+def test_a_gguf_model_is_served_from_its_own_blocks(tmp_path, private_cache):
+    """The default model's shipped Q4_1 file given as the model: converted once into the cache,
+    served from its blocks by default; its greedy tokens in float32 equal transformers' on the
+    same file dequantized to float32 (the weights the blocks stand for)."""
     from safetensors.torch import save_file
 
-    from fastgen.models.default_model import default_model_path, find_default_gguf
+    from fastgen.models.default_model import find_default_gguf
     from fastgen.models.gguf_tensors import read_llama_gguf_tensors
     from tests.tiny_models import hf_greedy
 
-    folder = default_model_path()
-    llm = LLM(str(folder), quantization="gguf", dtype="float32", max_model_len=256, num_kv_blocks=8, block_size=32)
+    gguf_file = find_default_gguf()
+    llm = LLM(str(gguf_file), dtype="float32", max_model_len=256, num_kv_blocks=8, block_size=32)
+    assert llm.config.quantization == "gguf" and llm.config.gguf_file == str(gguf_file.resolve())
+    folder = Path(llm.config.model)
+    assert folder.parent == private_cache / "gguf"
     model = llm.engine.runner.model
     assert model.layers[0].self_attn.qkv_proj.quant_format.has_mins  # Q4_1
     assert model.lm_head.weight_codes is model.embed_tokens.weight_codes  # tied, Q8_0
@@ -55,7 +61,7 @@ def test_default_model_served_from_its_q4_1_file(tmp_path):
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         (reference / name).write_bytes((folder / name).read_bytes())
     config = llm.engine.config.model_config
-    save_file(read_llama_gguf_tensors(find_default_gguf(), config.num_heads, config.num_kv_heads, torch.float32),
+    save_file(read_llama_gguf_tensors(gguf_file, config.num_heads, config.num_kv_heads, torch.float32),
               str(reference / "model.safetensors"))
     prompts = [llm.tokenizer.encode(text) for text in ("The capital of France is", "def fibonacci(n):")]
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

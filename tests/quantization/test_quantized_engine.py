@@ -74,3 +74,34 @@ def test_compiled_cpu_graphs_run_the_quantized_kernel(tiny_models, fake_quantize
     assert [alone, *batch] == hf_greedy(fake_quantized("llama", method), prompts, MAX_TOKENS)
     compiled = llm.engine.runner.compiled_decode
     assert set(compiled.first_call_seconds) == {"one_row", "many_rows", "prefill"} and not compiled.failed
+
+
+@pytest.mark.slow
+def test_compiled_bf16_batches_use_the_gemm_over_packed_twins(tiny_models, private_cache):
+    """In bf16 the many-row and prefill graphs' quantized products go through the twins packed with
+    the engine's weights (the GEMM; its products are checked against the reference in
+    test_quantized_products)."""
+    from fastgen.cpu.native.gemm import gemm_available
+
+    if not gemm_available():
+        pytest.skip("fastgen's bf16 GEMM needs AVX-512 BF16")
+    llm = LLM(tiny_models["llama"], dtype="bfloat16", quantization="int4", enforce_eager=False,
+              compile_mode="blocking", block_size=16, num_kv_blocks=64, max_num_seqs=8, max_model_len=256)
+    prompts = random_prompts([7, 12, 20, 33], seed=5)
+    by_gemm = products_served_natively(by_gemm=True)
+    batch = [out.token_ids for out in llm.generate(prompts, GREEDY)]
+    assert products_served_natively(by_gemm=True) > by_gemm
+    assert llm.engine.runner.compiled_decode.packed_weights > 0
+    assert all(len(tokens) == MAX_TOKENS for tokens in batch)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_greedy_on_cuda_equals_transformers(tiny_models, fake_quantized, method):
+    """On CUDA the products run the Triton kernel, inside the decode CUDA graphs."""
+    prompts = random_prompts([5, 17, 40], seed=11)
+    llm = LLM(tiny_models["llama"], dtype="float32", quantization=method, block_size=16, num_kv_blocks=64,
+              device="cuda")
+    assert llm.engine.runner.graphs is not None
+    got = [out.token_ids for out in llm.generate(prompts, GREEDY)]
+    assert got == hf_greedy(fake_quantized("llama", method), prompts, MAX_TOKENS)
