@@ -110,7 +110,7 @@ class QuantizedLinear(QuantizableWeight, nn.Linear):
 
 
 @pytest.mark.parametrize("fmt", FORMATS + [QuantFormat(4, 32, has_mins=True)], ids=str)
-@pytest.mark.parametrize("rows", [4, 9, 40])
+@pytest.mark.parametrize("rows", [4, 9, 40, 300])  # 300: more than one chunk of rows
 def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
     """Four rows or more in bf16, with a twin: the bf16 GEMM over dequantized panels (the weight
     rounded to bf16 first, as the reference does). 100 outputs: two whole panels and a part."""

@@ -35,6 +35,7 @@ namespace {
 constexpr int64_t kPanel = 48;  // output columns per panel: three vectors of 16 fp32 lanes
 constexpr int64_t kRows = 8;    // rows of A per register tile
 constexpr int64_t kChunkBytes = 256 * 1024;  // of A, swept by every panel in turn
+constexpr int64_t kWholeBytes = 16 << 20;  // most bf16 bytes a quantized GEMM dequantizes at once, per thread
 
 int64_t num_pairs(int64_t k) { return (k + 1) / 2; }
 
@@ -126,26 +127,37 @@ void dequantize_panel(const uint8_t* codes, const uint16_t* scales, const uint16
                       int64_t pairs_per_group, int bits, uint16_t* out) {
     const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     const __m512i nibble = _mm512_set1_epi32(15);
-    for (int64_t p = 0; p < pairs; ++p) {
-        const int64_t group = p / pairs_per_group;
-        const uint16_t* s = scales + group * kPanel;
-        const uint16_t* o = offsets ? offsets + group * kPanel : nullptr;
-        __m512 w[6];
+    for (int64_t start = 0; start < pairs; start += pairs_per_group) {
+        // The group's scales (and offsets) as six vectors in pair-row order, once a group.
+        const int64_t group = start / pairs_per_group;
+        __m512 scale[6], offset[6];
         for (int v = 0; v < 6; ++v) {
-            __m512i q;
-            if (bits == 8) {
-                q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(codes + p * 96 + 16 * v)));
-            } else {
-                const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(codes + p * 48 + 16 * (v % 3))));
-                q = v < 3 ? _mm512_and_si512(b, nibble) : _mm512_srli_epi32(b, 4);
+            const __m128i s = _mm_loadu_si128((const __m128i*)(scales + group * kPanel + 8 * v));
+            scale[v] = _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(s)));
+            offset[v] = _mm512_setzero_ps();
+            if (offsets) {
+                const __m128i o = _mm_loadu_si128((const __m128i*)(offsets + group * kPanel + 8 * v));
+                offset[v] = _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(o)));
             }
-            const __m512 scale = _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)(s + 8 * v)))));
-            const __m512 f = _mm512_cvtepi32_ps(q);
-            w[v] = o ? _mm512_fmadd_ps(f, scale, _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)(o + 8 * v))))))
-                     : _mm512_mul_ps(f, scale);
         }
-        for (int v = 0; v < 3; ++v)
-            _mm512_storeu_si512(out + p * 96 + 32 * v, (__m512i)_mm512_cvtne2ps_pbh(w[2 * v + 1], w[2 * v]));
+        const int64_t stop = std::min(pairs, start + pairs_per_group);
+        for (int64_t p = start; p < stop; ++p) {
+            __m512 w[6];
+            if (bits == 8) {
+                for (int v = 0; v < 6; ++v) {
+                    const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(codes + p * 96 + 16 * v)));
+                    w[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale[v]);
+                }
+            } else {
+                for (int v = 0; v < 3; ++v) {
+                    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(codes + p * 48 + 16 * v)));
+                    w[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, nibble)), scale[v], offset[v]);
+                    w[v + 3] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), scale[v + 3], offset[v + 3]);
+                }
+            }
+            for (int v = 0; v < 3; ++v)
+                _mm512_storeu_si512(out + p * 96 + 32 * v, (__m512i)_mm512_cvtne2ps_pbh(w[2 * v + 1], w[2 * v]));
+        }
     }
 }
 
@@ -246,22 +258,35 @@ int fastgen_gemm_quantized(const uint16_t* a, const uint8_t* codes, const uint16
     const int64_t pairs = k / 2, panels = (n + kPanel - 1) / kPanel, groups = k / group_size;
     const int64_t panel_bytes = pairs * (bits == 8 ? 96 : 48), panel_scales = groups * kPanel;
     const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);
+    const int64_t panel_elements = pairs * 2 * kPanel;
     #pragma omp parallel num_threads(num_threads)
     {
-        thread_local std::vector<uint16_t> panel;
-        panel.resize(pairs * 2 * kPanel);
         const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
         const int64_t begin = panels * thread / threads, end = panels * (thread + 1) / threads;
+        // Rows in one chunk (a decode batch): one panel at a time, in cache. Several chunks (a
+        // prefill): the thread's panels all at once, so no chunk converts them again, unless that
+        // copy would pass kWholeBytes (a vocabulary-wide LM head over many rows).
+        const bool whole = m > chunk && (end - begin) * panel_elements * 2 <= kWholeBytes;
+        thread_local std::vector<uint16_t> scratch;
+        scratch.resize((whole ? std::max<int64_t>(end - begin, 1) : 1) * panel_elements);
+        if (whole) {
+            for (int64_t p = begin; p < end; ++p)
+                dequantize_panel(codes + p * panel_bytes, scales + p * panel_scales,
+                                 offsets ? offsets + p * panel_scales : nullptr, pairs, group_size / 2, bits,
+                                 scratch.data() + (p - begin) * panel_elements);
+        }
         for (int64_t first = 0; first < m; first += chunk) {
             const int64_t last = std::min(m, first + chunk);
             for (int64_t p = begin; p < end; ++p) {
-                dequantize_panel(codes + p * panel_bytes, scales + p * panel_scales,
-                                 offsets ? offsets + p * panel_scales : nullptr, pairs, group_size / 2, bits,
-                                 panel.data());
+                uint16_t* panel = scratch.data() + (whole ? (p - begin) * panel_elements : 0);
+                if (!whole)
+                    dequantize_panel(codes + p * panel_bytes, scales + p * panel_scales,
+                                     offsets ? offsets + p * panel_scales : nullptr, pairs, group_size / 2, bits,
+                                     panel);
                 const int64_t col = p * kPanel;
                 const int64_t cols = std::min(kPanel, n - col);
                 for (int64_t r = first; r < last; r += kRows)
-                    rows(static_cast<int>(std::min(kRows, last - r)), a + r * k, k, panel.data(),
+                    rows(static_cast<int>(std::min(kRows, last - r)), a + r * k, k, panel,
                          bias ? bias + col : nullptr, c + r * n + col, n, cols, Prefetch{nullptr, 0, false});
             }
         }
