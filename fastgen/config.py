@@ -137,7 +137,7 @@ class EngineConfig:
     matmul rate), else float32."""
     quantization: str | None = _knob(None, optional(one_of((*QUANTIZATION_METHODS, "gguf"))))
     """Weight-only quantization, done once at load: int8 (one scale per output channel) or int4
-    (one scale per group of quantization_group_size inputs, symmetric as llama.cpp's Q4_0); the
+    (a scale and a minimum per group of quantization_group_size inputs, as llama.cpp's Q4_1); the
     LM head and embedding take int8 under both. gguf: the Q8_0 / Q4_0 / Q4_1 blocks of the GGUF
     file the model was converted from, as they are (model: a .gguf file, or the default model,
     whose file is Q4_1). Activations and the KV cache stay in dtype. Kernels: C++ on the CPU,

@@ -51,5 +51,5 @@ def linear_format(method: str, group_size: int | None, in_features: int, name: s
     if method == "int4":
         size = group_size or DEFAULT_INT4_GROUP_SIZE
         check_group_size(name, size, in_features, 4)
-        return QuantFormat(4, size)
+        return QuantFormat(4, size, has_mins=True)
     raise ValueError(f"quantization={method!r} is not one of {list(METHODS)}")

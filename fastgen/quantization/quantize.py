@@ -21,11 +21,11 @@ class QuantizedTensors(NamedTuple):
 
 
 def quantize_weight(weight: torch.Tensor, fmt: QuantFormat) -> QuantizedTensors:
-    """Round `weight` [N, K] to `fmt` (without minimums): 8 bits symmetric, scale = absmax / 127;
-    4 bits as llama.cpp's Q4_0, scale = -(the group's value of largest magnitude) / 8, so that
-    value is exact and the codes span [-8, 7]. Codes are computed from the float16-rounded scale
-    they will be multiplied by."""
-    assert not fmt.has_mins, "minimums come only from GGUF files"
+    """Round `weight` [N, K] to `fmt`: 8 bits symmetric, scale = absmax / 127; 4 bits with
+    minimums as llama.cpp's Q4_1 (min = the group's smallest weight, scale = its range / 15, so
+    both ends are exact); 4 bits without as Q4_0 (scale = -(the group's value of largest
+    magnitude) / 8, so that value is exact and the codes span [-8, 7]). Codes are computed from
+    the float16-rounded scale (and minimum) they will be multiplied by."""
     n, k = weight.shape
     groups = weight.detach().float().reshape(n, k // fmt.group_size, fmt.group_size)
     if fmt.bits == 8:
@@ -33,13 +33,21 @@ def quantize_weight(weight: torch.Tensor, fmt: QuantFormat) -> QuantizedTensors:
         inverse = 1 / torch.where(scale == 0, 1, scale.float())
         codes = (groups * inverse[..., None]).round().clamp(-127, 127).to(torch.int8).reshape(n, k)
         return QuantizedTensors(codes, scale, None)
-    index = groups.abs().argmax(-1, keepdim=True)
-    scale = (groups.gather(-1, index).squeeze(-1) / -8).half()
-    inverse = 1 / torch.where(scale == 0, 1, scale.float())
-    q = ((groups * inverse[..., None]).round() + 8).clamp(0, 15).to(torch.uint8)
+    mins = None
+    if fmt.has_mins:
+        low = groups.amin(-1).half()
+        scale = ((groups.amax(-1) - low.float()) / 15).half()
+        inverse = 1 / torch.where(scale == 0, 1, scale.float())
+        q = ((groups - low.float()[..., None]) * inverse[..., None]).round().clamp(0, 15).to(torch.uint8)
+        mins = low
+    else:
+        index = groups.abs().argmax(-1, keepdim=True)
+        scale = (groups.gather(-1, index).squeeze(-1) / -8).half()
+        inverse = 1 / torch.where(scale == 0, 1, scale.float())
+        q = ((groups * inverse[..., None]).round() + 8).clamp(0, 15).to(torch.uint8)
     half = fmt.group_size // 2
     codes = (q[..., :half] | (q[..., half:] << 4)).reshape(n, k // 2)
-    return QuantizedTensors(codes, scale, None)
+    return QuantizedTensors(codes, scale, mins)
 
 
 def unpack_codes(codes: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:

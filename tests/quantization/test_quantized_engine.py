@@ -105,3 +105,16 @@ def test_quantized_greedy_on_cuda_equals_transformers(tiny_models, fake_quantize
     assert llm.engine.runner.graphs is not None
     got = [out.token_ids for out in llm.generate(prompts, GREEDY)]
     assert got == hf_greedy(fake_quantized("llama", method), prompts, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_int4_over_two_ranks_equals_transformers(tiny_models, fake_quantized, family):
+    """Each rank quantizes its own slice; int4's groups of 32 fall where they fall on one rank, so
+    the sharded engine equals transformers on the same dequantized weights."""
+    from tests.distributed.thread_ranks import llm_on_thread_ranks
+
+    prompts = random_prompts([3, 21, 50], seed=12)
+    llm = llm_on_thread_ranks(tiny_models[family], 2, quantization="int4", block_size=8, max_model_len=128,
+                              num_kv_blocks=64)
+    got = [out.token_ids for out in llm.generate(prompts, GREEDY)]
+    assert got == hf_greedy(fake_quantized(family, "int4"), prompts, MAX_TOKENS)

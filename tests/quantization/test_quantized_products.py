@@ -43,6 +43,20 @@ def test_int4_layout_is_ggufs_block_order():
     assert torch.equal(dequantize(codes, scales, None, fmt, torch.float32), weight)
 
 
+def test_int4_with_minimums_keeps_each_groups_ends_exact():
+    """Q4_1's rule: a group's smallest weight is its minimum and its largest is 15 steps above."""
+    torch.manual_seed(4)
+    fmt = QuantFormat(4, 32, has_mins=True)
+    weight = torch.randn(8, 64).half().float()
+    codes, scales, mins = quantize_weight(weight, fmt)
+    assert mins is not None and mins.dtype == torch.float16 and mins.shape == (8, 2)
+    back = dequantize(codes, scales, mins, fmt, torch.float32).view(8, 2, 32)
+    groups = weight.view(8, 2, 32)
+    torch.testing.assert_close(back.amin(-1), groups.amin(-1), rtol=0, atol=1e-3)
+    torch.testing.assert_close(back.amax(-1), groups.amax(-1), rtol=2e-3, atol=2e-3)
+    assert ((back - groups).abs() <= scales.float()[..., None] / 2 + 2e-3).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
 @pytest.mark.parametrize("rows", [1, 3, 9])
@@ -94,7 +108,7 @@ def test_quantized_embedding_dequantizes_the_rows_looked_up():
 
 
 def test_formats_refuse_what_they_cannot_hold():
-    assert linear_format("int4", None, 96, "x") == QuantFormat(4, 32)
+    assert linear_format("int4", None, 96, "x") == QuantFormat(4, 32, has_mins=True)
     assert linear_format("int8", None, 96, "x") == QuantFormat(8, 96)
     with pytest.raises(ValueError, match=r"group_size=7 does not fit layers\.0\.mlp: it must divide its 96"):
         linear_format("int4", 7, 96, "layers.0.mlp")
