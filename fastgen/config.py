@@ -141,7 +141,8 @@ class EngineConfig:
     LM head and embedding take int8 under both. gguf: the Q8_0 / Q4_0 / Q4_1 blocks of the GGUF
     file the model was converted from, as they are (model: a .gguf file, or the default model,
     whose file is Q4_1). Activations and the KV cache stay in dtype. Kernels: C++ on the CPU,
-    Triton on CUDA. Default: gguf for a .gguf model, else the weights as the checkpoint has them."""
+    Triton on CUDA. Default: gguf for a .gguf model whose blocks are all of those types (on one
+    rank), else the weights as the checkpoint has them."""
     quantization_group_size: int | None = _knob(None, optional(at_least(2)))
     """Inputs that share one scale under quantization. Default: 32 for int4, a whole row for
     int8. Must divide every linear layer's input width (and be even for int4)."""
@@ -219,8 +220,13 @@ class EngineConfig:
         if self.quantization_group_size is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization_group_size={self.quantization_group_size} needs a quantization method "
                              f"(one of {list(QUANTIZATION_METHODS)}), got quantization={self.quantization!r}")
-        if from_gguf and self.quantization is None:
-            self.quantization = "gguf"  # a GGUF file is served from its own blocks unless asked otherwise
+        if from_gguf and self.quantization is None and self.tensor_parallel_size == 1:
+            from fastgen.models.gguf_weights import gguf_source, reads_every_matrix
+
+            # A GGUF file is served from its own blocks where fastgen reads all of them (else,
+            # and under tensor parallelism, from the converted folder's weights).
+            if reads_every_matrix(gguf_source(self.model)):
+                self.quantization = "gguf"
         if self.quantization == "gguf":
             self._find_gguf_file()
         if self.enforce_eager is None:

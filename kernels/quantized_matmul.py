@@ -87,7 +87,7 @@ def quantized_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
         grid = (triton.cdiv(m, block_m), triton.cdiv(n, 64))
         _quantized_matmul_kernel[grid](
             rows, codes.contiguous(), scales.contiguous(), mins.contiguous() if mins is not None else scales,
-            bias if bias is not None else scales, out, m, n, k, rows.stride(0), out.stride(0),
+            bias.contiguous() if bias is not None else scales, out, m, n, k, rows.stride(0), out.stride(0),
             BITS=bits, GROUP=group_size, HAS_MINS=mins is not None, HAS_BIAS=bias is not None,
             BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64, DOT_DTYPE=dot_dtype(x.dtype),
         )

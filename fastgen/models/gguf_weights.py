@@ -25,7 +25,7 @@ from fastgen.models.default_model import DEFAULT_MODEL_NAME, convert_gguf_to_hf,
 from fastgen.models.gguf_tensors import unpermute_rows
 from fastgen.paths import cache_dir
 from fastgen.quantization.formats import QuantFormat
-from fastgen.quantization.gguf_blocks import read_blocks
+from fastgen.quantization.gguf_blocks import BLOCK_TYPES, read_blocks
 from fastgen.quantization.quantize import QuantizedTensors
 
 SOURCE_FILE = "gguf_source.json"
@@ -51,6 +51,15 @@ def gguf_source(folder: str | os.PathLike) -> Path | None:
     if Path(folder).resolve() == (cache_dir() / DEFAULT_MODEL_NAME).resolve():
         return find_default_gguf()
     return None
+
+
+def reads_every_matrix(gguf_path: str | os.PathLike) -> bool:
+    """Whether every quantized tensor of `gguf_path` is of a block type fastgen reads as it is
+    (`fastgen.quantization.gguf_blocks`): what makes `gguf` a .gguf model's default."""
+    import gguf
+
+    reader = gguf.GGUFReader(os.fspath(gguf_path))
+    return all(t.tensor_type.name in (*BLOCK_TYPES, "F32", "F16", "BF16") for t in reader.tensors)
 
 
 def _join(name: str, parts: list[tuple[QuantFormat, QuantizedTensors] | None]):
@@ -116,7 +125,9 @@ def load_gguf_weights(model: nn.Module, gguf_path: str | os.PathLike) -> int:
     count = 0
     for module, quantized in plan:
         if quantized is not None:
-            module.quantize_(*quantized)
+            fmt, read = quantized
+            device = module.weight.device  # the blocks were read into host memory
+            module.quantize_(fmt, QuantizedTensors(*(None if t is None else t.to(device) for t in read)))
             count += 1
     if "output.weight" not in tensors and model.lm_head.quant_format is None and model.embed_tokens.quant_format:
         model.lm_head.share_quantized_(model.embed_tokens)  # tied

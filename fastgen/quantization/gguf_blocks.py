@@ -33,7 +33,8 @@ def read_blocks(name: str, type_name: str, data: np.ndarray, rows: int, cols: in
     of bytes per weight row) as codes and scales. ValueError for another type."""
     if type_name not in BLOCK_TYPES:
         raise ValueError(f"GGUF tensor {name} is {type_name}; fastgen reads {', '.join(BLOCK_TYPES)} blocks "
-                         "as they are (or F32/F16/BF16 weights, through the converted folder)")
+                         "as they are (or F32/F16/BF16 weights, through the converted folder): load this file "
+                         "with quantization=None (its converted weights) or 'int8' / 'int4'")
     block_bytes, fmt = BLOCK_TYPES[type_name]
     blocks_per_row = cols // 32
     raw = np.ascontiguousarray(data, dtype=np.uint8).reshape(rows, blocks_per_row, block_bytes)

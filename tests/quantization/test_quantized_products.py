@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastgen.cpu.native.gemm import gemm_available
-from fastgen.cpu.native.quantized_linear import (load_kernel, pack_quantized_weights, products_served_natively,
-                                                 twin_bytes)
+from fastgen.cpu.native.quantized_linear import (kernel_available, load_kernel, pack_quantized_weights,
+                                                 products_served_natively, twin_bytes)
 from fastgen.layers.quantizable import QuantizableWeight
 from fastgen.quantization.formats import QuantFormat, linear_format
 from fastgen.quantization.ops import quantized_embedding, quantized_linear, quantized_linear_reference
@@ -63,6 +63,8 @@ def test_int4_with_minimums_keeps_each_groups_ends_exact():
 @pytest.mark.parametrize("width", [128, 576])  # 576: more than 16 groups (the bf16 kernel's scale window)
 def test_cpu_kernel_equals_dequantize_then_multiply(dtype, fmt, rows, width):
     assert load_kernel() is not None, "the C++ kernel builds wherever fastgen's other CPU kernels do"
+    if not kernel_available():
+        pytest.skip("the quantized CPU kernels need AVX-512")
     torch.manual_seed(rows)
     weight, x, bias = torch.randn(37, width), torch.randn(rows, width).to(dtype), torch.randn(37).to(dtype)
     codes, scales, mins = quantize_weight(weight, fmt)
@@ -128,7 +130,7 @@ class QuantizedLinear(QuantizableWeight, nn.Linear):
 def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
     """Four rows or more in bf16, with a twin: the bf16 GEMM over dequantized panels (the weight
     rounded to bf16 first, as the reference does). 100 outputs: two whole panels and a part."""
-    if not gemm_available():
+    if not gemm_available() or not kernel_available():
         pytest.skip("fastgen's bf16 GEMM needs AVX-512 BF16")
     torch.manual_seed(rows)
     layer = QuantizedLinear(576, 100, bias=True, dtype=torch.bfloat16)

@@ -50,6 +50,7 @@ def load_kernel() -> ctypes.CDLL | None:
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     library.fastgen_quantized_linear_served.restype = i64
     library.fastgen_quantized_linear_served_by_gemm.restype = i64
+    library.fastgen_quantized_linear_supported.restype = ctypes.c_int
     library.fastgen_quantized_linear_set_gemm.argtypes = [pointer]
     library.fastgen_quantized_linear_add_twin.argtypes = [pointer, pointer, pointer, pointer, i64, i64, i64, i64]
     library.fastgen_quantized_linear_drop_twin.argtypes = [pointer, pointer]
@@ -57,6 +58,12 @@ def load_kernel() -> ctypes.CDLL | None:
     if gemm is not None:
         library.fastgen_quantized_linear_set_gemm(ctypes.cast(gemm.fastgen_gemm_quantized, pointer))
     return library
+
+
+def kernel_available() -> bool:
+    """Whether this machine runs the C++ kernels (building them now, on first call)."""
+    library = load_kernel()
+    return library is not None and bool(library.fastgen_quantized_linear_supported())
 
 
 def products_served_natively(by_gemm: bool = False) -> int:
@@ -115,23 +122,29 @@ def _forget(key: int, twin: QuantizedTwin) -> None:
         library.fastgen_quantized_linear_drop_twin(key, twin.codes.data_ptr())
 
 
-def quantized_layers(model: nn.Module) -> list[nn.Module]:
-    """The layers of `model` whose weight is quantized (`fastgen.layers.quantizable`), each
-    matrix once (a tied LM head shares its embedding's)."""
+def twin_layers(model: nn.Module) -> list[nn.Module]:
+    """The quantized linear layers of `model` (`fastgen.layers.quantizable`) whose products the
+    GEMM can serve: on the CPU, bf16 activations, groups a multiple of 32 (what the op's kernel
+    takes); each matrix once (a tied LM head shares its embedding's codes; an embedding itself
+    only looks rows up)."""
     seen: set[int] = set()
     layers = []
     for module in model.modules():
-        if getattr(module, "quant_format", None) is not None and id(module.weight_codes) not in seen:
-            seen.add(id(module.weight_codes))
-            layers.append(module)
+        fmt = getattr(module, "quant_format", None)
+        if (fmt is None or not isinstance(module, nn.Linear) or id(module.weight_codes) in seen
+                or module.weight_codes.device.type != "cpu" or module.activation_dtype != torch.bfloat16
+                or fmt.group_size % 32):
+            continue
+        seen.add(id(module.weight_codes))
+        layers.append(module)
     return layers
 
 
 def twin_bytes(model: nn.Module) -> int:
-    """Bytes the twins of `model`'s quantized weights would take (what `pack_quantized_weights`
+    """Bytes the twins of `model`'s quantized weights take (what `pack_quantized_weights`
     allocates)."""
     total = 0
-    for module in quantized_layers(model):
+    for module in twin_layers(model):
         n, groups = module.weight_scales.shape
         k = module.weight_codes.shape[1] * (2 if module.quant_format.bits == 4 else 1)
         panels = -(-n // PANEL)
@@ -141,16 +154,14 @@ def twin_bytes(model: nn.Module) -> int:
 
 
 def pack_quantized_weights(model: nn.Module) -> int:
-    """Give each quantized CPU weight of `model` (bf16 activations, even width) a twin for the
-    GEMM, once; returns how many have one. Nothing where the kernels are not built."""
+    """Give each quantized weight of `twin_layers(model)` a twin for the GEMM, once; returns how
+    many have one. Nothing where the kernels are not built."""
     library = load_kernel()
     if library is None or cpu_gemm._library() is None:
         return 0
     count = 0
-    for module in quantized_layers(model):
+    for module in twin_layers(model):
         codes, fmt = module.weight_codes, module.quant_format
-        if codes.device.type != "cpu" or module.activation_dtype != torch.bfloat16 or fmt.group_size % 2:
-            continue
         key = codes.data_ptr()
         if key not in _twins:
             with torch.no_grad():

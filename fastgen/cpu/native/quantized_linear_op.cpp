@@ -220,8 +220,9 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
 #if FASTGEN_HAVE_AVX512
     const int32_t bf16 = aoti_torch_dtype_bfloat16(), f32 = aoti_torch_dtype_float32(),
                   f16 = aoti_torch_dtype_float16();
-    int32_t x_dtype = 0, s_dtype = 0, m_dtype = f16, b_dtype = 0;
+    int32_t x_dtype = 0, c_dtype = 0, s_dtype = 0, m_dtype = f16, b_dtype = 0;
     aoti_torch_get_dtype(x.get(), &x_dtype);
+    aoti_torch_get_dtype(codes.get(), &c_dtype);
     aoti_torch_get_dtype(scales.get(), &s_dtype);
     if (mins.has_value()) aoti_torch_get_dtype(mins->get(), &m_dtype);
     if (bias.has_value()) aoti_torch_get_dtype(bias->get(), &b_dtype);
@@ -230,7 +231,8 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
     const int64_t groups = group_size > 0 ? k / group_size : 0;
     const bool served = (x_dtype == bf16 || x_dtype == f32) && x.is_contiguous() && k > 0 && n > 0 &&
         codes.is_contiguous() && scales.is_contiguous() && s_dtype == f16 && m_dtype == f16 &&
-        (bits == 8 || bits == 4) && group_size % 32 == 0 && k % group_size == 0 &&
+        (bits == 8 || bits == 4) && group_size > 0 && group_size % 32 == 0 && k % group_size == 0 &&
+        c_dtype == (bits == 8 ? aoti_torch_dtype_int8() : aoti_torch_dtype_uint8()) &&
         codes.size(1) == (bits == 8 ? k : k / 2) && scales.dim() == 2 && scales.size(0) == n &&
         scales.size(1) == groups && (!mins.has_value() || (bits == 4 && mins->is_contiguous() && mins->dim() == 2 &&
                                                            mins->size(0) == n && mins->size(1) == groups)) &&
@@ -357,6 +359,9 @@ STABLE_TORCH_LIBRARY_IMPL(fastgen, CPU, m) { m.impl("quantized_linear", TORCH_BO
 extern "C" {
 
 int64_t fastgen_quantized_linear_served() { return served_count.load(); }
+
+// 1 where this build has the kernels (AVX-512); 0: every call goes to the reference kernel.
+int fastgen_quantized_linear_supported() { return FASTGEN_HAVE_AVX512; }
 
 int64_t fastgen_quantized_linear_served_by_gemm() { return gemm_count.load(); }
 
