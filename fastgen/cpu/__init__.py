@@ -18,6 +18,9 @@ steps above use the model:
                         the `fastgen::packed_linear` op the compiled graphs call (its C++ kernel in
                         `packed_linear_op.cpp`, on torch's stable C ABI; a Python kernel otherwise).
     gemv.py             one-row linears as Inductor reductions that stream weights at bandwidth.
+    quantized_linear    the `fastgen::quantized_linear` op's CPU kernels (`quantized_linear_op.cpp`:
+                        a GEMV over int8 / 4-bit codes; from four rows `gemm.cpp`'s quantized
+                        GEMM over panels dequantized into cache, from twins packed here).
     features.py         what the CPU can do (/proc/cpuinfo, read once): native bf16, AMX.
 
 `fastgen.cpu` (above `worker`: whole steps over the model)
@@ -31,5 +34,6 @@ steps above use the model:
     allocator.py        glibc kept from handing freed activation memory back between ops.
 
 What falls back to what: compiled step -> eager forward; C++ attention -> torch attention;
-fastgen's GEMM -> oneDNN -> plain `F.linear`; no C++ compiler -> every torch path.
+fastgen's GEMM -> oneDNN -> plain `F.linear`; quantized GEMM -> quantized GEMV -> dequantize
+and multiply; no C++ compiler -> every torch path.
 """
