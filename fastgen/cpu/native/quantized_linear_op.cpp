@@ -270,35 +270,41 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
     }
 
     // The rows in float32 (and, for 4-bit codes, each group's input sum), once for all channels.
+    // bf16 inputs against 4-bit codes: the dot-product kernel, its inputs in nibble order (each
+    // group's first half, then each group's second half), and no float32 copy of them.
+    const bool bf16_dot = FASTGEN_HAVE_BF16_DOT && bits == 4 && x_dtype == bf16 && (k / 2) % 32 == 0;
+    const uint16_t* xb = static_cast<const uint16_t*>(x.data_ptr());
     thread_local std::vector<float> rows, sums;
+    thread_local std::vector<uint16_t> nibble_order;
     const float* xf = static_cast<const float*>(x.data_ptr());
-    if (x_dtype == bf16) {
+    if (x_dtype == bf16 && !bf16_dot) {
         rows.resize(m * k);
-        const uint16_t* xb = static_cast<const uint16_t*>(x.data_ptr());
         for (int64_t i = 0; i < m * k; ++i) rows[i] = bf16_to_float(xb[i]);
         xf = rows.data();
     }
-    if (bits == 4) {
+    if (bits == 4) {  // each group's input sum, 16 inputs a vector (group_size is a multiple of 32)
         sums.resize(m * groups);
         for (int64_t r = 0; r < m; ++r)
             for (int64_t group = 0; group < groups; ++group) {
-                float s = 0.0f;
-                for (int64_t j = 0; j < group_size; ++j) s += xf[r * k + group * group_size + j];
-                sums[r * groups + group] = s;
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t j = 0; j < group_size; j += 16) {
+                    const int64_t at = r * k + group * group_size + j;
+                    acc = _mm512_add_ps(acc, x_dtype == bf16
+                        ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                              _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(xb + at))), 16))
+                        : _mm512_loadu_ps(xf + at));
+                }
+                sums[r * groups + group] = _mm512_reduce_add_ps(acc);
             }
     }
-    // bf16 inputs against 4-bit codes: the dot-product kernel, its inputs in nibble order.
-    const bool bf16_dot = FASTGEN_HAVE_BF16_DOT && bits == 4 && x_dtype == bf16 && (k / 2) % 32 == 0;
-    thread_local std::vector<uint16_t> nibble_order;
     if (bf16_dot) {
         const int64_t half = group_size / 2;
-        const uint16_t* xb = static_cast<const uint16_t*>(x.data_ptr());
         nibble_order.resize(m * k);
         for (int64_t r = 0; r < m; ++r)
-            for (int64_t byte = 0; byte < k / 2; ++byte) {
-                const int64_t input = byte / half * group_size + byte % half;
-                nibble_order[r * k + byte] = xb[r * k + input];
-                nibble_order[r * k + k / 2 + byte] = xb[r * k + input + half];
+            for (int64_t group = 0; group < groups; ++group) {
+                std::memcpy(&nibble_order[r * k + group * half], xb + r * k + group * group_size, half * 2);
+                std::memcpy(&nibble_order[r * k + k / 2 + group * half], xb + r * k + group * group_size + half,
+                            half * 2);
             }
     }
     const uint16_t* arranged = nibble_order.data();
