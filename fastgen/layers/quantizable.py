@@ -45,13 +45,6 @@ class QuantizableWeight:
         return quantized_embedding(ids, self.weight_codes, self.weight_scales, self.weight_mins, fmt,
                                    self.activation_dtype)
 
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of the weight as held: codes, scales and minimums once quantized."""
-        tensors = [self.weight] if self.quant_format is None else \
-            [t for t in (self.weight_codes, self.weight_scales, self.weight_mins) if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
     def quantize_(self, fmt: QuantFormat, tensors: QuantizedTensors | None = None) -> None:
         """Replace `weight` by its quantized form in `fmt` (computed here unless `tensors` brings
         it, e.g. read from a GGUF file)."""

@@ -54,8 +54,3 @@ def quantize_model(model: nn.Module, method: str, group_size: int | None = None,
         else:
             module.quantize_(formats[name])
             owners[id(weight)] = module
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter as held (tied ones once): what the weights occupy in memory."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())

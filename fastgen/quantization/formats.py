@@ -30,9 +30,6 @@ class QuantFormat:
         assert self.bits in (4, 8) and self.group_size >= 1, self
         assert self.bits == 8 or self.group_size % 2 == 0, "4-bit groups pair inputs into bytes"
 
-    def describe(self) -> str:
-        return f"{self.bits}-bit, groups of {self.group_size}" + (", with minimums" if self.has_mins else "")
-
 
 def check_group_size(name: str, group_size: int, in_features: int, bits: int) -> None:
     """ValueError unless `group_size` divides the weight's input width (and is even at 4 bits)."""

@@ -8,7 +8,7 @@ import pytest
 
 from fastgen import LLM, SamplingParams
 from fastgen.cpu.native.quantized_linear import kernel_available, products_served_natively
-from fastgen.models.quantize import weight_bytes
+from fastgen.bench.environment import weight_sizes
 from tests.conftest import FAMILIES, random_prompts
 from tests.quantization.fake_quantized import fake_quantized_copy
 from tests.tiny_models import hf_greedy
@@ -47,8 +47,8 @@ def test_quantized_greedy_equals_transformers_on_the_dequantized_weights(tiny_mo
 def test_quantized_weights_take_a_half_and_about_a_third(tiny_models):
     """Tiny models have a large vocabulary for their size, so the int8 LM head keeps int4 above
     a quarter here (SmolLM2-135M's figures are in the README)."""
-    sizes = {method: weight_bytes(LLM(tiny_models["llama"], dtype="bfloat16", quantization=method,
-                                      num_kv_blocks=8, block_size=16, max_model_len=128).engine.runner.model)
+    sizes = {method: weight_sizes(LLM(tiny_models["llama"], dtype="bfloat16", quantization=method,
+                                      num_kv_blocks=8, block_size=16, max_model_len=128).engine.runner.model)[1]
              for method in (None, "int8", "int4")}
     assert 0.5 <= sizes["int8"] / sizes[None] <= 0.53
     assert sizes["int4"] < 0.4 * sizes[None]
