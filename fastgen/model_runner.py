@@ -215,7 +215,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         num_rows = len(out.seqs) + len(out.forked_seqs)
         if not sample_seqs:
             return LaunchedStep(num_rows, [], prompt_lps)
-        tokens = self.sampler(logits, sample_seqs, None if greedy is None else greedy[: len(rows)])
+        tokens = self.sampler(logits, sample_seqs, None if greedy is None else greedy[: len(rows)], out.grammar)
         self.readback.start(tokens)
         return LaunchedStep(num_rows, rows, prompt_lps, logits, tokens, sample_seqs)
 

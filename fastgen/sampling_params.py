@@ -6,6 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from fastgen.checks import FLOAT32_MAX, boolean, integer, real
+from fastgen.structured_outputs_params import StructuredOutputsParams
+
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 
 # Temperatures below this are greedy: dividing logits by a smaller one overflows float32 (and
 # argmax is what such a temperature means anyway).
@@ -45,6 +48,11 @@ class SamplingParams:
         cannot be sampled and stop strings are not matched. At most max_tokens.
     min_p: drop tokens whose probability is below min_p times the most likely one's (after
         temperature), in [0, 1]; 0 is off.
+    logit_bias: token id -> a number in [-100, 100] added to that token's logit before anything
+        else (OpenAI's field; -100 all but bans a token, 100 all but forces it).
+    structured_outputs: what the output must match (a `StructuredOutputsParams`, or a dict of its
+        fields): a JSON schema, any JSON object, a regex, a choice of strings or a grammar.
+        Tokens that would break it are masked before sampling.
 
     A request keeps its own validated copy (`validated_copy`): changing this object after the
     request was added changes nothing in it.
@@ -66,6 +74,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -129,6 +139,16 @@ class SamplingParams:
         self.min_tokens = integer("min_tokens", self.min_tokens, minimum=0)
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens} must be <= max_tokens={self.max_tokens}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias={self.logit_bias!r} must be a dict of token id -> bias")
+            self.logit_bias = {
+                integer("logit_bias key", token, minimum=0): real(
+                    f"logit_bias[{token}]", bias, f"in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]",
+                    low=-LOGIT_BIAS_LIMIT, high=LOGIT_BIAS_LIMIT)
+                for token, bias in self.logit_bias.items()} or None
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
 
     def check_logprobs_limit(self, limit: int) -> None:
         """ValueError unless logprobs and prompt_logprobs are at most `limit` (the engine's)."""

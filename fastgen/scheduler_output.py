@@ -6,9 +6,29 @@ rank 0 runner), so it lives below all of them: they read it, only the scheduler 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastgen.sequence import Sequence
+
+if TYPE_CHECKING:  # torch: not for `import fastgen`
+    import torch
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarBitmask:
+    """Which tokens the step's constrained sequences may sample (structured outputs).
+
+    seq_ids: the sequences, among those that sample in this step, whose output follows a grammar.
+    fill: returns an int32 CPU tensor [len(seq_ids), ceil(vocab / 32)] whose bit t % 32 of word
+        t // 32 in row i is set when sequence seq_ids[i] may sample token t (xgrammar's layout).
+        The runner calls it once, after launching the forward: on a GPU the host computes the
+        masks while the device runs the step.
+    """
+
+    seq_ids: tuple[int, ...]
+    fill: Callable[[], "torch.Tensor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +64,8 @@ class SchedulerOutput:
     finished_seq_ids: sequences that ended (finished or aborted) since the previous output.
     forks: children forked in this step (see `Fork`); they are not in `seqs` (they compute
         nothing), but they sample, after the sequences of `seqs`, in `forked_seqs` order.
+    grammar: the token masks of the sampling sequences that follow a grammar (None: none does);
+        set by the engine after scheduling, read by the sampler.
     """
 
     seqs: list[Sequence]
@@ -55,6 +77,7 @@ class SchedulerOutput:
     finished_seq_ids: tuple[int, ...] = ()
     forks: tuple[Fork, ...] = ()
     num_decodes: int = 0
+    grammar: GrammarBitmask | None = None
 
     @property
     def forked_seqs(self) -> tuple[Sequence, ...]:
@@ -69,6 +92,12 @@ class SchedulerOutput:
     def num_prompt_tokens(self) -> int:
         """Prompt tokens this step computes (every token but the decodes')."""
         return self.num_tokens - self.num_decodes
+
+    @property
+    def sampling_seqs(self) -> list[Sequence]:
+        """The sequences that sample a token in this step, in the sampler's order (the
+        sequences of `seqs` that reach their last token, then the forked children)."""
+        return [*(seq for i, seq in enumerate(self.seqs) if self.samples(i)), *self.forked_seqs]
 
     @property
     def num_tokens(self) -> int:

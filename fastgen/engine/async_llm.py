@@ -120,6 +120,8 @@ class AsyncLLM:
 
     async def submit(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncRequestStream:
         loop = asyncio.get_running_loop()
+        if getattr(params, "structured_outputs", None) is not None:  # a grammar compiles off the event loop
+            await asyncio.to_thread(self.background.precompile, params)
         outputs: asyncio.Queue = asyncio.Queue()
         accepted = self.background.add(prompt, params, _EventLoopSink(loop, outputs))
         try:

@@ -92,12 +92,20 @@ class BackgroundEngine:
         """Queue a request whose outputs the loop puts into `sink`. The future resolves to its
         request id, or to the engine's ValueError / EngineOverloaded; RuntimeError at once when
         the loop has stopped."""
+        self.precompile(params)
         accepted: Future = Future()
         with self._accepting:
             if self._stopped.is_set():
                 raise RuntimeError("the background engine has shut down") from self._error
             self._commands.put(("add", sink, prompt, SamplingParams() if params is None else params, accepted))
         return accepted
+
+    def precompile(self, params: SamplingParams | None) -> None:
+        """Compile the request's structured-output grammar in this thread, not the loop's (the
+        loop then finds it cached); ValueError when it cannot be compiled."""
+        spec = getattr(params, "structured_outputs", None)
+        if spec is not None:
+            self.engine.structured.compile(spec)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (a no-op for an unknown or finished one); its stream then yields a

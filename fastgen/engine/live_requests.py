@@ -9,7 +9,7 @@ into one output of the request, then each output handed to the outbox.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from fastgen.engine.outbox import Outbox
 from fastgen.engine.parallel_sampling import ChildId, ParentRequest, merge_outputs
@@ -20,8 +20,10 @@ from fastgen.sequence import FinishReason, Sequence
 
 
 class LiveRequests:
-    def __init__(self, scheduler: Scheduler, outbox: Outbox):
+    def __init__(self, scheduler: Scheduler, outbox: Outbox, on_forget: Callable[[tuple[int]], None] = lambda _: None):
+        """on_forget: called with (seq_id,) when a request's state is dropped (it ended)."""
         self.scheduler = scheduler
+        self.on_forget = on_forget
         self.outbox = outbox
         self.states: dict[str | ChildId, RequestState] = {}
         self.parents: dict[str, ParentRequest] = {}  # n > 1 requests (their children are in `states`)
@@ -51,6 +53,7 @@ class LiveRequests:
     def forget(self, state: RequestState) -> None:
         del self.states[state.request_id]
         del self.by_seq[state.seq.seq_id]
+        self.on_forget((state.seq.seq_id,))
 
     def of(self, seqs: Iterable[Sequence]) -> list[RequestState]:
         return [self.by_seq[seq.seq_id] for seq in seqs]

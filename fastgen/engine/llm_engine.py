@@ -23,6 +23,7 @@ that lets many threads submit and stream; while it runs, other threads are refus
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import TYPE_CHECKING
@@ -45,6 +46,7 @@ from fastgen.outputs import RequestOutput, StepResult
 from fastgen.sampling_params import SamplingParams
 from fastgen.scheduler_output import SchedulerOutput
 from fastgen.sequence import FinishReason
+from fastgen.structured.manager import StructuredOutputManager, Verdict
 
 if TYPE_CHECKING:  # torch: not for `import fastgen`
     from fastgen.step_runner import StepRunner
@@ -81,13 +83,27 @@ class LLMEngine:
             eos,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
         )
+        self.structured = StructuredOutputManager(self._grammar_backend_factory(eos))
         self.outbox = Outbox()
-        self.live = LiveRequests(self.scheduler, self.outbox)
+        self.live = LiveRequests(self.scheduler, self.outbox, on_forget=self.structured.release)
         self.requests, self.parents = self.live.states, self.live.parents  # read-only views, by id
         self.num_steps = 0
         self.step_tokens = {"decode": 0, "prompt": 0, "mixed_steps": 0}  # since start, by kind
-        self.factory = RequestFactory(config, self.tokenizer)
+        self.factory = RequestFactory(config, self.tokenizer, self.structured.compile)
         self.driver = Driver()  # which thread may drive the engine
+
+    def _grammar_backend_factory(self, eos: set[int]):
+        """What builds the structured-output backend on first use (None without a tokenizer)."""
+        if self.tokenizer is None:
+            return None
+        tokenizer, vocab_size = self.tokenizer, self.config.model_config.vocab_size
+
+        def build():
+            from fastgen.structured.xgrammar_backend import XGrammarBackend
+
+            return XGrammarBackend(tokenizer, vocab_size, sorted(eos))
+
+        return build
 
     # ---- requests in -----------------------------------------------------------------------
     def prepare(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
@@ -212,6 +228,9 @@ class LLMEngine:
             if out is None:
                 self.runner.forget(*self.scheduler.pop_facts())
                 return StepResult(outputs, None, 0, 0, 0, started)
+            grammar = self.structured.step_bitmask(out)
+            if grammar is not None:
+                out = dataclasses.replace(out, grammar=grammar)
             made, num_sampled = self._run(out, started)
         except EngineDeadError:
             raise
@@ -250,6 +269,13 @@ class LLMEngine:
         for state, token in zip(states, sampled):
             if token is None:
                 continue
+            verdict = self.structured.accept(state.seq, token)
+            if verdict is Verdict.REJECTED:
+                outputs.append(self.live.finish_now(state, FinishReason.ERROR, f"token {token} breaks the request's "
+                                                    "structured_outputs grammar"))
+                continue
+            if verdict is Verdict.COMPLETE and not state.seq.is_finished:
+                self.scheduler.finish(state.seq, FinishReason.STOP)
             try:
                 output = self.live.advance(state, t)
             except Exception as exc:  # noqa: BLE001 - this request's text or stop strings: its own failure

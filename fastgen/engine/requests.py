@@ -15,6 +15,7 @@ from fastgen.engine.prompts import Prompt, token_ids_of
 from fastgen.engine.request_state import RequestState, now
 from fastgen.sampling_params import SamplingParams
 from fastgen.sequence import Sequence
+from fastgen.structured_outputs_params import StructuredOutputsParams
 
 
 class EngineOverloaded(RuntimeError):
@@ -47,6 +48,9 @@ def prompt_token_ids(prompt: Prompt, params: SamplingParams, tokenizer,
     for t in params.stop_token_ids:
         if t >= vocab:
             raise ValueError(f"stop_token_ids holds {t}, outside the vocabulary [0, {vocab})")
+    for t in params.logit_bias or ():
+        if t >= vocab:
+            raise ValueError(f"logit_bias names token {t}, outside the vocabulary [0, {vocab})")
     for i, t in enumerate(token_ids):
         if not 0 <= t < vocab:
             raise ValueError(f"prompt token_ids[{i}]={t!r} is outside the vocabulary [0, {vocab})")
@@ -64,9 +68,12 @@ class RequestFactory:
     `RequestState`, or for n > 1 a `ParentRequest` of n children. Owns the counters of fresh
     request and sequence ids."""
 
-    def __init__(self, config: EngineConfig, tokenizer):
+    def __init__(self, config: EngineConfig, tokenizer, compile_grammar: Callable[[StructuredOutputsParams], object]):
+        """compile_grammar: compiles (or finds cached) a request's structured-output grammar;
+        ValueError when it cannot."""
         self.config = config
         self.tokenizer = tokenizer
+        self.compile_grammar = compile_grammar
         self.token_texts = TokenTexts(tokenizer)  # shared: decoded logprob tokens are cached once
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
@@ -81,6 +88,8 @@ class RequestFactory:
         final_only = boolean("final_only", final_only)
         text, token_ids = prompt_token_ids(prompt, params, self.tokenizer, self.config)
         params.check_logprobs_limit(min(self.config.max_logprobs, self.config.model_config.vocab_size))
+        if params.structured_outputs is not None:
+            self.compile_grammar(params.structured_outputs)
         if request_id is None:
             request_id = next(i for i in map(str, self._request_ids) if not in_use(i))
         elif in_use(check_request_id(request_id)):

@@ -4,8 +4,10 @@ Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. picks i
 probability p_i. The noise is drawn outside the (compilable) arithmetic, so each request can
 draw it from its own seeded generator and its tokens do not depend on what else is in the batch.
 
-Before any row is sampled (greedy rows too), min_tokens bans end-of-sequence and stop tokens and
-the penalties are applied (`compile/sampling_ops.py`, over `worker/penalties.py`'s device token
+Before any row is sampled (greedy rows too), each request's logit_bias is added, the tokens its
+grammar does not allow are masked (structured outputs: the step's `GrammarBitmask`), min_tokens
+bans end-of-sequence and stop tokens (not in rows that follow a grammar: the grammar decides where
+they end) and the penalties are applied (`compile/sampling_ops.py`, over `worker/penalties.py`'s device token
 counts), in vLLM's order; min_p then filters after
 temperature, before top-k/top-p. The whole batch, whatever mix of settings, is one call.
 """
@@ -18,8 +20,10 @@ from collections.abc import Sequence as Seq
 import torch
 
 from fastgen.compile.sampling_ops import apply_penalties
+from fastgen.scheduler_output import GrammarBitmask
 from fastgen.sequence import Sequence
 from fastgen.worker.penalties import TokenCounts
+from fastgen.worker.token_bitmask import mask_disallowed
 
 
 class Sampler:
@@ -59,23 +63,52 @@ class Sampler:
         (their generators stay: a seeded request must go on drawing where it left off)."""
         self.token_counts.release(seq_ids)
 
-    def __call__(self, logits: torch.Tensor, seqs: Seq[Sequence], greedy_tokens: torch.Tensor | None = None
-                 ) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, seqs: Seq[Sequence], greedy_tokens: torch.Tensor | None = None,
+                 grammar: GrammarBitmask | None = None) -> torch.Tensor:
         """logits: [B, V] (any float dtype) for the rows of `seqs`, left unchanged; returns int64
         [B] on device.
 
         greedy_tokens: logits.argmax(-1) when already computed (a decode graph does it in the
-        graph); used when no row's logits change here (no penalties, no min_tokens bans), so an
-        all-greedy batch then launches nothing.
+        graph); used when no row's logits change here (no bias, grammar, penalties or min_tokens
+        bans), so an all-greedy batch then launches nothing. grammar: the token masks of the rows
+        whose sequence follows a grammar.
         """
+        original = logits
+        logits = self._bias_and_mask(logits, seqs, grammar)
         processed, penalised = self._process(logits, seqs)
-        if processed is not logits:
+        if processed is not logits or processed is not original:
             greedy_tokens = None  # the argmax was taken before the penalties and bans
         tokens = self._sample(processed, seqs, greedy_tokens)
         if penalised is not None:
             rows, slots = penalised
             self.token_counts.count(slots, tokens.index_select(0, rows))
         return tokens
+
+    def _bias_and_mask(self, logits: torch.Tensor, seqs: Seq[Sequence], grammar: GrammarBitmask | None
+                       ) -> torch.Tensor:
+        """logit_bias added, then the grammar's disallowed tokens set to -inf (the same tensor
+        when no row has either)."""
+        rows, cols, biases = [], [], []
+        for row, seq in enumerate(seqs):
+            for token, bias in (seq.params.logit_bias or {}).items():
+                rows.append(row)
+                cols.append(token)
+                biases.append(bias)
+        if rows:
+            index = torch.tensor([rows, cols], dtype=torch.int64).to(self.device, non_blocking=True)
+            values = torch.tensor(biases, dtype=torch.float32).to(self.device, non_blocking=True)
+            logits = logits.float().index_put((index[0], index[1]), values, accumulate=True)
+        if grammar is None or not grammar.seq_ids:
+            return logits
+        position = {seq_id: i for i, seq_id in enumerate(grammar.seq_ids)}
+        masked = [(row, position[seq.seq_id]) for row, seq in enumerate(seqs) if seq.seq_id in position]
+        if not masked:
+            return logits
+        bitmask = grammar.fill()
+        mask_rows = torch.tensor([row for row, _ in masked], dtype=torch.int64)
+        picked = bitmask.index_select(0, torch.tensor([i for _, i in masked], dtype=torch.int64))
+        return mask_disallowed(logits, mask_rows.to(self.device, non_blocking=True),
+                               picked.to(self.device, non_blocking=True))
 
     def _process(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> tuple[torch.Tensor, tuple | None]:
         """min_tokens' bans, then the penalties; returns the new logits (the same tensor when no
@@ -84,7 +117,7 @@ class Sampler:
         rows, cols = [], []
         for row, seq in enumerate(seqs):
             p = seq.params
-            if seq.num_output_tokens < p.min_tokens:
+            if seq.num_output_tokens < p.min_tokens and p.structured_outputs is None:
                 banned = p.stop_token_ids if p.ignore_eos else [*p.stop_token_ids, *self.eos_token_ids]
                 rows += [row] * len(banned)
                 cols += banned

@@ -51,9 +51,9 @@ class RecordingSampler:
         self.sampler = sampler
         self.calls: list[tuple[int, int]] = []  # (rows, rows with a penalty)
 
-    def __call__(self, logits, seqs, greedy_tokens=None):
+    def __call__(self, logits, seqs, greedy_tokens=None, grammar=None):
         self.calls.append((len(seqs), sum(s.params.has_penalties for s in seqs)))
-        return self.sampler(logits, seqs, greedy_tokens)
+        return self.sampler(logits, seqs, greedy_tokens, grammar)
 
     def __getattr__(self, name):
         return getattr(self.sampler, name)
