@@ -58,8 +58,10 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-def render_chat(source: str, messages: list[dict], add_generation_prompt: bool, special_tokens: dict[str, str]) -> str:
-    """The conversation as the template renders it (a string, not yet tokenized). Raises
+def render_chat(source: str, messages: list[dict], add_generation_prompt: bool, special_tokens: dict[str, str],
+                tools: list[dict] | None = None) -> str:
+    """The conversation as the template renders it (a string, not yet tokenized); tools: OpenAI
+    tool definitions, which the template sees as `tools` (as transformers passes them). Raises
     ValueError for an empty conversation, a message that is not a dict, or a template error."""
     if not messages:
         raise ValueError("messages is empty: a conversation needs at least one message")
@@ -69,6 +71,6 @@ def render_chat(source: str, messages: list[dict], add_generation_prompt: bool, 
     messages = [{k: v for k, v in message.items() if v is not None} for message in messages]
     try:
         return compile_template(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                               **special_tokens)
+                                               tools=tools, **special_tokens)
     except jinja2.exceptions.TemplateError as exc:
         raise ValueError(f"the model's chat template failed on these messages: {exc}") from exc

@@ -37,7 +37,8 @@ def is_conversation(messages: object) -> bool:
     return isinstance(messages, (list, tuple)) and len(messages) > 0 and isinstance(messages[0], dict)
 
 
-def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                   tools: list[dict] | None = None) -> list[int]:
     """Token ids of a conversation as the tokenizer's chat template renders it (rendered to text,
     then encoded without special tokens: the template writes any BOS itself, and encode() would
     double it). ValueError for a tokenizer without a template, or a malformed conversation."""
@@ -48,6 +49,7 @@ def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool 
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ValueError(f"messages[{i}]={message!r} must be a dict with a 'role' string and a 'content'")
+    extra = {} if tools is None else {"tools": tools}  # tools: OpenAI tool definitions, for the template
     rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
-                                             tokenize=False)
+                                             tokenize=False, **extra)
     return tokenizer.encode(rendered, add_special_tokens=False)

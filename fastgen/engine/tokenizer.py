@@ -48,12 +48,12 @@ class FastTokenizer:
         return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False,
-                            tokenize: bool = True, return_dict: bool = False):
+                            tokenize: bool = True, return_dict: bool = False, tools: list[dict] | None = None):
         """The conversation rendered by the model's template: text (tokenize=False), token ids,
         or {"input_ids": ids} (return_dict=True), as transformers returns them."""
         if self.chat_template is None:
             raise ValueError("the model's tokenizer has no chat template")
-        text = render_chat(self.chat_template, messages, add_generation_prompt, self.special_tokens_map)
+        text = render_chat(self.chat_template, messages, add_generation_prompt, self.special_tokens_map, tools)
         if not tokenize:
             return text
         # The template writes any BOS itself; letting encode() add another would double it.

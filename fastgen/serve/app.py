@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request, Response
 
 from fastgen.engine.async_llm import AsyncLLM
 from fastgen.engine.tokenizer import load_tokenizer
-from fastgen.serve import generate_routes, openai_routes
+from fastgen.serve import generate_routes, openai_routes, tokenize_routes
 from fastgen.serve.errors import install_error_handlers
 from fastgen.serve.metrics import CONTENT_TYPE
 from fastgen.serve.results import ResultStore
@@ -72,6 +72,7 @@ def build_app(llm, settings: ServerSettings) -> FastAPI:
     install_error_handlers(app, settings.retry_after_s)
     app.include_router(openai_routes.router)
     app.include_router(generate_routes.router)
+    app.include_router(tokenize_routes.router)
 
     @app.get("/health")
     async def health(request: Request) -> Response:

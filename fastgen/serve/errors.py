@@ -21,7 +21,8 @@ from fastgen.engine.requests import EngineOverloaded
 
 # "temperature=-1 must be ...", "stop must hold ...", "prompt length 900 + ...": the field
 # a check message starts with.
-_FIELD = re.compile(r"^(?:prompt token_ids|([A-Za-z_]+))(?:\[\d+\])?(?:=| length| holds| is| must)")
+_FIELD = re.compile(r"^(?:prompt token_ids|([A-Za-z_]+))[\w.\[\]$]*?(?: key)?"
+                    r"(?:=| length| holds| names| has| is| must| cannot)")
 
 
 class RequestError(ValueError):

@@ -55,6 +55,26 @@ def completion_logprobs(token_ids: list[int], positions: list[PositionLogprobs] 
             "text_offset": offsets}
 
 
+def prompt_logprobs(token_ids: list[int], positions: list[PositionLogprobs | None] | None,
+                    token_text) -> dict | None:
+    """The completions shape for an echoed prompt: its first token (and any position without
+    logprobs) has token_logprobs and top_logprobs None, as in OpenAI's echo. token_text(id): a
+    token's text where no logprob entry names it."""
+    if positions is None:
+        return None
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    offset = 0
+    for token_id, position in zip(token_ids, positions):
+        text = _text(token_id, position[token_id]) if position else token_text(token_id)
+        tokens.append(text)
+        token_logprobs.append(_value(position[token_id]) if position else None)
+        top_logprobs.append(_by_text(token_id, position) if position else None)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+            "text_offset": offsets}
+
+
 def _by_text(token_id: int, position: PositionLogprobs) -> dict[str, float]:
     """{text: logprob} of the sampled token and the top k. Distinct tokens may share a text
     (byte pieces all read "\ufffd"): the sampled token's own value, else the likeliest, wins."""

@@ -12,11 +12,12 @@ from fastgen.engine.prompts import chat_token_ids
 from fastgen.serve.disconnect import DISCONNECTED, unless_disconnected
 from fastgen.serve.errors import RequestError
 from fastgen.serve.openai_logprobs import CHAT_TOP_LOGPROBS_MAX, checked_count
-from fastgen.serve.protocol import ChatCompletionRequest, CompletionRequest
-from fastgen.serve.responses import ResponseShape
+from fastgen.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from fastgen.serve.responses import Echo, ResponseShape
 from fastgen.serve.sampling import chat_max_tokens, check_fields, sampling_params
 from fastgen.serve.sse import sse_response
 from fastgen.serve.state import ServerState
+from fastgen.serve.tool_calls import ToolPlan, plan_tools, template_renders_tools, with_tools_in_system
 
 router = APIRouter()
 
@@ -47,13 +48,48 @@ async def completions(body: CompletionRequest, request: Request):
     state = _state(request)
     check_fields(body, "/v1/completions")
     state.check_model(body.model)
-    params = sampling_params(body, logprobs=checked_count("logprobs", body.logprobs, state.max_logprobs))
-    stream = await state.submit(_single_prompt(body.prompt), params)
-    return await _respond(state, request, stream, ResponseShape("text_completion", state.model_name), body,
-                          getattr(params, "n", 1))
+    logprobs = checked_count("logprobs", body.logprobs, state.max_logprobs)
+    prompt = _single_prompt(body.prompt)
+    prompt_only = bool(body.echo) and body.max_tokens == 0
+    if prompt_only:  # the engine generates at least one token; it is not shown
+        body.max_tokens = 1
+    params = sampling_params(body, logprobs=logprobs, prompt_logprobs=logprobs if body.echo else None)
+    stream = await _submit(state, prompt, params, body)
+    echo = _echo(state, prompt, prompt_only) if body.echo else None
+    return await _respond(state, request, stream, ResponseShape("text_completion", state.model_name, echo=echo),
+                          body, getattr(params, "n", 1))
 
 
-def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+def _echo(state: ServerState, prompt, prompt_only: bool) -> Echo:
+    tokenizer = state.tokenizer
+    if isinstance(prompt, str):
+        token_ids = tokenizer.encode(prompt) if tokenizer is not None else []
+        text = prompt
+    else:
+        token_ids = list(prompt)
+        text = tokenizer.decode(token_ids) if tokenizer is not None else ""
+
+    def token_text(token_id: int) -> str:
+        return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
+
+    return Echo(text, token_ids, prompt_only, token_text)
+
+
+async def _submit(state: ServerState, prompt, params, body: SamplingFields, constraint_field: str | None = None):
+    """Queue the request; a constraint that cannot be compiled is a 400 naming the request's own
+    field (response_format, tools) rather than the engine's structured_outputs."""
+    try:
+        return await state.submit(prompt, params)
+    except RequestError:
+        raise
+    except ValueError as exc:
+        field = constraint_field or ("response_format" if body.response_format is not None else None)
+        if field is None or not str(exc).startswith("structured_outputs"):
+            raise
+        raise RequestError(f"{field}: {exc}", param=field) from None
+
+
+def _chat_prompt(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan) -> list[int]:
     messages = []
     for i, message in enumerate(body.messages):
         content = message.content
@@ -66,7 +102,11 @@ def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
         messages.append({**(message.model_extra or {}), "role": message.role, "content": content or ""})
     if state.tokenizer is None:
         raise RequestError("this server has no tokenizer for chat", param="messages")
-    return chat_token_ids(state.tokenizer, messages)
+    if not tools.shown:
+        return chat_token_ids(state.tokenizer, messages)
+    if template_renders_tools(state.tokenizer):
+        return chat_token_ids(state.tokenizer, messages, tools=[t.as_openai() for t in tools.shown])
+    return chat_token_ids(state.tokenizer, with_tools_in_system(messages, tools.shown))
 
 
 @router.post("/v1/chat/completions")
@@ -75,14 +115,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     check_fields(body, "/v1/chat/completions")
     state.check_model(body.model)
     top_logprobs = _chat_top_logprobs(state, body)
-    prompt = _chat_prompt(state, body)
+    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    if tools.constraint is not None and (body.structured_outputs is not None or
+                                         (body.response_format or {}).get("type", "text") != "text"):
+        raise RequestError(f"tool_choice={body.tool_choice!r} constrains the output, and so does "
+                           "response_format / structured_outputs; send one", param="tool_choice")
+    prompt = _chat_prompt(state, body, tools)
     limit = chat_max_tokens(body)
     body.max_tokens = limit if limit is not None else max(1, state.max_model_len - len(prompt))
-    params = sampling_params(body, logprobs=top_logprobs)
-    stream = await state.submit(prompt, params)
-    return await _respond(state, request, stream,
-                          ResponseShape("chat.completion", state.model_name, chat_top_logprobs=top_logprobs or 0),
-                          body, getattr(params, "n", 1))
+    params = sampling_params(body, logprobs=top_logprobs, structured_outputs=tools.constraint)
+    stream = await _submit(state, prompt, params, body, "tools" if tools.constraint is not None else None)
+    shape = ResponseShape("chat.completion", state.model_name, chat_top_logprobs=top_logprobs or 0, tools=tools)
+    return await _respond(state, request, stream, shape, body, getattr(params, "n", 1))
 
 
 def _chat_top_logprobs(state: ServerState, body: ChatCompletionRequest) -> int | None:

@@ -5,7 +5,7 @@ are checked by `SamplingParams`, the engine's one source of sampling rules.
 Three kinds of field:
 - supported: mapped onto `SamplingParams` by `fastgen.serve.sampling`;
 - OpenAI fields fastgen cannot honour (`UNSUPPORTED`): a 400 naming the field, unless the value
-  is the one that changes nothing (`echo: false`, `best_of: 1`, ...);
+  is the one that changes nothing (`best_of: 1`, `function_call: "none"`, ...);
 - anything else: outside the schema, kept in `model_extra`, ignored with a logged warning.
 """
 
@@ -17,15 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # OpenAI field -> the values that ask for nothing fastgen lacks (None: absent).
 UNSUPPORTED: dict[str, tuple] = {
-    "logit_bias": (None,),
-    "tools": (None,),
-    "tool_choice": (None, "none"),
-    "functions": (None,),
+    "functions": (None,),  # the deprecated forms of tools / tool_choice
     "function_call": (None, "none"),
-    "parallel_tool_calls": (None,),
-    "response_format": (None, {"type": "text"}),
     "suffix": (None,),
-    "echo": (None, False),
     "best_of": (None, 1),
     "audio": (None,),
     "modalities": (None, ["text"]),
@@ -60,16 +54,16 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     # Accepted and ignored, as OpenAI does with an end-user id.
     user: str | None = None
-    # Refused unless harmless (UNSUPPORTED).
+    # token id (as a string, OpenAI's JSON) -> bias in [-100, 100]
     logit_bias: dict[str, float] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    # {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema", "strict"}}
+    response_format: dict[str, Any] | None = None
+    # vLLM's field: {"json" | "json_object" | "regex" | "choice" | "grammar": ...}
+    structured_outputs: dict[str, Any] | None = None
+    # Refused unless harmless (UNSUPPORTED).
     functions: list[Any] | None = None
     function_call: Any = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
     suffix: str | None = None
-    echo: bool | None = None
     best_of: int | None = None
     audio: Any = None
     modalities: list[str] | None = None
@@ -83,6 +77,9 @@ class CompletionRequest(SamplingFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: int | None = None
+    # The prompt's text (and with logprobs, its tokens' logprobs) before the completion; with
+    # max_tokens 0 the prompt alone (lm-evaluation-harness's loglikelihood request).
+    echo: bool | None = None
 
 
 class ChatMessage(BaseModel):
@@ -100,6 +97,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class GenerateRequest(SamplingFields):
@@ -110,3 +110,19 @@ class GenerateRequest(SamplingFields):
 
 
 ResultStatus = Literal["waiting", "running", "finished", "aborted"]
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's route): a prompt, or a conversation rendered by the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model: str | None = None
+    tokens: list[int]

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastgen.outputs import RequestOutput
-from fastgen.serve.openai_logprobs import chat_logprobs, completion_logprobs
+from fastgen.serve.openai_logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
+from fastgen.serve.tool_calls import ToolPlan, read_tool_calls
 
 
 def completion_id(prefix: str) -> str:
@@ -19,19 +22,37 @@ def choices_of(output: RequestOutput) -> list:
     return getattr(output, "outputs", None) or [output]
 
 
-def usage(output: RequestOutput) -> dict:
+def usage(output: RequestOutput, prompt_only: bool = False) -> dict:
     prompt = len(output.prompt_token_ids)
-    completion = sum(len(c.token_ids) for c in choices_of(output))
+    completion = 0 if prompt_only else sum(len(c.token_ids) for c in choices_of(output))
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+@dataclass(frozen=True)
+class Echo:
+    """A completion that starts with its prompt (OpenAI's `echo`). prompt_only: the request asked
+    for max_tokens 0, so the one token the engine generated is not shown. token_text(id): the text
+    of a prompt token that has no logprob entry (the first)."""
+
+    text: str
+    token_ids: list[int]
+    prompt_only: bool
+    token_text: Callable[[int], str]
 
 
 class ResponseShape:
     """One response's id, model and creation time, shared by all its chunks. chat_top_logprobs:
-    how many alternatives each chat logprobs entry lists (completions list what the engine gave)."""
+    how many alternatives each chat logprobs entry lists (completions list what the engine gave).
+    tools: how a chat answer's tool calls are read (its text is held back until it ends, then
+    sent as content or as tool calls). echo: the prompt that leads each completion."""
 
-    def __init__(self, kind: str, model: str, chat_top_logprobs: int = 0):
+    def __init__(self, kind: str, model: str, chat_top_logprobs: int = 0, tools: ToolPlan | None = None,
+                 echo: Echo | None = None):
         self.kind = kind  # "text_completion" or "chat.completion"
         self.chat_top_logprobs = chat_top_logprobs
+        self.tools = tools if tools is not None and tools.mode != "text" else None
+        self.echo = echo
+        self._echoed: set[int] = set()  # choices whose stream has sent the prompt
         self._text_offsets: dict[int, int] = {}  # choice -> its tokens' text so far (completions' text_offset)
         self.id = completion_id("cmpl" if kind == "text_completion" else "chatcmpl")
         self.model = model
@@ -52,17 +73,51 @@ class ResponseShape:
             self._text_offsets[index] = self._text_offsets.get(index, 0) + sum(map(len, logprobs["tokens"]))
         return logprobs
 
+    def _echoed_prompt(self, index: int, output: RequestOutput, asked_logprobs: bool) -> tuple[str, dict | None]:
+        """Choice `index`'s prompt text and logprobs (once per choice), when the request echoes."""
+        if self.echo is None or index in self._echoed:
+            return "", None
+        self._echoed.add(index)
+        logprobs = None
+        if asked_logprobs:
+            logprobs = prompt_logprobs(self.echo.token_ids, output.prompt_logprobs, self.echo.token_text)
+            self._text_offsets[index] = sum(map(len, logprobs["tokens"]))
+        return self.echo.text, logprobs
+
+    def _completion_choice(self, i: int, output: RequestOutput, text: str, token_ids: list[int], positions,
+                           finish_reason: str | None) -> dict:
+        asked = positions is not None
+        prompt_text, prompt_lps = self._echoed_prompt(i, output, asked)
+        if self.echo is not None and self.echo.prompt_only:
+            text, token_ids, positions = "", [], (None if positions is None else [])
+            finish_reason = "length" if finish_reason is not None else None
+        logprobs = self._logprobs(i, token_ids, positions)
+        if prompt_lps is not None:
+            logprobs = {key: prompt_lps[key] + (logprobs or {}).get(key, []) for key in prompt_lps}
+        return {"index": i, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def _chat_message(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
+        """The assistant's message (content, or tool calls read from it) and the finish reason."""
+        if self.tools is None:
+            return {"role": "assistant", "content": text}, finish_reason
+        content, calls = read_tool_calls(self.tools, text, finish_reason)
+        if not calls:
+            return {"role": "assistant", "content": content}, finish_reason
+        return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+
     def body(self, final: RequestOutput) -> dict:
         """The non-streaming response."""
         choices = []
         for i, c in enumerate(choices_of(final)):
-            logprobs = self._logprobs(i, c.token_ids, getattr(c, "logprobs", None))
             if self.kind == "text_completion":
-                choices.append({"index": i, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason})
-            else:
-                choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
-                                "logprobs": logprobs, "finish_reason": c.finish_reason})
-        return {**self._envelope(self.kind, choices), "usage": usage(final)}
+                choices.append(self._completion_choice(i, final, c.text, c.token_ids, getattr(c, "logprobs", None),
+                                                       c.finish_reason))
+                continue
+            logprobs = self._logprobs(i, c.token_ids, getattr(c, "logprobs", None))
+            message, finish_reason = self._chat_message(c.text, c.finish_reason)
+            choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish_reason})
+        prompt_only = self.echo is not None and self.echo.prompt_only
+        return {**self._envelope(self.kind, choices), "usage": usage(final, prompt_only)}
 
     def first_chunk(self, n: int) -> dict | None:
         """Chat streams open with the assistant's role (OpenAI's first delta)."""
@@ -78,11 +133,22 @@ class ResponseShape:
         for i, c in enumerate(choices_of(output)):
             if not c.new_text and not c.new_token_ids and c.finish_reason is None:
                 continue
-            logprobs = self._logprobs(i, c.new_token_ids, getattr(c, "new_logprobs", None))
             if self.kind == "text_completion":
-                choices.append({"index": i, "text": c.new_text, "logprobs": logprobs,
-                                "finish_reason": c.finish_reason})
+                if self.echo is not None and self.echo.prompt_only and c.finish_reason is None:
+                    continue  # the prompt alone is sent, with the finish
+                choices.append(self._completion_choice(i, output, c.new_text, c.new_token_ids,
+                                                       getattr(c, "new_logprobs", None), c.finish_reason))
+            elif self.tools is not None:  # held back: the whole answer decides text or calls
+                if c.finish_reason is None:
+                    continue
+                logprobs = self._logprobs(i, c.token_ids, getattr(c, "logprobs", None))
+                message, finish_reason = self._chat_message(c.text, c.finish_reason)
+                delta = {k: v for k, v in message.items() if k != "role" and v is not None}
+                for index, call in enumerate(delta.get("tool_calls", ())):
+                    call["index"] = index
+                choices.append({"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason})
             else:
+                logprobs = self._logprobs(i, c.new_token_ids, getattr(c, "new_logprobs", None))
                 delta = {"content": c.new_text} if c.new_text or c.finish_reason is None else {}
                 choices.append({"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason})
         if not choices:
@@ -92,4 +158,5 @@ class ResponseShape:
 
     def usage_chunk(self, final: RequestOutput) -> dict:
         object_name = "text_completion" if self.kind == "text_completion" else "chat.completion.chunk"
-        return {**self._envelope(object_name, []), "usage": usage(final)}
+        return {**self._envelope(object_name, []), "usage": usage(final, self.echo is not None and
+                                                                    self.echo.prompt_only)}

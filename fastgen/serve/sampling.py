@@ -14,6 +14,7 @@ import logging
 from fastgen.sampling_params import SamplingParams
 from fastgen.serve.errors import RequestError
 from fastgen.serve.protocol import UNSUPPORTED, ChatCompletionRequest, SamplingFields
+from fastgen.structured_outputs_params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,11 @@ def sampling_params(request: SamplingFields, max_tokens: int | None = None, **ex
         kwargs[name] = value
     if "max_tokens" not in kwargs and max_tokens is not None:
         kwargs["max_tokens"] = max_tokens
+    if request.logit_bias:
+        kwargs["logit_bias"] = _logit_bias(request.logit_bias)
+    structured = structured_outputs(request)
+    if structured is not None:
+        kwargs["structured_outputs"] = structured
     for name, value in extra.items():
         if value is None:
             continue
@@ -64,3 +70,44 @@ def sampling_params(request: SamplingFields, max_tokens: int | None = None, **ex
 def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
     """Chat's token limit: max_completion_tokens (OpenAI's newer name) wins over max_tokens."""
     return request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+
+
+def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's keys are token ids written as strings."""
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise RequestError(f"logit_bias has key {key!r}; keys must be token ids", param="logit_bias") from None
+        out[token] = value
+    return out
+
+
+def structured_outputs(request: SamplingFields) -> StructuredOutputsParams | None:
+    """The request's output constraint: OpenAI's `response_format` or vLLM's `structured_outputs`
+    (not both); None for plain text. ValueError (a 400) naming what is wrong."""
+    fmt, fields = request.response_format, request.structured_outputs
+    if fmt is not None and fields is not None and fmt.get("type") != "text":
+        raise RequestError("response_format and structured_outputs both constrain the output; send one",
+                           param="structured_outputs")
+    if fields is not None:
+        try:
+            return StructuredOutputsParams.from_dict(fields)
+        except ValueError as exc:
+            raise RequestError(str(exc), param="structured_outputs") from None
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind != "json_schema":
+        raise RequestError(f"response_format.type={kind!r} must be 'text', 'json_object' or 'json_schema'",
+                           param="response_format")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise RequestError("response_format.json_schema must be an object with a 'schema' object (and a 'name')",
+                           param="response_format")
+    return StructuredOutputsParams(json=spec["schema"])
