@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "LLM": "fastgen.llm",
     "SamplingParams": "fastgen.sampling_params",
+    "StructuredOutputsParams": "fastgen.structured_outputs_params",
     "RequestOutput": "fastgen.outputs",
     "RequestMetrics": "fastgen.outputs",
     "CompletionOutput": "fastgen.outputs",

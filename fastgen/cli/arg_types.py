@@ -137,3 +137,13 @@ def int_range(minimum: int):
 
     convert.__name__ = "N or MIN:MAX"
     return convert
+
+
+def existing_file(text: str) -> Path:
+    """A file to read (a JSON schema, a grammar): it must exist and be readable now."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: no such file")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: not readable")
+    return path

@@ -20,6 +20,8 @@ examples:
   fastgen generate --chat "Write a haiku about the sea." --temperature 0.7 --top-p 0.9 --stream
   fastgen generate --n 3 --temperature 1 --presence-penalty 0.5 "A name for a cat:"
   fastgen generate --model ./Qwen3-0.6B --max-tokens 64 "Once upon a time" "def fib(n):"
+  fastgen generate --chat --json-schema person.json "Describe a fictional person as JSON."
+  fastgen generate --chat --choice yes --choice no "Is Paris in France?"
   echo "Tell me a joke." | fastgen generate --chat -"""
 
 
@@ -52,6 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--min-p", metavar="P", type=float, default=0.0,
                        help="drop tokens below P times the most likely one's probability, in [0, 1]")
     group.add_argument("--stream", action="store_true", help="print tokens as they are generated (one prompt)")
+    shape = parser.add_argument_group("output shape (structured outputs; one of)").add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", type=arg_types.existing_file, default=None,
+                       help="the output is JSON valid against the JSON schema in FILE")
+    shape.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    shape.add_argument("--regex", metavar="REGEX", default=None, help="the output matches this regular expression")
+    shape.add_argument("--choice", action="append", metavar="TEXT", default=None,
+                       help="the output is exactly one of these texts (repeatable)")
+    shape.add_argument("--grammar", metavar="FILE", type=arg_types.existing_file, default=None,
+                       help="the output follows the EBNF grammar in FILE (xgrammar/GBNF syntax, rule `root`)")
     group.add_argument("--stats", action="store_true",
                        help="print token counts, TTFT and decode speed to stderr")
     engine_args.add_engine_args(parser, dummy_weights=False,
@@ -91,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos, stop=args.stop or [], n=args.n,
         presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
         repetition_penalty=args.repetition_penalty, min_tokens=args.min_tokens, min_p=args.min_p,
+        structured_outputs=_structured_outputs(args),
     )
     llm = engine_args.build_llm(choice, args, need_tokenizer=True)
     prompts = [chat_prompt(llm.tokenizer, t, args.system) for t in texts] if args.chat else texts
@@ -116,6 +128,22 @@ def run(args: argparse.Namespace) -> int:
         for output in outputs:
             print(_stats_line(output), file=sys.stderr)
     return 0
+
+
+def _structured_outputs(args: argparse.Namespace) -> dict | None:
+    """The output-shape flag as StructuredOutputsParams fields (None: free text); ValueError
+    (exit 2) for a schema file that is not JSON."""
+    if args.json_schema is not None:
+        return {"json": args.json_schema.read_text()}
+    if args.grammar is not None:
+        return {"grammar": args.grammar.read_text()}
+    if args.json_object:
+        return {"json_object": True}
+    if args.regex is not None:
+        return {"regex": args.regex}
+    if args.choice is not None:
+        return {"choice": args.choice}
+    return None
 
 
 def _stats_line(output) -> str:

@@ -147,3 +147,41 @@ def test_generate_out_of_range_penalty_is_a_one_line_error(capsys, tiny_models):
                  PROMPT]) == 2
     err = capsys.readouterr().err
     assert err == "fastgen: error: presence_penalty=3.0 must be in [-2, 2]\n"
+
+
+def test_generate_with_an_output_shape_prints_what_the_python_api_gives(capsys, tiny_models, tmp_path):
+    pytest.importorskip("xgrammar")
+    model = tiny_models["qwen3"]
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    (tmp_path / "schema.json").write_text(__import__("json").dumps(schema))
+    (tmp_path / "list.ebnf").write_text('root ::= "[" [0-9] ("," [0-9])? "]"')
+    cases = [(["--json-schema", str(tmp_path / "schema.json")], {"json": schema}),
+             (["--choice", "yes", "--choice", "no"], {"choice": ["yes", "no"]}),
+             (["--regex", "[a-z]{3}"], {"regex": "[a-z]{3}"}),
+             (["--grammar", str(tmp_path / "list.ebnf")], {"grammar": (tmp_path / "list.ebnf").read_text()}),
+             (["--json-object"], {"json_object": True})]
+    llm = _llm(model)
+    for flags, spec in cases:
+        assert main(["generate", "--model", model, *CPU_FLAGS, "--max-tokens", "40", *flags, PROMPT]) == 0
+        params = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=spec)
+        assert capsys.readouterr().out == llm.generate(PROMPT, params)[0].text + "\n", flags
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--json-schema", "/no/such.json", PROMPT], "argument --json-schema: invalid value '/no/such.json': no such file"),
+    (["--regex", "a", "--choice", "b", PROMPT], "argument --choice: not allowed with argument --regex"),
+])
+def test_bad_output_shape_flags_exit_2(capsys, tiny_models, argv, says):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--model", tiny_models["qwen3"], *CPU_FLAGS, *argv])
+    assert exit_info.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_schema_that_cannot_be_compiled_is_a_one_line_error(capsys, tiny_models, tmp_path):
+    pytest.importorskip("xgrammar")
+    (tmp_path / "bad.json").write_text('{"type": "bogus"}')
+    assert main(["generate", "--model", tiny_models["qwen3"], *CPU_FLAGS, "--json-schema", str(tmp_path / "bad.json"),
+                 PROMPT]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastgen: error: structured_outputs.json cannot be compiled:") and err.count("\n") == 1
