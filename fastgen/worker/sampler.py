@@ -105,10 +105,13 @@ class Sampler:
         if not masked:
             return logits
         bitmask = grammar.fill()
-        mask_rows = torch.tensor([row for row, _ in masked], dtype=torch.int64)
-        picked = bitmask.index_select(0, torch.tensor([i for _, i in masked], dtype=torch.int64))
-        return mask_disallowed(logits, mask_rows.to(self.device, non_blocking=True),
-                               picked.to(self.device, non_blocking=True))
+        order = [i for _, i in masked]
+        if order != list(range(bitmask.shape[0])):
+            bitmask = bitmask.index_select(0, torch.tensor(order, dtype=torch.int64))
+        rows = [row for row, _ in masked]
+        rows_t = None if rows == list(range(len(seqs))) else torch.tensor(rows, dtype=torch.int64).to(
+            self.device, non_blocking=True)
+        return mask_disallowed(logits, rows_t, bitmask.to(self.device, non_blocking=True))
 
     def _process(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> tuple[torch.Tensor, tuple | None]:
         """min_tokens' bans, then the penalties; returns the new logits (the same tensor when no
