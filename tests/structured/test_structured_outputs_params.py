@@ -54,3 +54,11 @@ def test_unenforced_keywords_are_found_where_they_sit():
     assert unenforced_keyword({"allOf": [{"type": "integer"}, {"minimum": 3}]}).endswith("allOf (with more than one "
                                                                                          "schema)")
     assert unenforced_keyword({"allOf": [{"type": "integer"}]}) is None
+
+
+def test_without_xgrammar_a_structured_request_is_a_clear_value_error(monkeypatch):
+    from fastgen.structured.xgrammar_backend import XGrammarBackend
+
+    monkeypatch.setitem(__import__("sys").modules, "xgrammar", None)
+    with pytest.raises(ValueError, match="structured_outputs needs the xgrammar package"):
+        XGrammarBackend(tokenizer=None, vocab_size=10, stop_token_ids=[0])
