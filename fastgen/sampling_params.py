@@ -9,6 +9,9 @@ from fastgen.checks import FLOAT32_MAX, boolean, integer, real
 from fastgen.structured_outputs_params import StructuredOutputsParams
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
+# Entries a logit_bias may hold: the sampler adds them every step, so one request's huge map would
+# slow every request's steps.
+LOGIT_BIAS_MAX_ENTRIES = 1024
 
 # Temperatures below this are greedy: dividing logits by a smaller one overflows float32 (and
 # argmax is what such a temperature means anyway).
@@ -49,7 +52,7 @@ class SamplingParams:
     min_p: drop tokens whose probability is below min_p times the most likely one's (after
         temperature), in [0, 1]; 0 is off.
     logit_bias: token id -> a number in [-100, 100] added to that token's logit before anything
-        else (OpenAI's field; -100 all but bans a token, 100 all but forces it).
+        else (OpenAI's field; -100 all but bans a token, 100 all but forces it); at most 1024 entries.
     structured_outputs: what the output must match (a `StructuredOutputsParams`, or a dict of its
         fields): a JSON schema, any JSON object, a regex, a choice of strings or a grammar.
         Tokens that would break it are masked before sampling.
@@ -142,6 +145,8 @@ class SamplingParams:
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError(f"logit_bias={self.logit_bias!r} must be a dict of token id -> bias")
+            if len(self.logit_bias) > LOGIT_BIAS_MAX_ENTRIES:
+                raise ValueError(f"logit_bias holds {len(self.logit_bias)} entries, more than {LOGIT_BIAS_MAX_ENTRIES}")
             self.logit_bias = {
                 integer("logit_bias key", token, minimum=0): real(
                     f"logit_bias[{token}]", bias, f"in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]",

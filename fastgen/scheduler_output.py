@@ -24,7 +24,8 @@ class GrammarBitmask:
     fill: returns an int32 CPU tensor [len(seq_ids), ceil(vocab / 32)] whose bit t % 32 of word
         t // 32 in row i is set when sequence seq_ids[i] may sample token t (xgrammar's layout).
         The runner calls it once, after launching the forward: on a GPU the host computes the
-        masks while the device runs the step.
+        masks while the device runs the step (why this is a callable over the engine's matchers
+        rather than the masks themselves).
     """
 
     seq_ids: tuple[int, ...]

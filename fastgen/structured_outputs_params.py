@@ -8,6 +8,7 @@ kinds of mistake are a ValueError before anything is queued.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -63,12 +64,12 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> tuple[str, str]:
-        """What identifies the compiled grammar: the kind and its canonical text (a schema's keys
-        sorted, so two spellings of one schema share one compile)."""
+        """What identifies the compiled grammar: the kind and its text. A schema's key order is part
+        of it: the grammar writes an object's properties in the order the schema lists them."""
         kind = self.kind
         value = getattr(self, kind)
         if kind == "json":
-            return kind, json.dumps(value, sort_keys=True, ensure_ascii=False)
+            return kind, json.dumps(value, ensure_ascii=False)
         if kind == "choice":
             return kind, json.dumps(list(value), ensure_ascii=False)
         return kind, str(value)
@@ -95,4 +96,4 @@ def _schema(value: object) -> dict:
             raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
     if isinstance(value, bool) or not isinstance(value, dict):
         raise ValueError(f"structured_outputs.json={value!r} must be a JSON schema object (a dict or its JSON text)")
-    return value
+    return copy.deepcopy(value)  # the request's own: a caller's later edits change nothing

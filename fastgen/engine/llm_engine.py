@@ -228,7 +228,7 @@ class LLMEngine:
             if out is None:
                 self.runner.forget(*self.scheduler.pop_facts())
                 return StepResult(outputs, None, 0, 0, 0, started)
-            grammar = self.structured.step_bitmask(out)
+            grammar = self.structured.step_bitmask(out, lambda seq: self.live.by_seq[seq.seq_id].grammar)
             if grammar is not None:
                 out = dataclasses.replace(out, grammar=grammar)
             made, num_sampled = self._run(out, started)

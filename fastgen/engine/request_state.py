@@ -38,6 +38,7 @@ class RequestState:
         self.prompt_token_ids = seq.token_ids[: seq.num_prompt_tokens]  # shared by every output
         self.final_only = final_only
         self.error: str | None = None  # why it finished with reason "error"
+        self.grammar = None  # its structured-output grammar, compiled when it was added (fastgen.structured)
         self.detokenizer = (
             IncrementalDetokenizer(tokenizer, self.prompt_token_ids) if tokenizer is not None else None
         )

@@ -69,8 +69,8 @@ class RequestFactory:
     request and sequence ids."""
 
     def __init__(self, config: EngineConfig, tokenizer, compile_grammar: Callable[[StructuredOutputsParams], object]):
-        """compile_grammar: compiles (or finds cached) a request's structured-output grammar;
-        ValueError when it cannot."""
+        """compile_grammar: compiles (or finds cached) a request's structured-output grammar,
+        which the request then holds (`RequestState.grammar`); ValueError when it cannot."""
         self.config = config
         self.tokenizer = tokenizer
         self.compile_grammar = compile_grammar
@@ -88,21 +88,22 @@ class RequestFactory:
         final_only = boolean("final_only", final_only)
         text, token_ids = prompt_token_ids(prompt, params, self.tokenizer, self.config)
         params.check_logprobs_limit(min(self.config.max_logprobs, self.config.model_config.vocab_size))
-        if params.structured_outputs is not None:
-            self.compile_grammar(params.structured_outputs)
+        grammar = None if params.structured_outputs is None else self.compile_grammar(params.structured_outputs)
         if request_id is None:
             request_id = next(i for i in map(str, self._request_ids) if not in_use(i))
         elif in_use(check_request_id(request_id)):
             raise ValueError(f"request_id={request_id!r} is already in use")
         if params.n == 1:
-            return self._state(request_id, token_ids, params, text, now(), final_only)
+            return self._state(request_id, token_ids, params, text, now(), final_only, grammar)
         arrival = now()
         children = [self._state(ChildId(request_id, i), list(token_ids), child_params(params, i), text, arrival,
-                                final_only) for i in range(params.n)]
+                                final_only, grammar) for i in range(params.n)]
         return ParentRequest(request_id, children, final_only)
 
     def _state(self, request_id: str | ChildId, token_ids: list[int], params: SamplingParams, text: str | None,
-               arrival: float, final_only: bool) -> RequestState:
+               arrival: float, final_only: bool, grammar) -> RequestState:
         seq = Sequence(next(self._seq_ids), token_ids, params)
-        return RequestState(request_id, seq, text, self.tokenizer, arrival, final_only=final_only,
-                            token_texts=self.token_texts)
+        state = RequestState(request_id, seq, text, self.tokenizer, arrival, final_only=final_only,
+                             token_texts=self.token_texts)
+        state.grammar = grammar
+        return state

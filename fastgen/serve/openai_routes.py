@@ -61,18 +61,16 @@ async def completions(body: CompletionRequest, request: Request):
 
 
 def _echo(state: ServerState, prompt, prompt_only: bool) -> Echo:
+    """The prompt to echo: its text as sent (token ids: decoded), its ids read from the output."""
     tokenizer = state.tokenizer
-    if isinstance(prompt, str):
-        token_ids = tokenizer.encode(prompt) if tokenizer is not None else []
-        text = prompt
-    else:
-        token_ids = list(prompt)
-        text = tokenizer.decode(token_ids) if tokenizer is not None else ""
+
+    def decode(token_ids: list[int]) -> str:
+        return tokenizer.decode(token_ids) if tokenizer is not None else ""
 
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
 
-    return Echo(text, token_ids, prompt_only, token_text)
+    return Echo(prompt if isinstance(prompt, str) else None, prompt_only, decode, token_text)
 
 
 async def _submit(state: ServerState, prompt, params, body: SamplingFields, constraint_field: str | None = None):
@@ -83,15 +81,18 @@ async def _submit(state: ServerState, prompt, params, body: SamplingFields, cons
     except RequestError:
         raise
     except ValueError as exc:
-        field = constraint_field or ("response_format" if body.response_format is not None else None)
+        uses_format = (body.response_format or {}).get("type", "text") != "text"
+        field = constraint_field or ("response_format" if uses_format else None)
         if field is None or not str(exc).startswith("structured_outputs"):
             raise
         raise RequestError(f"{field}: {exc}", param=field) from None
 
 
-def _chat_prompt(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan) -> list[int]:
+def chat_messages(body_messages) -> list[dict]:
+    """The request's messages as the chat template reads them: text parts joined (a part of any
+    other type is a 400), fields beyond role and content passed on (tool_calls, tool_call_id)."""
     messages = []
-    for i, message in enumerate(body.messages):
+    for i, message in enumerate(body_messages):
         content = message.content
         if isinstance(content, list):  # content parts: only text is served
             for part in content:
@@ -100,6 +101,11 @@ def _chat_prompt(state: ServerState, body: ChatCompletionRequest, tools: ToolPla
                                        "fastgen serves text only", param=f"messages.{i}.content")
             content = "".join(part.get("text", "") for part in content)
         messages.append({**(message.model_extra or {}), "role": message.role, "content": content or ""})
+    return messages
+
+
+def _chat_prompt(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan) -> list[int]:
+    messages = chat_messages(body.messages)
     if state.tokenizer is None:
         raise RequestError("this server has no tokenizer for chat", param="messages")
     if not tools.shown:

@@ -30,13 +30,14 @@ def usage(output: RequestOutput, prompt_only: bool = False) -> dict:
 
 @dataclass(frozen=True)
 class Echo:
-    """A completion that starts with its prompt (OpenAI's `echo`). prompt_only: the request asked
-    for max_tokens 0, so the one token the engine generated is not shown. token_text(id): the text
-    of a prompt token that has no logprob entry (the first)."""
+    """A completion that starts with its prompt (OpenAI's `echo`). text: the prompt as sent (None
+    for token ids: decode(ids) then). prompt_only: the request asked for max_tokens 0, so the one
+    token the engine generated is not shown. token_text(id): the text of a prompt token that has
+    no logprob entry (the first)."""
 
-    text: str
-    token_ids: list[int]
+    text: str | None
     prompt_only: bool
+    decode: Callable[[list[int]], str]
     token_text: Callable[[int], str]
 
 
@@ -78,11 +79,13 @@ class ResponseShape:
         if self.echo is None or index in self._echoed:
             return "", None
         self._echoed.add(index)
+        token_ids = output.prompt_token_ids
         logprobs = None
         if asked_logprobs:
-            logprobs = prompt_logprobs(self.echo.token_ids, output.prompt_logprobs, self.echo.token_text)
+            logprobs = prompt_logprobs(token_ids, output.prompt_logprobs, self.echo.token_text)
             self._text_offsets[index] = sum(map(len, logprobs["tokens"]))
-        return self.echo.text, logprobs
+        text = self.echo.text if self.echo.text is not None else self.echo.decode(token_ids)
+        return text, logprobs
 
     def _completion_choice(self, i: int, output: RequestOutput, text: str, token_ids: list[int], positions,
                            finish_reason: str | None) -> dict:

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 
 from fastgen.engine.prompts import chat_token_ids
 from fastgen.serve.errors import RequestError
+from fastgen.serve.openai_routes import chat_messages
 from fastgen.serve.protocol import DetokenizeRequest, TokenizeRequest
 from fastgen.serve.state import ServerState
 
@@ -29,7 +30,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     if body.prompt is not None:
         tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens) if body.prompt else []
     else:
-        messages = [{**(m.model_extra or {}), "role": m.role, "content": m.content or ""} for m in body.messages]
+        messages = chat_messages(body.messages)
         tokens = chat_token_ids(tokenizer, messages, add_generation_prompt=body.add_generation_prompt)
     answer = {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
     if body.return_token_strs:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastgen.serve.errors import RequestError
-from fastgen.structured.xgrammar_backend import unenforced_keyword
 from fastgen.structured_outputs_params import StructuredOutputsParams
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -79,10 +78,6 @@ def check_tools(tools: list[Any] | None) -> tuple[Tool, ...]:
         parameters = function.get("parameters", _EMPTY_PARAMETERS)
         if not isinstance(parameters, dict):
             raise RequestError(f"{where}.function.parameters must be a JSON schema object", param="tools")
-        where_unenforced = unenforced_keyword(parameters, f"{where}.function.parameters")
-        if where_unenforced is not None:
-            raise RequestError(f"{where_unenforced} is not supported (its calls could not be held to it)",
-                               param="tools")
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise RequestError(f"{where}.function.description must be a string", param="tools")
@@ -166,14 +161,19 @@ def _call(name: str, arguments: Any) -> dict:
 
 
 def read_tool_calls(plan: ToolPlan, text: str, finish_reason: str | None) -> tuple[str | None, list[dict]]:
-    """(content, tool_calls) of an answer. A constrained answer cut by max_tokens is not a call:
-    its text stays the content, as is, and finish_reason stays "length"."""
+    """(content, tool_calls) of an answer. A constrained answer cut short (by max_tokens, or by a
+    stop string or stop token of the request's own) is not a call: its text stays the content, as
+    is, with its finish_reason."""
     if plan.mode == "text" or finish_reason != "stop" and plan.mode != "parse":
         return text, []
-    if plan.mode == "named":
-        return None, [_call(plan.named, json.loads(text))]
-    if plan.mode == "list":
-        return None, [_call(c["name"], c["arguments"]) for c in json.loads(text)]
+    if plan.mode in ("named", "list"):
+        try:
+            value = json.loads(text)
+            if plan.mode == "named":
+                return None, [_call(plan.named, value)]
+            return None, [_call(c["name"], c["arguments"]) for c in value]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return text, []
     names = {t.name for t in plan.shown}
     calls = []
     for block in _TAGGED.findall(text):

@@ -2,7 +2,8 @@
 step's token masks, and the sampled tokens fed back.
 
 Life of a constrained request: `compile` when it is added (a bad spec is a ValueError before it
-is queued; a spec seen before is a cache hit), `step_bitmask` each step it samples in (its
+is queued; a spec seen before is a cache hit; the request keeps its grammar), `step_bitmask`
+each step it samples in (its
 matcher is made on its first sampled token, so forked children of an n > 1 request get their
 own), `accept` with each token it receives, `release` when it ends. Preemption changes nothing
 here: a preempted sequence keeps its tokens, so its matcher stays where it was.
@@ -17,6 +18,7 @@ import enum
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -50,11 +52,17 @@ class StructuredOutputManager:
         self._backend: GrammarBackend | None = None
         self._grammars: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()  # compiles may come from several threads
+        self._backend_lock = threading.Lock()  # built once, whichever thread asks first
+        self._compiling: dict[tuple[str, str], Future] = {}  # specs being compiled, by key
         self._matchers: dict[int, GrammarMatcher] = {}
         self.stats = GrammarStats()
 
     @property
     def backend(self) -> GrammarBackend:
+        with self._backend_lock:
+            return self._make_backend()
+
+    def _make_backend(self) -> GrammarBackend:
         if self._backend is None:
             if self._backend_factory is None:
                 raise ValueError("structured_outputs needs the model's tokenizer; this engine was started with "
@@ -64,7 +72,8 @@ class StructuredOutputManager:
 
     def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
         """The spec's compiled grammar, from the cache when seen before; ValueError when it
-        cannot be compiled."""
+        cannot be compiled. The lock covers the cache only: one thread compiling a slow schema
+        holds back no other thread (a second request for the same spec waits for that compile)."""
         key = spec.key
         with self._lock:
             grammar = self._grammars.get(key)
@@ -72,22 +81,40 @@ class StructuredOutputManager:
                 self._grammars.move_to_end(key)
                 self.stats.cache_hits += 1
                 return grammar
-            backend = self.backend
+            pending = self._compiling.get(key)
+            owner = pending is None
+            if owner:
+                pending = self._compiling[key] = Future()
+        if not owner:
+            return pending.result()  # the other thread's grammar, or its ValueError
+        try:
             started = time.perf_counter()
-            grammar = backend.compile(spec)
-            self.stats.compile_seconds += time.perf_counter() - started
+            grammar = self.backend.compile(spec)
+            seconds = time.perf_counter() - started
+        except BaseException as exc:
+            with self._lock:
+                del self._compiling[key]
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            self.stats.compile_seconds += seconds
             self.stats.compiles += 1
             self._grammars[key] = grammar
             while len(self._grammars) > CACHE_SIZE:
                 self._grammars.popitem(last=False)
-            return grammar
+            del self._compiling[key]
+        pending.set_result(grammar)
+        return grammar
 
-    def step_bitmask(self, out: SchedulerOutput) -> GrammarBitmask | None:
-        """The masks of the step's sampling sequences that follow a grammar (None when none does)."""
+    def step_bitmask(self, out: SchedulerOutput, grammar_of: Callable[[Sequence], CompiledGrammar]
+                     ) -> GrammarBitmask | None:
+        """The masks of the step's sampling sequences that follow a grammar (None when none does).
+        grammar_of(seq): the grammar compiled when the sequence's request was added (held by the
+        request, so an evicted cache entry never means a compile here)."""
         seqs = [seq for seq in out.sampling_seqs if seq.params.structured_outputs is not None]
         if not seqs:
             return None
-        matchers = [self._matcher(seq) for seq in seqs]
+        matchers = [self._matcher(seq, grammar_of) for seq in seqs]
         backend = self.backend
 
         def fill():
@@ -98,10 +125,10 @@ class StructuredOutputManager:
 
         return GrammarBitmask(tuple(seq.seq_id for seq in seqs), fill)
 
-    def _matcher(self, seq: Sequence) -> GrammarMatcher:
+    def _matcher(self, seq: Sequence, grammar_of: Callable[[Sequence], CompiledGrammar]) -> GrammarMatcher:
         matcher = self._matchers.get(seq.seq_id)
         if matcher is None:
-            matcher = self.compile(seq.params.structured_outputs).matcher()
+            matcher = grammar_of(seq).matcher()
             for token in seq.output_token_ids:  # none, unless the sequence sampled before (a fork's parent)
                 matcher.accept(token)
             self._matchers[seq.seq_id] = matcher

@@ -109,6 +109,15 @@ def test_required_tool_calls_name_known_tools_sampled_and_streamed(client):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_a_forced_call_cut_by_the_requests_own_stop_string_is_text(client):
+    completion = client.chat.completions.create(
+        model=MODEL_NAME, messages=ASK, tools=[WEATHER], max_tokens=400, temperature=0, stop=["celsius", "fahrenheit"],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert "".join(choice.message.content.split()).startswith('{"unit":"')
+
+
 def test_tool_choice_none_and_auto_answer_in_text(client):
     for tool_choice in ("none", "auto"):
         completion = client.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=[WEATHER], max_tokens=8,
@@ -179,8 +188,10 @@ BAD = [
     ({**CHAT, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "not among the tools"),
     ({**CHAT, "tool_choice": "required"}, "tool_choice", "needs tools"),
-    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"if": {}}}}]}, "tools",
-     "tools[0].function.parameters.if is not supported"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"if": {}}}}],
+      "tool_choice": "required"}, "tools", "is not supported"),
+    ({**CHAT, "response_format": {"type": "text"}, "structured_outputs": {"regex": "(("}}, "structured_outputs",
+     "cannot be compiled"),
     ({**CHAT, "tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
      "tool_choice", "send one"),
     ({**CHAT, "logit_bias": {"abc": 1}}, "logit_bias", "keys must be token ids"),

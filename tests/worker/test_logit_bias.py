@@ -30,6 +30,7 @@ def test_logit_bias_greedy_equals_transformers(tiny_models, reference):
     ({-1: 1.0}, "logit_bias key=-1 must be >= 0"),
     ({"5": 1.0}, "logit_bias key='5' must be an integer"),
     ([5], "logit_bias=.* must be a dict"),
+    (dict.fromkeys(range(1025), 1.0), "logit_bias holds 1025 entries, more than 1024"),
 ])
 def test_bad_logit_bias_is_refused(bias, message):
     with pytest.raises(ValueError, match=message):
