@@ -72,6 +72,13 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = number(text)
+    if not value > 0.0 or math.isinf(value):  # the first also rejects nan
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a finite number > 0")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number in (0, 1], such as a share of GPU memory or a top-p mass."""
     value = _parse(float, text, "a number in (0, 1]")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from fastgen.cli import arg_types, engine_args
@@ -18,7 +19,8 @@ examples:
   fastgen serve --port 8000
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}'
-  fastgen serve --model ./Qwen3-0.6B --max-num-seqs 64 --max-waiting-requests 256"""
+  fastgen serve --model ./Qwen3-0.6B --max-num-seqs 64 --max-waiting-requests 256
+  FASTGEN_API_KEY=secret fastgen serve --host 0.0.0.0 --max-connections 256"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +38,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="Retry-After seconds of a 503 (beyond --max-waiting-requests)")
     group.add_argument("--shutdown-timeout", metavar="S", type=arg_types.non_negative_float, default=5.0,
                        help="seconds in-flight requests may finish after SIGINT / SIGTERM")
+    door = parser.add_argument_group("access and limits")
+    door.add_argument("--api-key", metavar="KEY", default=None,
+                      help="require `Authorization: Bearer KEY` on every route but /health and /metrics "
+                           "(default: $FASTGEN_API_KEY; unset: no key)")
+    door.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the key too")
+    door.add_argument("--max-request-bytes", metavar="BYTES", type=arg_types.byte_size, default=32 << 20,
+                      help="larger request bodies get 413 before they are parsed (e.g. 32MiB)")
+    door.add_argument("--max-connections", metavar="N", type=arg_types.positive_int, default=1024,
+                      help="beyond this many open connections, answer 503 at once")
+    door.add_argument("--stream-idle-timeout", metavar="S", type=arg_types.positive_float, default=60.0,
+                      help="abort a stream whose client has read nothing for S seconds")
     engine_args.add_engine_args(parser, max_model_len_default="the model's max_position_embeddings",
                                 dummy_weights=False)
 
@@ -47,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
     llm = engine_args.build_llm(choice, args, need_tokenizer=True)
     settings = ServerSettings(host=args.host, port=args.port, model_name=args.served_model_name,
                               max_results=args.max_results, result_ttl_s=args.result_ttl,
-                              retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout)
+                              retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout,
+                              api_key=args.api_key if args.api_key is not None else os.environ.get("FASTGEN_API_KEY"),
+                              metrics_require_key=args.metrics_require_key, max_request_bytes=args.max_request_bytes,
+                              max_connections=args.max_connections, stream_idle_timeout_s=args.stream_idle_timeout)
     if llm.engine.runner.compiled_decode is not None:
         # Load (or, the first time, compile) both CPU decode graphs now: otherwise the first
         # requests to need each would wait for it (a few seconds when saved, minutes without).

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
@@ -24,6 +24,7 @@ from fastgen.engine.async_llm import AsyncLLM
 from fastgen.engine.tokenizer import load_tokenizer
 from fastgen.serve import generate_routes, openai_routes, tokenize_routes
 from fastgen.serve.errors import install_error_handlers
+from fastgen.serve.front_door import FrontDoor
 from fastgen.serve.metrics import CONTENT_TYPE
 from fastgen.serve.results import ResultStore
 from fastgen.serve.state import ServerState
@@ -36,7 +37,14 @@ class ServerSettings:
     """host / port: where to listen. model_name: the name /v1/models reports and requests must
     use (default: the model folder's name). max_results / result_ttl_s: how many finished
     /generate results are kept, and for how long (seconds). retry_after_s: the Retry-After of a
-    503. shutdown_timeout_s: how long in-flight requests may finish after SIGINT / SIGTERM."""
+    503. shutdown_timeout_s: how long in-flight requests may finish after SIGINT / SIGTERM.
+
+    The front door (`front_door.py`): api_key: the key every route but /health (and /metrics,
+    unless metrics_require_key) requires as `Authorization: Bearer <key>` (None: open; never
+    printed, not even in this object's repr). max_request_bytes: larger bodies get 413 before
+    they are parsed. max_connections: beyond this many open connections, 503 at once (uvicorn's
+    limit_concurrency). stream_idle_timeout_s: a stream whose client reads nothing for this long
+    is aborted and its connection dropped."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -45,6 +53,11 @@ class ServerSettings:
     result_ttl_s: float = 600.0
     retry_after_s: int = 1
     shutdown_timeout_s: float = 5.0
+    api_key: str | None = field(default=None, repr=False)
+    metrics_require_key: bool = False
+    max_request_bytes: int = 32 << 20
+    max_connections: int = 1024
+    stream_idle_timeout_s: float = 60.0
 
 
 def build_app(llm, settings: ServerSettings) -> FastAPI:
@@ -58,7 +71,8 @@ def build_app(llm, settings: ServerSettings) -> FastAPI:
         state = ServerState(AsyncLLM(llm), settings.model_name or Path(config.model).name, tokenizer,
                             config.max_model_len, config.model_config.vocab_size,
                             min(config.max_logprobs, config.model_config.vocab_size),
-                            ResultStore(settings.max_results, settings.result_ttl_s))
+                            ResultStore(settings.max_results, settings.result_ttl_s),
+                            stream_idle_timeout_s=settings.stream_idle_timeout_s)
         app.state.server = state
         try:
             yield
@@ -69,6 +83,8 @@ def build_app(llm, settings: ServerSettings) -> FastAPI:
                 await asyncio.wait(state.background_tasks, timeout=settings.shutdown_timeout_s)
 
     app = FastAPI(title="fastgen", lifespan=lifespan)
+    app.add_middleware(FrontDoor, api_key=settings.api_key, max_request_bytes=settings.max_request_bytes,
+                       metrics_require_key=settings.metrics_require_key)
     install_error_handlers(app, settings.retry_after_s)
     app.include_router(openai_routes.router)
     app.include_router(generate_routes.router)
@@ -93,7 +109,8 @@ class Server(uvicorn.Server):
 
     def __init__(self, app: FastAPI, settings: ServerSettings):
         super().__init__(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                        timeout_graceful_shutdown=settings.shutdown_timeout_s))
+                                        timeout_graceful_shutdown=settings.shutdown_timeout_s,
+                                        limit_concurrency=settings.max_connections))
         self._app = app
 
     def handle_exit(self, sig, frame) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -149,7 +150,7 @@ async def _respond(state: ServerState, request: Request, stream: AsyncRequestStr
                    n: int):
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return sse_response(_chunks(state, stream, shape, n, include_usage))
+        return sse_response(_chunks(state, stream, shape, n, include_usage), state.stream_idle_timeout_s)
     final = await unless_disconnected(request, _final(state, stream))
     if final is DISCONNECTED:  # its request is aborted; nobody is left to read the answer
         return Response(status_code=499)
@@ -173,11 +174,12 @@ async def _chunks(state: ServerState, stream: AsyncRequestStream, shape: Respons
     if first is not None:
         yield first
     final = None
-    async for output in state.tracked(stream):
-        chunk = shape.chunk(output)
-        if chunk is not None:
-            yield chunk
-        if output.finished:
-            final = output
+    async with contextlib.aclosing(state.tracked(stream)) as outputs:  # closed with this generator
+        async for output in outputs:
+            chunk = shape.chunk(output)
+            if chunk is not None:
+                yield chunk
+            if output.finished:
+                final = output
     if include_usage and final is not None:
         yield shape.usage_chunk(final)

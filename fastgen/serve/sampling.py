@@ -29,13 +29,30 @@ _NEUTRAL = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetiti
             "min_tokens": 0, "min_p": 0.0}
 
 
+# What one request may ask for at the door (the engine's own limits — max_model_len, max_logprobs,
+# logit_bias entries — apply after these): OpenAI's n and stop limits, a little wider.
+LIST_LIMITS = {"n": 128, "stop": 16, "stop_token_ids": 1024}
+STOP_STRING_MAX_CHARS = 1024
+
+
 def check_fields(request: SamplingFields, endpoint: str) -> None:
-    """400 for an OpenAI field fastgen cannot honour; a logged warning for fields outside the
-    schema (ignored, as vLLM does)."""
+    """400 for an OpenAI field fastgen cannot honour or a list over this server's limits; a
+    logged warning for fields outside the schema (ignored, as vLLM does)."""
     for name, harmless in UNSUPPORTED.items():
         value = getattr(request, name, None)
         if value not in harmless:
             raise RequestError(f"{name}={value!r} is not supported by fastgen", param=name)
+    if request.n is not None and request.n > LIST_LIMITS["n"]:
+        raise RequestError(f"n={request.n} must be <= {LIST_LIMITS['n']} on this server", param="n")
+    stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
+    for name, values in (("stop", stops), ("stop_token_ids", request.stop_token_ids or [])):
+        if len(values) > LIST_LIMITS[name]:
+            raise RequestError(f"{name} holds {len(values)} entries, more than this server's {LIST_LIMITS[name]}",
+                               param=name)
+    for text in stops:
+        if len(text) > STOP_STRING_MAX_CHARS:
+            raise RequestError(f"stop holds a string of {len(text)} characters, more than {STOP_STRING_MAX_CHARS}",
+                               param="stop")
     if request.model_extra:
         logger.warning("%s: ignoring unknown field(s) %s", endpoint, sorted(request.model_extra))
 

@@ -26,6 +26,7 @@ class ServerState:
     vocab_size: int
     max_logprobs: int  # the most top logprobs per token a request may ask for
     results: ResultStore
+    stream_idle_timeout_s: float = 60.0  # a stream whose client reads nothing this long is aborted
     metrics: ServerMetrics = field(init=False)
     accepting: bool = True
     background_tasks: set[asyncio.Task] = field(default_factory=set)

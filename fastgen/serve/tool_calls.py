@@ -29,6 +29,7 @@ from fastgen.structured_outputs_params import StructuredOutputsParams
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+MAX_TOOLS = 128  # OpenAI's limit
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class ToolPlan:
 
 def check_tools(tools: list[Any] | None) -> tuple[Tool, ...]:
     """The request's tools; a 400 naming the entry and the field for a malformed one."""
+    if tools is not None and len(tools) > MAX_TOOLS:
+        raise RequestError(f"tools holds {len(tools)} tools, more than {MAX_TOOLS}", param="tools")
     checked, seen = [], set()
     for i, entry in enumerate(tools or ()):
         where = f"tools[{i}]"

@@ -61,10 +61,14 @@ def client(server):
 
 
 @contextmanager
-def running_server(llm: LLM, **settings):
-    """Serve `llm` on a free port until the block ends; yields the base URL."""
+def running_server(llm: LLM, send_buffer_bytes: int | None = None, **settings):
+    """Serve `llm` on a free port until the block ends; yields the base URL. send_buffer_bytes:
+    the kernel's send buffer of every accepted connection (small: a client that stops reading
+    holds the server's sends back at once)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if send_buffer_bytes is not None:  # accepted sockets inherit it on Linux
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     settings = ServerSettings(port=port, model_name=MODEL_NAME, **settings)
