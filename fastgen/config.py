@@ -190,8 +190,12 @@ class EngineConfig:
     MASTER_ADDR, MASTER_PORT, LOCAL_RANK). On CUDA, rank r uses the device's index + r (its
     LOCAL_RANK under torchrun); on CPU any size runs (gloo)."""
     distributed_timeout_s: float = _knob(300.0, positive_real)
-    """Seconds a collective between tensor-parallel ranks may wait for a rank that is alive but
-    stuck before the engine fails; a rank that dies or raises fails the engine at once."""
+    """Seconds tensor-parallel start-up may wait for a rank (to start, join, load its shard)
+    before the engine fails; a rank that dies or raises fails the engine at once."""
+    distributed_step_timeout_s: float = _knob(30.0, positive_real)
+    """Seconds a collective inside a step may wait for another rank (a network partition, a rank
+    stuck or slowed) before the engine fails with TensorParallelError; also how long a worker
+    goes on without reaching rank 0 before it exits."""
     max_waiting_requests: int = _knob(1024, at_least(1))
     """Most requests add_request lets wait for a first schedule; one more is refused at once
     (EngineOverloaded; HTTP 503 in the server) instead of queueing without bound. Batch

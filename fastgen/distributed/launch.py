@@ -11,9 +11,11 @@ Two ways to have N processes:
   torchrun agent, or by rank 0).
 
 Every rank then joins two groups: the device group (NCCL on CUDA, gloo on CPU; the default
-group) that the model's all-reduces and all-gathers run on, with `distributed_timeout_s`; and the
-step group (gloo, CPU tensors) that carries rank 0's step broadcasts and has no practical
-deadline, since an engine may sit idle for any time between steps. The store also carries a
+group) that the model's all-reduces and all-gathers run on, with `distributed_timeout_s` for
+start-up and `distributed_step_timeout_s` once it is done (`bound_step_collectives`); and the
+step group (gloo, CPU tensors) that carries rank 0's step broadcasts, bounded the same way on
+rank 0 and without a practical deadline on the workers, since an engine may sit idle for any
+time between steps (a worker watches rank 0 through the store instead: `watch_rank0`). The store also carries a
 failing rank's error report (`report_failure` / `failure_report`) and, for spawned ranks, the
 sign that each is up (`mark_joined` / `has_joined`), so that rank 0 never waits in a rendezvous
 for a process that already died.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -137,6 +140,18 @@ def join_groups(config: EngineConfig, store, rank: int) -> ProcessGroups:
     return ProcessGroups(TensorParallelGroup(rank, size), step_group)
 
 
+def bound_step_collectives(config: EngineConfig, step_group=None) -> None:
+    """Once start-up is done: a step's collectives wait at most distributed_step_timeout_s for
+    another rank (on rank 0, its step broadcasts too: pass its step group), so a partition fails
+    the engine in seconds rather than after gloo's start-up allowance."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    timeout = timedelta(seconds=config.distributed_step_timeout_s)
+    _set_pg_timeout(timeout)  # the device group
+    if step_group is not None:
+        _set_pg_timeout(timeout, step_group)
+
+
 def leave_groups() -> None:
     import torch.distributed as dist
 
@@ -175,3 +190,35 @@ def failure_report(store, rank: int) -> str | None:
         return store.get(key).decode(errors="replace") if store.check([key]) else None
     except Exception:
         return None
+
+
+def watch_rank0(config: EngineConfig, host: str, port: int, rank: int, interval_s: float = 1.0) -> None:
+    """A worker's watch on rank 0 through the store (a thread): when the store cannot be reached
+    for distributed_step_timeout_s (rank 0's host is gone, or the network between them), the
+    worker reports and exits, rather than wait for a step that will never come."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    timeout = config.distributed_step_timeout_s
+
+    def watch():
+        last_seen = time.monotonic()
+        store = None
+        while True:
+            try:
+                if store is None:
+                    store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                                          timeout=timedelta(seconds=timeout))
+                _prefixed(store).check(["alive"])
+                last_seen = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - unreachable, for whatever reason
+                store = None
+                if time.monotonic() - last_seen >= timeout:
+                    print(f"fastgen: tensor-parallel rank {rank} cannot reach rank 0's store at {host}:{port} "
+                          f"for {timeout:.0f} s ({exc}); exiting", file=sys.stderr, flush=True)
+                    os._exit(1)
+            time.sleep(interval_s)
+
+    threading.Thread(target=watch, name="fastgen-rank0-watch", daemon=True).start()

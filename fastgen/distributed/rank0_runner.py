@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import torch
 
 from fastgen.config import EngineConfig
-from fastgen.distributed.launch import config_for_rank, join_groups, torchrun_env
+from fastgen.distributed.launch import bound_step_collectives, config_for_rank, join_groups, torchrun_env
 from fastgen.distributed.step_protocol import StepSender
 from fastgen.distributed.supervisor import (
     EXPLAIN_WAIT_S,
@@ -36,10 +36,12 @@ def start_tensor_parallel(config: EngineConfig, load_format: str, eos_token_ids:
     0's engine stops, then exit the process (SystemExit(0)): only rank 0 runs the application."""
     env = torchrun_env()
     if env is not None and env.rank > 0:
-        from fastgen.distributed.launch import connect_store
+        from fastgen.distributed.launch import connect_store, watch_rank0
         from fastgen.distributed.worker import serve
 
-        serve(config, load_format, connect_store(config, env.master_addr, env.master_port, env.rank), env.rank)
+        store = connect_store(config, env.master_addr, env.master_port, env.rank)
+        watch_rank0(config, env.master_addr, env.master_port, env.rank)  # rank 0 is on another host, maybe
+        serve(config, load_format, store, env.rank)
         raise SystemExit(0)
     return TensorParallelRunner(config, load_format, eos_token_ids)
 
@@ -67,6 +69,7 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
         from fastgen.model_runner import ModelRunner
 
         env = torchrun_env()
+        self._step_timeout_s = config.distributed_step_timeout_s
         saved_threads = None
         if not config.device.startswith("cuda") and env is None:
             # The spawned ranks share this machine's cores with rank 0: one share each.
@@ -88,6 +91,7 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
                                       make_step_sender=functools.partial(StepSender, groups.step_group))
             self.supervisor.send_stop = self.runner.step_sender.stop
             torch.distributed.barrier(group=groups.step_group)  # every rank has started
+            bound_step_collectives(config, groups.step_group)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -142,8 +146,10 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
     @contextmanager
     def _failing_takes_all_down(self):
         """Whatever breaks off a step (or start-up) stops every rank. Raises a
-        TensorParallelError naming the rank that failed, or the exception itself when no other
-        rank did (rank 0 failed, or was interrupted)."""
+        TensorParallelError naming the rank that failed, or rank 0's own failure (a collective
+        that timed out: a partition or a stuck peer; or its own error): the engine is down either
+        way, so it is never one request's failure. An interrupt (KeyboardInterrupt, ...) is
+        re-raised as it is, after the workers are stopped."""
         try:
             yield
         except BaseException as exc:
@@ -151,9 +157,12 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
             if cause is None:
                 self.supervisor.record(f"rank 0 failed: {exc!r}")
             self._finalizer()
-            if cause is None:
+            if cause is None and not isinstance(exc, Exception):
                 raise
-            raise TensorParallelError(cause) from exc
+            raise TensorParallelError(cause or (
+                "the tensor-parallel engine is down: a step failed on rank 0 and no other rank said why (a lost "
+                "host or network partition, or a stuck rank: a collective waits at most "
+                f"distributed_step_timeout_s={self._step_timeout_s:g}): {exc!r}")) from exc
 
     def shutdown(self) -> None:
         """Stop the workers and leave the process groups (idempotent)."""

@@ -22,6 +22,7 @@ import torch
 
 from fastgen.config import EngineConfig
 from fastgen.distributed.launch import (
+    bound_step_collectives,
     config_for_rank,
     connect_store,
     join_groups,
@@ -44,6 +45,7 @@ def serve(config: EngineConfig, load_format: str, store, rank: int) -> None:
             runner = ModelRunner(config_for_rank(config, rank), load_format, tp=groups.tp)
             receiver = StepReceiver(groups.step_group, runner.inputs)
             dist.barrier(group=groups.step_group)  # start-up done on every rank
+            bound_step_collectives(config)
             with torch.inference_mode():
                 while (layout := receiver.receive(runner.inputs)) is not None:
                     runner.execute(layout)

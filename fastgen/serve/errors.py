@@ -4,8 +4,9 @@
 
 ValueError (the engine's and SamplingParams' checks, which name the field, the value and the
 limit) and pydantic's validation errors (bad JSON, wrong types) are 400s; EngineOverloaded is a
-503 with Retry-After; an unknown model or result id is a 404. A handler answers one request:
-the server and the other requests go on.
+503 with Retry-After; EngineDeadError (the engine is down for good) a 503 without one; an unknown
+model or result id is a 404. A handler answers one request: the server and the other requests go
+on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from fastgen.engine.requests import EngineOverloaded
+from fastgen.errors import EngineDeadError
 
 # "temperature=-1 must be ...", "stop must hold ...", "prompt length 900 + ...": the field
 # a check message starts with.
@@ -76,6 +78,11 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
     @app.exception_handler(ValueError)
     async def on_value_error(request: Request, exc: ValueError):
         return error_response(400, str(exc), "invalid_request_error", _param_of(str(exc)))
+
+    @app.exception_handler(EngineDeadError)
+    async def on_engine_dead(request: Request, exc: EngineDeadError):
+        # The engine is down for good (a tensor-parallel rank or host lost): /health says so too.
+        return error_response(503, f"the engine is down: {exc}", "service_unavailable")
 
     @app.exception_handler(EngineOverloaded)
     async def on_overloaded(request: Request, exc: EngineOverloaded):

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request, Response
 
 from fastgen.engine.async_llm import AsyncRequestStream
 from fastgen.engine.prompts import chat_token_ids
+from fastgen.errors import EngineDeadError
 from fastgen.serve.disconnect import DISCONNECTED, unless_disconnected
 from fastgen.serve.errors import RequestError
 from fastgen.serve.openai_logprobs import CHAT_TOP_LOGPROBS_MAX, checked_count
@@ -175,11 +176,16 @@ async def _chunks(state: ServerState, stream: AsyncRequestStream, shape: Respons
         yield first
     final = None
     async with contextlib.aclosing(state.tracked(stream)) as outputs:  # closed with this generator
-        async for output in outputs:
-            chunk = shape.chunk(output)
-            if chunk is not None:
-                yield chunk
-            if output.finished:
-                final = output
+        try:
+            async for output in outputs:
+                chunk = shape.chunk(output)
+                if chunk is not None:
+                    yield chunk
+                if output.finished:
+                    final = output
+        except EngineDeadError as exc:  # the stream's last event says why it ends here
+            yield {"error": {"message": f"the engine is down: {exc}", "type": "service_unavailable", "param": None,
+                             "code": 503}}
+            return
     if include_usage and final is not None:
         yield shape.usage_chunk(final)

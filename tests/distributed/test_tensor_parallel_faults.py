@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -121,3 +122,26 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.mark.slow
+def test_a_server_whose_engine_died_says_so(tiny_models):
+    """In-flight requests end with an error (a 503 body, or a stream's last event), /health is not
+    ready, and new requests get 503 at once."""
+    import httpx
+
+    from tests.serve.conftest import MODEL_NAME, running_server, wait_for
+
+    llm = LLM(tiny_models["qwen3"], **ENGINE_ARGS)
+    proc = worker(llm)
+    body = {"model": MODEL_NAME, "prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": True, "temperature": 0.0}
+    with running_server(llm) as url:
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as stream:
+            lines = stream.iter_lines()
+            next(line for line in lines if line.startswith("data: {"))  # it is running
+            os.kill(proc.pid, signal.SIGKILL)
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert "tensor-parallel rank 1 died" in events[-1]["error"]["message"]
+        wait_for(lambda: httpx.get(f"{url}/health").status_code == 503, timeout=30)
+        refused = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        assert refused.status_code == 503

@@ -38,8 +38,8 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, seen: colle
     kind = rng.choice(["stream", "stream", "drop", "plain", "plain", "structured", "bad_json", "oversized",
                        "wrong_key"])
     if kind == "bad_json":
-        response = await client.post("/v1/completions", content=b"{nope", headers={**auth,
-                                                                                     "Content-Type": "application/json"})
+        headers = {**auth, "Content-Type": "application/json"}
+        response = await client.post("/v1/completions", content=b"{nope", headers=headers)
         assert response.status_code == 400, response.text
     elif kind == "oversized":
         response = await client.post("/v1/completions", json={**body, "stop": ["x" * MAX_REQUEST_BYTES]}, headers=auth)

@@ -1,0 +1,88 @@
+"""A tensor-parallel engine with one rank on each of two hosts (network namespaces joined by a
+veth pair; `network_namespaces.py`), started the documented way (torchrun, MASTER_ADDR on the
+link's address, gloo). Greedy output equals transformers'; with the link slowed, still the same
+tokens; a killed host, or the link set down mid-request, ends as the engine's
+TensorParallelError (never one request's "error") within 60 s, and no process is left behind on
+either host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.network_namespaces import Hosts, skip_reason
+from tests.distributed.tp_rank_script import PROMPTS
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("tp_rank_script.py")
+FAULT_DEADLINE_S = 60.0
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def hosts_allowed():
+    reason = skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def run_two_hosts(model: str, max_tokens: int, fault=None) -> tuple[dict, float | None, int, dict]:
+    """Start rank 0 on host a and rank 1 on host b; apply `fault(hosts)` once rank 0 generates.
+    Returns rank 0's RESULT, the seconds from the fault to that result, rank 0's torchrun exit
+    code, and the processes left on each host 30 s after rank 0's torchrun ended."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    logs = {host: tempfile.TemporaryFile("w+") for host in ("a", "b")}
+    with Hosts() as hosts:
+        procs = {}
+        for host, rank in (("a", 0), ("b", 1)):
+            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
+                    "--nproc-per-node", "1", "--master-addr", hosts.addresses["a"], "--master-port", "29517",
+                    str(SCRIPT), model, str(max_tokens)]
+            procs[host] = hosts.popen(host, argv, env={**env, "GLOO_SOCKET_IFNAME": hosts.links[host]},
+                                      stdout=subprocess.PIPE, stderr=logs[host], text=True)
+        faulted_at, result = None, None
+        for line in procs["a"].stdout:
+            if line.startswith("READY") and fault is not None:
+                time.sleep(0.5)  # a few steps in: the fault lands mid-request
+                fault(hosts)
+                faulted_at = time.monotonic()
+            if line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+                break
+        seconds = None if faulted_at is None else time.monotonic() - faulted_at
+        code = procs["a"].wait(timeout=60)
+        left = {host: hosts.wait_empty(host, 30) for host in ("a", "b")}
+    logs["a"].seek(0)
+    assert result is not None, f"rank 0 printed no result: {logs['a'].read()[-3000:]}"
+    return result, seconds, code, left
+
+
+def test_greedy_over_the_link_equals_transformers_and_a_slow_link_changes_nothing(tiny_models, reference,
+                                                                                  hosts_allowed):
+    model = tiny_models["qwen3"]
+    expected = reference(model, PROMPTS, 12)
+    result, _, code, left = run_two_hosts(model, 12)
+    assert result["result"] == "finished" and result["tokens"] == expected and code == 0
+    assert left == {"a": [], "b": []}
+    applied = []
+    result, _, code, left = run_two_hosts(model, 12, lambda hosts: applied.append(hosts.slow("b")))
+    assert result["result"] == "finished" and result["tokens"] == expected, applied
+    assert code == 0 and left == {"a": [], "b": []}
+
+
+@pytest.mark.parametrize("fault", ["host_killed", "link_down"])
+def test_a_lost_host_is_the_engines_error_within_a_minute(tiny_models, hosts_allowed, fault):
+    inject = {"host_killed": lambda hosts: hosts.kill_all("b"), "link_down": lambda hosts: hosts.link_down("b")}
+    result, seconds, code, left = run_two_hosts(tiny_models["qwen3"], 1000, inject[fault])
+    print(f"\n{fault}: {result['result']} after {seconds:.1f} s: {result.get('message', '')[:300]}")
+    assert result["result"] == "TensorParallelError", result
+    assert seconds < FAULT_DEADLINE_S
+    assert code != 0 and left == {"a": [], "b": []}

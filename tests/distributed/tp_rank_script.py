@@ -1,0 +1,27 @@
+"""One rank of a two-host tensor-parallel engine, as an application would run it under torchrun:
+`torchrun --nnodes 2 --node-rank R ... tp_rank_script.py MODEL MAX_TOKENS`. Rank 0 prints READY
+before it generates, then one RESULT line (JSON: the tokens, or the error and how long it took),
+and exits 1 when the engine failed, as an application would (torchrun's agent then leaves at once
+instead of waiting for the lost host's agent at its exit barrier)."""
+
+import json
+import sys
+import time
+
+from fastgen import LLM, SamplingParams
+
+PROMPTS = [[5, 9, 14, 2, 77], [31, 8, 120]]
+
+if __name__ == "__main__":
+    model, max_tokens = sys.argv[1], int(sys.argv[2])
+    llm = LLM(model, tensor_parallel_size=2, dtype="float32", block_size=8, max_model_len=1024, num_kv_blocks=512)
+    print("READY", flush=True)  # ranks > 0 never get here: they serve as workers
+    started = time.monotonic()
+    try:
+        outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+        result = {"result": "finished", "tokens": [o.token_ids for o in outputs]}
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        result = {"result": type(exc).__name__, "message": str(exc)}
+    result["seconds"] = time.monotonic() - started
+    print("RESULT " + json.dumps(result), flush=True)
+    sys.exit(0 if result["result"] == "finished" else 1)
