@@ -194,8 +194,9 @@ class EngineConfig:
     before the engine fails; a rank that dies or raises fails the engine at once."""
     distributed_step_timeout_s: float = _knob(30.0, positive_real)
     """Seconds a collective inside a step may wait for another rank (a network partition, a rank
-    stuck or slowed) before the engine fails with TensorParallelError; also how long a worker
-    goes on without reaching rank 0 before it exits."""
+    stuck or slowed) before the engine fails with TensorParallelError (gloo, on CPU; on CUDA
+    NCCL's collectives keep distributed_timeout_s); also how long a worker goes on without
+    reaching rank 0 before it exits."""
     max_waiting_requests: int = _knob(1024, at_least(1))
     """Most requests add_request lets wait for a first schedule; one more is refused at once
     (EngineOverloaded; HTTP 503 in the server) instead of queueing without bound. Batch

@@ -57,13 +57,13 @@ def run(args: argparse.Namespace) -> int:
     from fastgen.serve.app import ServerSettings, serve
 
     choice = engine_args.resolve_model(args, args.parser, need_tokenizer=True)
-    llm = engine_args.build_llm(choice, args, need_tokenizer=True)
     settings = ServerSettings(host=args.host, port=args.port, model_name=args.served_model_name,
                               max_results=args.max_results, result_ttl_s=args.result_ttl,
                               retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout,
                               api_key=args.api_key if args.api_key is not None else os.environ.get("FASTGEN_API_KEY"),
                               metrics_require_key=args.metrics_require_key, max_request_bytes=args.max_request_bytes,
                               max_connections=args.max_connections, stream_idle_timeout_s=args.stream_idle_timeout)
+    llm = engine_args.build_llm(choice, args, need_tokenizer=True)
     if llm.engine.runner.compiled_decode is not None:
         # Load (or, the first time, compile) both CPU decode graphs now: otherwise the first
         # requests to need each would wait for it (a few seconds when saved, minutes without).
@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
         print("fastgen: loading or compiling the CPU decode step", file=sys.stderr, flush=True)
         warm_up(llm.engine, llm.config.max_model_len)
-    print(f"fastgen: serving {llm.config.model} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    access = "an API key is required" if settings.api_key is not None else "no API key (anyone who can connect)"
+    print(f"fastgen: serving {llm.config.model} on http://{args.host}:{args.port}; {access}", file=sys.stderr,
+          flush=True)
     serve(llm, settings)
     return 0

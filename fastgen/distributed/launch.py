@@ -143,11 +143,15 @@ def join_groups(config: EngineConfig, store, rank: int) -> ProcessGroups:
 def bound_step_collectives(config: EngineConfig, step_group=None) -> None:
     """Once start-up is done: a step's collectives wait at most distributed_step_timeout_s for
     another rank (on rank 0, its step broadcasts too: pass its step group), so a partition fails
-    the engine in seconds rather than after gloo's start-up allowance."""
+    the engine in seconds rather than after start-up's allowance (gloo, on CPU; see below)."""
     from torch.distributed.distributed_c10d import _set_pg_timeout
 
     timeout = timedelta(seconds=config.distributed_step_timeout_s)
-    _set_pg_timeout(timeout)  # the device group
+    if not config.device.startswith("cuda"):
+        # gloo raises when a collective waits too long. NCCL's watchdog would kill the process
+        # instead, and a collective replayed inside a CUDA graph is not watched at all: on CUDA
+        # the device group keeps start-up's timeout.
+        _set_pg_timeout(timeout)
     if step_group is not None:
         _set_pg_timeout(timeout, step_group)
 
@@ -194,8 +198,9 @@ def failure_report(store, rank: int) -> str | None:
 
 def watch_rank0(config: EngineConfig, host: str, port: int, rank: int, interval_s: float = 1.0) -> None:
     """A worker's watch on rank 0 through the store (a thread): when the store cannot be reached
-    for distributed_step_timeout_s (rank 0's host is gone, or the network between them), the
-    worker reports and exits, rather than wait for a step that will never come."""
+    for distributed_step_timeout_s (rank 0's host is gone, or the network between them; up to
+    twice that, as a blocked check itself waits that long), the worker says so on stderr and
+    exits, rather than wait for a step that will never come."""
     import threading
     import time
 

@@ -83,7 +83,7 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
                 torch.set_num_threads(saved_threads)
             raise
         self._finalizer = weakref.finalize(self, _stop, self.supervisor, saved_threads)
-        with self._failing_takes_all_down():
+        with self._failing_takes_all_down(in_step=False):
             groups = join_groups(config, self.supervisor.store, 0)
             if config.device.startswith("cuda"):
                 self.supervisor.abort_device_group = _abort_default_group
@@ -144,12 +144,13 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
             raise TensorParallelError(f"the tensor-parallel engine is down: {self.supervisor.failure}")
 
     @contextmanager
-    def _failing_takes_all_down(self):
+    def _failing_takes_all_down(self, in_step: bool = True):
         """Whatever breaks off a step (or start-up) stops every rank. Raises a
-        TensorParallelError naming the rank that failed, or rank 0's own failure (a collective
-        that timed out: a partition or a stuck peer; or its own error): the engine is down either
-        way, so it is never one request's failure. An interrupt (KeyboardInterrupt, ...) is
-        re-raised as it is, after the workers are stopped."""
+        TensorParallelError naming the rank that failed, or, in a step, rank 0's own failure (a
+        collective that timed out: a partition or a stuck peer; or its own error): the engine is
+        down either way, so it is never one request's failure. At start-up rank 0's own error
+        (a ValueError for a bad setting, say) and, anywhere, an interrupt (KeyboardInterrupt, ...)
+        are re-raised as they are, after the workers are stopped."""
         try:
             yield
         except BaseException as exc:
@@ -157,12 +158,12 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
             if cause is None:
                 self.supervisor.record(f"rank 0 failed: {exc!r}")
             self._finalizer()
-            if cause is None and not isinstance(exc, Exception):
-                raise
+            if cause is None and (not in_step or not isinstance(exc, Exception)):
+                raise  # start-up's own error (a ValueError stays one), or an interrupt
             raise TensorParallelError(cause or (
-                "the tensor-parallel engine is down: a step failed on rank 0 and no other rank said why (a lost "
-                "host or network partition, or a stuck rank: a collective waits at most "
-                f"distributed_step_timeout_s={self._step_timeout_s:g}): {exc!r}")) from exc
+                "the tensor-parallel engine is down: a step failed on rank 0 and no other rank said why (rank "
+                "0's own error, or a collective that waited distributed_step_timeout_s="
+                f"{self._step_timeout_s:g}: a lost host, a network partition, a stuck rank): {exc!r}")) from exc
 
     def shutdown(self) -> None:
         """Stop the workers and leave the process groups (idempotent)."""

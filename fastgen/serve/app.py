@@ -59,6 +59,11 @@ class ServerSettings:
     max_connections: int = 1024
     stream_idle_timeout_s: float = 60.0
 
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            # An unset secret in a template must not quietly mean "no key".
+            raise ValueError("api_key is empty: set a key, or leave it unset (None) to serve without one")
+
 
 def build_app(llm, settings: ServerSettings) -> FastAPI:
     """The app serving `llm` (an `LLM` with a tokenizer); the engine loop starts and stops with

@@ -22,6 +22,8 @@ OPEN_PATHS = ("/health",)
 def _error(status: int, message: str, kind: str) -> tuple[dict, dict]:
     body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 413:  # the rest of the body is not read: the connection is not reused
+        headers.append((b"connection", b"close"))
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     return ({"type": "http.response.start", "status": status, "headers": headers},
@@ -31,7 +33,7 @@ def _error(status: int, message: str, kind: str) -> tuple[dict, dict]:
 class FrontDoor:
     def __init__(self, app, api_key: str | None, max_request_bytes: int, metrics_require_key: bool = False):
         self.app = app
-        self._key = None if not api_key else f"Bearer {api_key}".encode()
+        self._key = None if api_key is None else f"Bearer {api_key}".encode()
         self.max_request_bytes = max_request_bytes
         self.open_paths = OPEN_PATHS if metrics_require_key else (*OPEN_PATHS, "/metrics")
 
@@ -47,8 +49,7 @@ class FrontDoor:
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
             return await self._refuse(send, 413, self._too_large(), "invalid_request_error")
-        refused = []  # this request's: set once its body passed the limit
-        await self.app(scope, self._counting(receive, send, refused), self._unless_refused(send, refused))
+        await self._admit(scope, receive, send)
 
     def _too_large(self) -> str:
         return f"the request body is larger than this server's max_request_bytes={self.max_request_bytes}"
@@ -58,29 +59,29 @@ class FrontDoor:
         await send(start)
         await send(body)
 
-    def _counting(self, receive, send, refused: list):
-        """receive, refusing a body that grows past the limit (a 413, then a disconnect for the app)."""
-        read = 0
+    async def _admit(self, scope, receive, send) -> None:
+        """Run the app, counting the body it reads: past the limit (and before the app has
+        answered), a 413 goes out, the app sees a disconnect, and its own answer goes nowhere."""
+        read, refused, answered = 0, False, False
 
         async def counted():
-            nonlocal read
+            nonlocal read, refused
             if refused:
                 return {"type": "http.disconnect"}
             message = await receive()
-            if message["type"] == "http.request":
+            if message["type"] == "http.request" and not answered:
                 read += len(message.get("body", b""))
                 if read > self.max_request_bytes:
-                    refused.append(True)
+                    refused = True
                     await self._refuse(send, 413, self._too_large(), "invalid_request_error")
                     return {"type": "http.disconnect"}
             return message
 
-        return counted
-
-    @staticmethod
-    def _unless_refused(send, refused: list):
         async def guarded(message):
-            if not refused:  # after a 413, the app's own answer has nowhere to go
-                await send(message)
+            nonlocal answered
+            if refused:
+                return
+            answered = answered or message["type"] == "http.response.start"
+            await send(message)
 
-        return guarded
+        await self.app(scope, counted, guarded)

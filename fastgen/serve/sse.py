@@ -5,8 +5,10 @@ the request stream being read, which aborts its request (see `AsyncRequestStream
 
 A client that stays connected but stops reading is found by the socket's flow control: once the
 buffers between us fill, sending the next event waits. If one event waits longer than
-`idle_timeout_s`, the stream is closed (its request aborted, its KV blocks freed) and the
-connection dropped, so a reader that went away cannot hold a sequence forever.
+`idle_timeout_s`, the stream is closed: its request is aborted and its KV blocks freed, so a
+reader that went away cannot hold a sequence. (The connection itself is closed by uvicorn once
+its buffered bytes are read or the client leaves: ASGI gives no way to cut it sooner.) A reader
+slower than the buffers' size per `idle_timeout_s` counts as idle too.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ class _IdleLimitedResponse(StreamingResponse):
 
         try:
             await super().stream_response(bounded)
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # one class from Python 3.11, two before
             logger.warning("a stream's client read nothing for %.0f s (stream_idle_timeout_s): its request is "
-                           "aborted and the connection dropped", self.idle_timeout_s)
+                           "aborted", self.idle_timeout_s)
             await self.body_iterator.aclose()  # ends the request stream: the request is aborted
 
 

@@ -111,3 +111,13 @@ def test_too_many_tools_is_a_400(server):
     response = httpx.post(f"{server}/v1/chat/completions", json={
         "model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "tools": tools})
     assert response.status_code == 400 and "more than 128" in response.json()["error"]["message"]
+
+
+def test_an_empty_api_key_is_refused_not_taken_for_no_key(monkeypatch, capsys, tiny_models):
+    from fastgen.cli.main import main
+
+    with pytest.raises(ValueError, match="api_key is empty"):
+        ServerSettings(api_key="  ")
+    monkeypatch.setenv("FASTGEN_API_KEY", "")
+    assert main(["serve", "--model", tiny_models["qwen3"], "--device", "cpu"]) == 2
+    assert "api_key is empty" in capsys.readouterr().err
