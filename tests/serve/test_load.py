@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.serve.conftest import metric_values, wait_for
-from tests.serve.test_serve_cli import free_port
+from tests.serve.test_serve_cli import free_port, wait_until_serving
 
 KEY = "load-test-key"
 CLIENTS = 64
@@ -94,14 +94,7 @@ def test_sixty_four_clients_for_thirty_seconds(chat_model):
     proc = subprocess.Popen(cmd, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, stderr=subprocess.PIPE, text=True)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        def healthy():
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                return httpx.get(f"{base_url}/health").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(healthy, timeout=120, interval=0.2)
+        wait_until_serving(proc, base_url)
         server = psutil.Process(proc.pid)
         seen: collections.Counter = collections.Counter()
 
