@@ -72,11 +72,12 @@ def read_llama_gguf_tensors(gguf_path: str | os.PathLike, num_heads: int, num_kv
     """
     import gguf  # imported here: only the one-time conversion needs it
 
-    reader = gguf.GGUFReader(os.fspath(gguf_path))
+    from fastgen.models.gguf_index import read_tensors
+
     heads_for = {"self_attn.q_proj.weight": num_heads, "self_attn.k_proj.weight": num_kv_heads}
     state = {}
     # A bar on an interactive terminal (tqdm's disable=None: off when stderr is not a TTY).
-    for tensor in tqdm(reader.tensors, desc="converting GGUF tensors", unit="tensor", disable=None):
+    for tensor in tqdm(read_tensors(gguf_path), desc="converting GGUF tensors", unit="tensor", disable=None):
         name = hf_name(tensor.name)
         # GGUF lists dims fastest-first (ne0 = columns), the reverse of torch's order.
         # dequantize() returns float32 rows already in numpy order; the reshape makes that

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from fastgen.models.default_model import DEFAULT_MODEL_NAME, convert_gguf_to_hf, find_default_gguf, is_complete
+from fastgen.models.gguf_index import read_tensors
 from fastgen.models.gguf_tensors import unpermute_rows
 from fastgen.paths import cache_dir
 from fastgen.quantization.formats import QuantFormat
@@ -56,10 +57,7 @@ def gguf_source(folder: str | os.PathLike) -> Path | None:
 def reads_every_matrix(gguf_path: str | os.PathLike) -> bool:
     """Whether every quantized tensor of `gguf_path` is of a block type fastgen reads as it is
     (`fastgen.quantization.gguf_blocks`): what makes `gguf` a .gguf model's default."""
-    import gguf
-
-    reader = gguf.GGUFReader(os.fspath(gguf_path))
-    return all(t.tensor_type.name in (*BLOCK_TYPES, "F32", "F16", "BF16") for t in reader.tensors)
+    return all(t.tensor_type.name in (*BLOCK_TYPES, "F32", "F16", "BF16") for t in read_tensors(gguf_path))
 
 
 def _join(name: str, parts: list[tuple[QuantFormat, QuantizedTensors] | None]):
@@ -81,15 +79,12 @@ def load_gguf_weights(model: nn.Module, gguf_path: str | os.PathLike) -> int:
     weights loaded from the converted folder) by the quantized blocks of `gguf_path`; returns
     how many matrices were. Float tensors of the file stay as loaded. ValueError for a block type
     fastgen does not read (naming the tensor)."""
-    import gguf  # imported here: only GGUF loading needs it
-
     from fastgen.models.llama_family import LlamaFamilyForCausalLM
 
     if not isinstance(model, LlamaFamilyForCausalLM):
         raise ValueError(f"quantization='gguf' loads Llama-family GGUFs, not {type(model).__name__}")
     cfg = model.config
-    reader = gguf.GGUFReader(os.fspath(gguf_path))
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in read_tensors(gguf_path)}
 
     def blocks(name: str, heads: int | None = None):
         tensor = tensors[name]
