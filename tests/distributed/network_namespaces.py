@@ -26,11 +26,17 @@ def skip_reason() -> str | None:
     """None when namespaces can be made here, else why not."""
     if shutil.which("ip") is None:
         return "iproute2's `ip` is not installed (apt-get install iproute2)"
-    name = f"fgprobe{os.getpid()}"
+    name = f"fgprobe{os.getpid() % 100000}"
     probe = _run("ip", "netns", "add", name, check=False)
     if probe.returncode != 0:
         return f"network namespaces are not permitted here: {probe.stderr.strip()}"
-    _run("ip", "netns", "del", name, check=False)
+    try:
+        veth = _run("ip", "link", "add", f"{name}x", "type", "veth", "peer", "name", f"{name}y", check=False)
+        if veth.returncode != 0:
+            return f"veth pairs cannot be made here: {veth.stderr.strip()}"
+        _run("ip", "link", "del", f"{name}x", check=False)
+    finally:
+        _run("ip", "netns", "del", name, check=False)
     return None
 
 
