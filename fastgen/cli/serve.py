@@ -9,10 +9,12 @@ import sys
 from fastgen.cli import arg_types, engine_args
 
 DESCRIPTION = """\
-Serve a model over HTTP: OpenAI's /v1/completions, /v1/chat/completions (streaming with SSE) and
-/v1/models, plus POST /generate + GET /result/{seq_id}, /health and Prometheus /metrics. Without
+Serve a model over HTTP: OpenAI's /v1/completions, /v1/chat/completions (streaming with SSE;
+structured outputs, tool calls, logit_bias, echo) and /v1/models, plus POST /generate + GET
+/result/{seq_id}, POST /tokenize and /detokenize, /health and Prometheus /metrics. Without
 --model the default model, SmolLM2-135M-Instruct, is served. SIGINT / SIGTERM stop admitting,
-let in-flight requests finish for --shutdown-timeout seconds, abort the rest and exit 0."""
+let in-flight requests finish for --shutdown-timeout seconds, abort the rest and exit 0. Before
+--host 0.0.0.0, set an API key (--api-key or FASTGEN_API_KEY)."""
 
 EPILOG = """\
 examples:
