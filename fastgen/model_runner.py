@@ -160,6 +160,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
             background = background_compile(config, num_blocks) if config.compile_mode == "background" else None
             self.compiled_decode = CompiledDecodeStep(self.model, self.kv_cache.layers, background)
         self.step_sender = make_step_sender(self.inputs) if make_step_sender is not None else None
+        self.in_collectives = False  # inside a step's broadcast and forward (tensor parallelism)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -193,6 +194,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         of its forks, one sampler call for every row that samples (forked children sample from
         their parent's logits) and the copy of the sampled ids to the host. Returns without
         waiting for the GPU."""
+        self.in_collectives = False
         self.sampler.release(out.finished_seq_ids)
         self.sampler.release_token_counts(out.preempted_seq_ids)
         chunks = prompt_logprob_chunks(out)
@@ -201,10 +203,14 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         if copies or chunks:
             layout = replace(layout, block_copies=copies, logit_spans=tuple(chunk.rows for chunk in chunks))
         if self.step_sender is not None:
+            # From the broadcast until the forward returns, every rank must see the step through:
+            # a failure in between leaves the ranks out of step (see TensorParallelRunner).
+            self.in_collectives = True
             self.step_sender.send(layout, self.inputs)
         prompt_lps: dict = {}
         on_span = functools.partial(add_prompt_logprobs, prompt_lps, chunks) if chunks else None
         logits, greedy = self.execute(layout, on_span)
+        self.in_collectives = False
         rows = list(layout.sample_rows)
         logits = logits[: len(rows)]
         if out.forks:

@@ -3,9 +3,10 @@
 `TensorParallelRunner` starts (or joins) the other ranks, builds rank 0's `ModelRunner` over its
 shard with a `StepSender`, and then behaves as a ModelRunner does: `launch(out)` hands the step
 to every rank and runs rank 0's part, `collect(step)` returns the sampled tokens (sampling is
-rank 0's). Anything that fails inside a step takes the whole engine down: the workers are
-stopped and a `TensorParallelError` names the failed rank (a rank's collectives can no longer be
-matched after a step broke off half way, so no later step could be trusted). `shutdown()`, the
+rank 0's). Anything that fails inside a step's collectives takes the whole engine down: the
+workers are stopped and a `TensorParallelError` names the failed rank (a rank's collectives can
+no longer be matched after a step broke off half way, so no later step could be trusted); rank
+0's own failure before or after them is the step's, isolated to its request as on one device. `shutdown()`, the
 engine's garbage collection and interpreter exit all stop the workers; none is left behind.
 """
 
@@ -91,7 +92,7 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
                                       make_step_sender=functools.partial(StepSender, groups.step_group))
             self.supervisor.send_stop = self.runner.step_sender.stop
             torch.distributed.barrier(group=groups.step_group)  # every rank has started
-            bound_step_collectives(config, groups.step_group)
+            bound_step_collectives(config)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -145,25 +146,34 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
 
     @contextmanager
     def _failing_takes_all_down(self, in_step: bool = True):
-        """Whatever breaks off a step (or start-up) stops every rank. Raises a
-        TensorParallelError naming the rank that failed, or, in a step, rank 0's own failure (a
-        collective that timed out: a partition or a stuck peer; or its own error): the engine is
-        down either way, so it is never one request's failure. At start-up rank 0's own error
-        (a ValueError for a bad setting, say) and, anywhere, an interrupt (KeyboardInterrupt, ...)
-        are re-raised as they are, after the workers are stopped."""
+        """What breaks off a step's collectives (or start-up) stops every rank, as no later step
+        could be matched across the ranks: it raises a TensorParallelError naming the rank that
+        failed or, in a step, rank 0's own failure (its error, or a collective that timed out: a
+        partition, a lost host, a stuck peer), so it is never one request's failure. Rank 0's own
+        error outside the collectives (filling inputs, sampling, logprobs) leaves the ranks in
+        step: it is re-raised as it is, and the engine isolates it to its request. At start-up
+        rank 0's own error (a ValueError for a bad setting, say) and, anywhere, an interrupt
+        (KeyboardInterrupt, ...) are re-raised as they are, after the workers are stopped."""
         try:
             yield
+        except Exception as exc:
+            if in_step and not self.runner.in_collectives and self.supervisor.failure is None:
+                raise
+            self._take_all_down(exc, in_step)
         except BaseException as exc:
-            cause = self.supervisor.explain(EXPLAIN_WAIT_S if isinstance(exc, RuntimeError) else 0.2)
-            if cause is None:
-                self.supervisor.record(f"rank 0 failed: {exc!r}")
-            self._finalizer()
-            if cause is None and (not in_step or not isinstance(exc, Exception)):
-                raise  # start-up's own error (a ValueError stays one), or an interrupt
-            raise TensorParallelError(cause or (
-                "the tensor-parallel engine is down: a step failed on rank 0 and no other rank said why (rank "
-                "0's own error, or a collective that waited distributed_step_timeout_s="
-                f"{self._step_timeout_s:g}: a lost host, a network partition, a stuck rank): {exc!r}")) from exc
+            self._take_all_down(exc, in_step)
+
+    def _take_all_down(self, exc: BaseException, in_step: bool) -> None:
+        cause = self.supervisor.explain(EXPLAIN_WAIT_S if isinstance(exc, RuntimeError) else 0.2)
+        if cause is None:
+            self.supervisor.record(f"rank 0 failed: {exc!r}")
+        self._finalizer()
+        if cause is None and (not in_step or not isinstance(exc, Exception)):
+            raise exc  # start-up's own error (a ValueError stays one), or an interrupt
+        raise TensorParallelError(cause or (
+            "the tensor-parallel engine is down: a step failed on rank 0 and no other rank said why (rank "
+            "0's own error, or a collective that waited distributed_step_timeout_s="
+            f"{self._step_timeout_s:g}: a lost host, a network partition, a stuck rank): {exc!r}")) from exc
 
     def shutdown(self) -> None:
         """Stop the workers and leave the process groups (idempotent)."""

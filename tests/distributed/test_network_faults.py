@@ -70,7 +70,10 @@ def run_two_hosts(model: str, max_tokens: int, fault=None) -> tuple[dict, float 
         code = procs["a"].wait(timeout=60)
         left = {host: hosts.wait_empty(host, 30) for host in ("a", "b")}
     logs["a"].seek(0)
-    assert result is not None, f"rank 0 printed no result: {logs['a'].read()[-3000:]}"
+    log = logs["a"].read()[-3000:]
+    assert result is not None, f"rank 0 printed no result: {log}"
+    if code != 0:
+        result["log"] = log
     return result, seconds, code, left
 
 
@@ -79,14 +82,14 @@ def test_greedy_over_the_link_equals_transformers_and_a_slow_link_changes_nothin
     model = tiny_models["qwen3"]
     expected = reference(model, PROMPTS, 12)
     result, _, code, left = run_two_hosts(model, 12)
-    assert result["result"] == "finished" and result["tokens"] == expected and code == 0
+    assert result["result"] == "finished" and result["tokens"] == expected and code == 0, (result, code)
     assert left == {"a": [], "b": []}
     applied = []
     result, _, code, left = run_two_hosts(model, 12, lambda hosts: applied.append(hosts.slow("b")))
     if applied == [None]:
         pytest.skip("this kernel has neither netem nor tbf to slow a link with")
-    assert result["result"] == "finished" and result["tokens"] == expected, applied
-    assert code == 0 and left == {"a": [], "b": []}
+    assert result["result"] == "finished" and result["tokens"] == expected, (applied, result)
+    assert code == 0 and left == {"a": [], "b": []}, (code, left, result.get("log"))
 
 
 @pytest.mark.parametrize("fault", ["host_killed", "link_down"])

@@ -145,3 +145,28 @@ def test_a_server_whose_engine_died_says_so(tiny_models):
         wait_for(lambda: httpx.get(f"{url}/health").status_code == 503, timeout=30)
         refused = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
         assert refused.status_code == 503
+
+
+def test_rank_0s_own_failure_outside_the_collectives_is_one_requests(tiny_models):
+    """A request whose sampling fails on rank 0 (after the forward every rank ran) ends alone with
+    "error"; the ranks are still in step, so the engine and its worker carry on, and the other
+    requests get the tokens they get without it."""
+    llm = LLM(tiny_models["qwen3"], **ENGINE_ARGS)
+    sampler = llm.engine.runner.runner.sampler
+    original = sampler._sample
+
+    def poisoned(logits, seqs, greedy_tokens):
+        if any(seq.params.max_tokens == 13 for seq in seqs):
+            raise RuntimeError("poisoned sampling")
+        return original(logits, seqs, greedy_tokens)
+
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    plain = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    expected = [o.token_ids for o in llm.generate(prompts, plain)]
+    sampler._sample = poisoned
+    outs = llm.generate([*prompts, [10, 11]], [plain] * 3 + [SamplingParams(max_tokens=13, ignore_eos=True)])
+    assert [o.token_ids for o in outs[:3]] == expected
+    assert outs[3].finish_reason == "error" and "poisoned sampling" in outs[3].error
+    assert worker(llm).is_alive() and llm.engine.runner.supervisor.failure is None
+    sampler._sample = original
+    assert [o.token_ids for o in llm.generate(prompts, plain)] == expected
