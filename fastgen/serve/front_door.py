@@ -14,20 +14,12 @@ An ASGI middleware (under FastAPI, before routing and before the body is parsed)
 from __future__ import annotations
 
 import hmac
-import json
+
+from fastgen.serve.errors import error_response
 
 OPEN_PATHS = ("/health",)
-
-
-def _error(status: int, message: str, kind: str) -> tuple[dict, dict]:
-    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 413:  # the rest of the body is not read: the connection is not reused
-        headers.append((b"connection", b"close"))
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    return ({"type": "http.response.start", "status": status, "headers": headers},
-            {"type": "http.response.body", "body": body})
+# 413: the rest of the body is not read, so the connection is not reused.
+_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 413: {"Connection": "close"}}
 
 
 class FrontDoor:
@@ -44,20 +36,20 @@ class FrontDoor:
         if self._key is not None and scope["path"] not in self.open_paths:
             # compare_digest on bytes of any length: its time does not depend on where they differ
             if not hmac.compare_digest(headers.get(b"authorization", b""), self._key):
-                return await self._refuse(send, 401, "a valid API key is required: Authorization: Bearer <key>",
+                return await self._refuse(scope, receive, send, 401,
+                                          "a valid API key is required: Authorization: Bearer <key>",
                                           "authentication_error")
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
-            return await self._refuse(send, 413, self._too_large(), "invalid_request_error")
+            return await self._refuse(scope, receive, send, 413, self._too_large(), "invalid_request_error")
         await self._admit(scope, receive, send)
 
     def _too_large(self) -> str:
         return f"the request body is larger than this server's max_request_bytes={self.max_request_bytes}"
 
-    async def _refuse(self, send, status: int, message: str, kind: str) -> None:
-        start, body = _error(status, message, kind)
-        await send(start)
-        await send(body)
+    @staticmethod
+    async def _refuse(scope, receive, send, status: int, message: str, kind: str) -> None:
+        await error_response(status, message, kind, headers=_HEADERS.get(status))(scope, receive, send)
 
     async def _admit(self, scope, receive, send) -> None:
         """Run the app, counting the body it reads: past the limit (and before the app has
@@ -73,7 +65,7 @@ class FrontDoor:
                 read += len(message.get("body", b""))
                 if read > self.max_request_bytes:
                     refused = True
-                    await self._refuse(send, 413, self._too_large(), "invalid_request_error")
+                    await self._refuse(scope, receive, send, 413, self._too_large(), "invalid_request_error")
                     return {"type": "http.disconnect"}
             return message
 

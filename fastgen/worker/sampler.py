@@ -73,11 +73,9 @@ class Sampler:
         bans), so an all-greedy batch then launches nothing. grammar: the token masks of the rows
         whose sequence follows a grammar.
         """
-        original = logits
-        logits = self._bias_and_mask(logits, seqs, grammar)
-        processed, penalised = self._process(logits, seqs)
-        if processed is not logits or processed is not original:
-            greedy_tokens = None  # the argmax was taken before the penalties and bans
+        processed, penalised = self._process(self._bias_and_mask(logits, seqs, grammar), seqs)
+        if processed is not logits:
+            greedy_tokens = None  # the argmax was taken before the bias, masks, penalties and bans
         tokens = self._sample(processed, seqs, greedy_tokens)
         if penalised is not None:
             rows, slots = penalised
