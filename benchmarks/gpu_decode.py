@@ -15,7 +15,10 @@ counts per decode step, graphs and eager, and GPU time by kernel), `eager` (the 
 without graphs, and where an eager step's host time goes), `throughput` (`fastgen bench
 throughput`, 256 prompts, input and output uniform in 100..1024, nano-vllm's workload) and
 `transformers` (that workload through transformers' generate on the same GPU, and its batch-1
-decode latency) with the ratio of the two. DIR defaults to $FASTGEN_BENCH_DIR or
+decode latency) with the ratio of the two, and `quantization` (the graphs engine with int8 and int4
+weights, Triton's weight-only matmul inside the graphs: decode steps at --quant-batch-sizes, the
+weight-streaming floor, GPU time by kernel at batch 1, and the ratio to the bf16 `graphs` steps of
+the same run). DIR defaults to $FASTGEN_BENCH_DIR or
 benchmarks/results. A section that would start after --time-budget-s seconds is skipped and
 says so. Inductor's and Triton's caches go to .gpu-cache/ in the tree (ignored by git) unless
 set, so a second command reuses the first's compiled kernels. It needs only torch, triton,
@@ -61,16 +64,17 @@ from fastgen.cli.arg_types import int_range  # noqa: E402
 from fastgen.models.presets import preset_config, preset_model_dir  # noqa: E402
 
 # `logits` and `kernels` are measured inside the graphs and eager sections, on their engines.
-SECTIONS = ("bandwidth", "graphs", "logits", "kernels", "eager", "throughput", "transformers")
+SECTIONS = ("bandwidth", "graphs", "logits", "kernels", "eager", "quantization", "throughput", "transformers")
 SCHEMA = "fastgen.bench.gpu-decode/3"
 
 
-def build_llm(args, eager: bool) -> LLM:
+def build_llm(args, eager: bool, quantization: str | None = None) -> LLM:
     budget = (dict(gpu_memory_utilization=0.85) if args.device.startswith("cuda")  # CPU: smoke runs only
               else dict(num_kv_blocks=-(-args.max_model_len // args.block_size) * max(args.batch_sizes) + 8))
     return LLM(str(args.model_dir), load_format="dummy", skip_tokenizer_init=True, device=args.device,
                dtype=args.dtype, max_num_seqs=max(args.batch_sizes), max_model_len=args.max_model_len,
-               block_size=args.block_size, enforce_eager=eager, compile_mode="blocking", **budget)
+               block_size=args.block_size, enforce_eager=eager, compile_mode="blocking",
+               quantization=quantization, **budget)
 
 
 def startup_info(llm: LLM, seconds: float) -> dict:
@@ -107,6 +111,32 @@ def decode_sweep(args, eager: bool, report: dict) -> dict:
         report["logits"] = logit_checks(llm, args)
     del llm
     _free()
+    return section
+
+
+def quantized_sweep(args, report: dict) -> dict:
+    """int8 and int4 weights on the graphs engine: the steps at --quant-batch-sizes, each beside
+    the bf16 graphs step of the same batch and context when this run measured it."""
+    bandwidth = report.get("bandwidth", {}).get("bytes_per_s")
+    bf16 = {(r["batch_size"], r["context_len"]): r["wall_ms"]["median"]
+            for r in report.get("graphs", {}).get("steps", [])} if "graphs" in args.sections else {}
+    section = {}
+    for method in ("int8", "int4"):
+        start = time.perf_counter()
+        llm = build_llm(args, eager=False, quantization=method)
+        rows = []
+        for batch in args.quant_batch_sizes:
+            row = time_decode_steps(llm, batch, args.context_len, args.steps, args.device)
+            if batch == 1:
+                row["floor"] = streaming_floor_ms(llm, args.context_len, bandwidth)
+            if (bf16_ms := bf16.get((batch, args.context_len))) is not None:
+                row["speedup_over_bf16"] = bf16_ms / row["wall_ms"]["median"]
+            rows.append(row)
+            print(f"{method} bs={batch} ctx={args.context_len}: {row['wall_ms']['median']:.3f} ms", flush=True)
+        section[method] = {"startup": startup_info(llm, time.perf_counter() - start), "steps": rows,
+                           "kernels_bs1": kernel_times(llm, 1, args.context_len, args.device)}
+        del llm
+        _free()
     return section
 
 
@@ -172,7 +202,8 @@ def add_ratios(report: dict) -> None:
 
 # What each section took on an H100 at the default settings (cold caches), rounded up: a section
 # is started only when the time budget still holds this much, so the command ends in time.
-EXPECTED_SECONDS = {"bandwidth": 5, "graphs": 60, "eager": 30, "throughput": 60, "transformers": 240}
+EXPECTED_SECONDS = {"bandwidth": 5, "graphs": 60, "eager": 30, "quantization": 90, "throughput": 60,
+                    "transformers": 240}
 
 
 def run_section(name: str, fn, report: dict, path: Path, deadline: float) -> None:
@@ -211,6 +242,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--context-len", type=int, default=512, help="tokens per sequence in the batch-size sweep")
     p.add_argument("--long-context", type=int, default=4096, help="context of the split-policy points")
     p.add_argument("--long-batch-sizes", default="1,3,8", help="batch sizes at --long-context")
+    p.add_argument("--quant-batch-sizes", default="1,8,64", help="decode batch sizes of the quantization section")
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per point")
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--num-prompts", type=int, default=256)
@@ -225,6 +257,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output", default=None, help="exact JSON path (overrides --output-dir's file name)")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    args.quant_batch_sizes = [int(b) for b in args.quant_batch_sizes.split(",") if b]
     long_sizes = [int(b) for b in args.long_batch_sizes.split(",") if b] if args.long_context else []
     args.points = [(b, args.context_len) for b in args.batch_sizes] + [(b, args.long_context) for b in long_sizes]
     args.sections = [s for s in args.sections.split(",") if s]
@@ -269,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "bandwidth": lambda: {"bytes_per_s": copy_bandwidth(args.device)},
         "graphs": lambda: decode_sweep(args, eager=False, report=report),
         "eager": lambda: decode_sweep(args, eager=True, report=report),
+        "quantization": lambda: quantized_sweep(args, report),
         "throughput": lambda: fastgen_throughput(args),
         "transformers": lambda: hf_throughput(args, report),
     }

@@ -102,7 +102,7 @@ def test_quantized_greedy_on_cuda_equals_transformers(tiny_models, fake_quantize
     """On CUDA the products run the Triton kernel, inside the decode CUDA graphs."""
     prompts = random_prompts([5, 17, 40], seed=11)
     llm = LLM(tiny_models["llama"], dtype="float32", quantization=method, block_size=16, num_kv_blocks=64,
-              device="cuda")
+              device="cuda", enforce_eager=False)
     assert llm.engine.runner.graphs is not None
     got = [out.token_ids for out in llm.generate(prompts, GREEDY)]
     assert got == hf_greedy(fake_quantized("llama", method), prompts, MAX_TOKENS)
