@@ -1,8 +1,9 @@
 """Launch shapes of the Triton weight-only matmul (`kernels/quantized_matmul.py`) on the
-projections of Qwen3-0.6B (and its LM head), int8 and int4, at decode batches of 1, 8 and 64:
-each shape's time by CUDA events (the median of a few hundred launches, weights larger than the
-L2 cycled through), the bandwidth it reaches on its weight bytes, the fastest tiling for each
-batch, and bf16's `torch.nn.functional.linear` beside them. One JSON:
+projections of Qwen3-0.6B (and its LM head), int8 and int4, at decode batches (--batches, 1 and
+64 by default): each tiling's GPU time per launch (40 launches captured in one CUDA graph, the
+weights cycled through copies larger than the L2, so the host's launch cost is not counted), the
+default tiling's, the fastest and the bandwidth it reaches on the weight bytes, with bf16's
+`torch.nn.functional.linear` beside them. One JSON:
 
     python3 benchmarks/gpu_quantized_matmul_sweep.py [--output FILE]
 """
@@ -99,8 +100,9 @@ def main() -> int:
                 best = min(timed, key=timed.get)
                 row["best"], row["best_us"] = best, timed[best]
                 row["best_gb_per_s"] = weight_bytes / timed[best] / 1e3
-            print(f"{name} {method} bs={batch}: bf16 {row['bf16_linear_us']:.1f} us, default {row['default_us']:.1f} us, "
-                  f"best {row.get('best_us', float('nan')):.1f} us {row.get('best')}", flush=True)
+            print(f"{name} {method} bs={batch}: bf16 {row['bf16_linear_us']:.1f} us, "
+                  f"default {row['default_us']:.1f} us, best {row.get('best_us', float('nan')):.1f} us "
+                  f"{row.get('best')}", flush=True)
             report["rows"].append(row)
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
