@@ -22,6 +22,7 @@ from fastgen.models.config import DTYPE_NAMES, ModelConfig, torch_dtype
 from fastgen.models.hub import resolve_model_path
 from fastgen.quantization.formats import METHODS as QUANTIZATION_METHODS
 from fastgen.sampling_params import SEED_LIMIT
+from fastgen.speculative.config import check_speculative_config
 
 if TYPE_CHECKING:
     import torch
@@ -197,6 +198,15 @@ class EngineConfig:
     stuck or slowed) before the engine fails with TensorParallelError (gloo, on CPU; on CUDA
     NCCL's collectives keep distributed_timeout_s); also how long a worker goes on without
     reaching rank 0 before it exits."""
+    speculative_config: dict | None = _knob(None, optional(check_speculative_config))
+    """Speculative decoding (vLLM's names): {"method": "ngram", "num_speculative_tokens": k,
+    "prompt_lookup_max": n, "prompt_lookup_min": m} proposes up to k tokens a step for each
+    decoding sequence by prompt lookup (what followed the latest earlier occurrence of its last
+    n..m tokens, in its prompt, its output or the request's predicted output), and verifies them
+    with the rest of the batch in one forward: greedy output stays the same token for token, and
+    sampled output keeps its distribution. Defaults k=4, n=4, m=2. Requests with penalties, a
+    grammar, logprobs or unmet min_tokens decode one token a step; a sequence whose drafts keep
+    failing pauses its proposals. None: off."""
     max_waiting_requests: int = _knob(1024, at_least(1))
     """Most requests add_request lets wait for a first schedule; one more is refused at once
     (EngineOverloaded; HTTP 503 in the server) instead of queueing without bound. Batch

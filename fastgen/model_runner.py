@@ -21,6 +21,7 @@ from fastgen.models.quantize import quantize_model
 from fastgen.models.registry import model_class
 from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
 from fastgen.scheduler_output import SchedulerOutput
+from fastgen.speculative.verify import accepted_prefix
 from fastgen.step_runner import ModelRunnerOutput
 from fastgen.worker.buffers import TokenReadback
 from fastgen.worker.kv_cache import (
@@ -75,8 +76,9 @@ class LaunchedStep:
     """A step whose GPU work is queued; `ModelRunner.collect` reads its tokens.
 
     num_rows: sequences of the step plus its forked children. rows: which of them sampled, in
-    the sampler's order (their ids are on their way to the host). logits / tokens /
-    sample_seqs: what the sampler got and gave, for the logprobs read at collect time.
+    the sampler's order (their ids are on their way to the host; a sequence with draft tokens
+    once per position it verifies). logits / tokens / sample_seqs: what the sampler got and
+    gave, for the logprobs read at collect time. drafts: the step's draft tokens by sequence.
     """
 
     num_rows: int
@@ -85,6 +87,7 @@ class LaunchedStep:
     logits: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
     sample_seqs: list = field(default_factory=list)
+    drafts: tuple[tuple[int, ...], ...] = ()
 
 
 class ModelRunner:  # implements fastgen.step_runner.StepRunner
@@ -132,8 +135,9 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         logger.info("model built in %.1fs (%s, %s)", time.perf_counter() - start, config.torch_dtype, self.device)
 
         check_step_inputs_fit(config)
+        max_drafts = config.speculative_config["num_speculative_tokens"] if config.speculative_config else 0
         self.inputs = StepInputBuilder(config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq,
-                                       config.block_size, self.device, self.backend.prepare)
+                                       config.block_size, self.device, self.backend.prepare, max_drafts)
         sizes = capture_sizes(config) if config.graphs_enabled else None
         budget = None
         if needs_measured_budget(config):
@@ -149,7 +153,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
 
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed, self.ops.sample_tokens,
                                penalty_fn=self.ops.apply_penalties, eos_token_ids=eos_token_ids)
-        self.readback = TokenReadback(config.max_num_seqs, self.device)
+        self.readback = TokenReadback(config.max_num_seqs * (1 + max_drafts), self.device)
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
                                       self.device) if sizes else None
         self.compiled_decode = None
@@ -223,7 +227,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
             return LaunchedStep(num_rows, [], prompt_lps)
         tokens = self.sampler(logits, sample_seqs, None if greedy is None else greedy[: len(rows)], out.grammar)
         self.readback.start(tokens)
-        return LaunchedStep(num_rows, rows, prompt_lps, logits, tokens, sample_seqs)
+        return LaunchedStep(num_rows, rows, prompt_lps, logits, tokens, sample_seqs, out.draft_tokens)
 
     def _fill(self, out: SchedulerOutput) -> StepLayout:
         """The step's host rows; a decode batch a graph can run is padded to its size."""
@@ -272,11 +276,22 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
             return ModelRunnerOutput(sampled, None, step.prompt_logprobs)
         top = sampled_logprobs(step.logits, step.sample_seqs, step.tokens)
         logprobs = None if top is None else [None] * len(sampled)
+        verified: dict[int, list[int]] = {}  # drafted sequence -> its samples, position by position
+        drafts = step.drafts
         for k, (row, token) in enumerate(zip(step.rows, self.readback.wait())):
+            if row < len(drafts) and drafts[row]:
+                verified.setdefault(row, []).append(token)
+                continue
             sampled[row] = token
             if top is not None:
                 logprobs[row] = top[k]
-        return ModelRunnerOutput(sampled, logprobs, step.prompt_logprobs)
+        num_accepted = None
+        if verified:
+            num_accepted = [0] * step.num_rows
+            for row, samples in verified.items():
+                num_accepted[row] = accepted_prefix(drafts[row], samples)
+                sampled[row] = samples[num_accepted[row]]
+        return ModelRunnerOutput(sampled, logprobs, step.prompt_logprobs, num_accepted)
 
     def run(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and wait for its tokens (`launch` then `collect`)."""

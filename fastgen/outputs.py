@@ -13,6 +13,8 @@ class RequestMetrics:
     time_to_first_token: arrival to first output token. time_per_output_token: mean gap between
     output tokens after the first. e2e_latency: arrival to finish (None until finished).
     num_cached_tokens: prompt tokens served from the prefix cache on first admission.
+    Speculative decoding: num_draft_tokens proposed and verified, num_accepted_draft_tokens of them
+    kept, accepted_per_position[i] the verifications that kept draft position i.
     """
 
     arrival_time: float
@@ -22,6 +24,9 @@ class RequestMetrics:
     finished_time: float | None = None
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -129,7 +134,8 @@ class StepResult:
     num_sampled: int
     started_at: float
     num_decodes: int = 0
+    num_draft_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
-        return self.num_tokens - self.num_decodes
+        return self.num_tokens - self.num_decodes - self.num_draft_tokens

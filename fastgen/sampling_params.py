@@ -56,6 +56,11 @@ class SamplingParams:
     structured_outputs: what the output must match (a `StructuredOutputsParams`, or a dict of its
         fields): a JSON schema, any JSON object, a regex, a choice of strings or a grammar.
         Tokens that would break it are masked before sampling.
+    prediction: the output the caller expects, or most of it (OpenAI's predicted outputs): text,
+        or token ids. With speculative decoding on (the engine's speculative_config), drafts are
+        looked up in it first, so an output that repeats it decodes several tokens a step; it never
+        changes which tokens are generated. Ignored without speculative decoding. At most
+        PREDICTION_MAX_LENGTH characters or tokens.
 
     A request keeps its own validated copy (`validated_copy`): changing this object after the
     request was added changes nothing in it.
@@ -79,6 +84,7 @@ class SamplingParams:
     min_p: float = 0.0
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    prediction: str | list[int] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -154,6 +160,8 @@ class SamplingParams:
                 for token, bias in self.logit_bias.items()} or None
         if self.structured_outputs is not None:
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+        if self.prediction is not None:
+            self.prediction = _prediction(self.prediction)
 
     def check_logprobs_limit(self, limit: int) -> None:
         """ValueError unless logprobs and prompt_logprobs are at most `limit` (the engine's)."""
@@ -162,3 +170,20 @@ class SamplingParams:
             if value is not None and value > limit:
                 raise ValueError(f"{name}={value} must be <= {limit} (the engine's max_logprobs, capped at the "
                                  f"vocabulary size)")
+
+
+PREDICTION_MAX_LENGTH = 1 << 20
+
+
+def _prediction(value: object) -> str | list[int]:
+    """A predicted output: text, or a list of token ids (each >= 0)."""
+    if isinstance(value, str):
+        if len(value) > PREDICTION_MAX_LENGTH:
+            raise ValueError(f"prediction holds {len(value)} characters, more than {PREDICTION_MAX_LENGTH}")
+        return value
+    if isinstance(value, (bytes, dict)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"prediction={value!r} must be a string or a list of token ids")
+    tokens = list(value)
+    if len(tokens) > PREDICTION_MAX_LENGTH:
+        raise ValueError(f"prediction holds {len(tokens)} tokens, more than {PREDICTION_MAX_LENGTH}")
+    return [integer(f"prediction[{i}]", t, minimum=0) for i, t in enumerate(tokens)]

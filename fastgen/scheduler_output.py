@@ -48,11 +48,16 @@ class SchedulerOutput:
     """The scheduler's decision for one step, handed to the runner as plain data.
 
     seqs: sequences in batch order. num_new_tokens: tokens each computes, starting at its
-    `num_computed_tokens`. is_prefill: a step with prompt tokens (any number a sequence), or a
-    decode step (one token a sequence, the CUDA graphs' and compiled decode graphs' kind).
-    num_decodes: the first num_decodes sequences decode one token each, the rest compute prompt
-    chunks (set by the scheduler; 0 in steps made by hand, such as graph capture's empty step).
-    A prefill step with decodes is a mixed step.
+    `num_computed_tokens`. is_prefill: a step with prompt tokens (any number a sequence) or draft
+    tokens, or a decode step (one token a sequence, the CUDA graphs' and compiled decode graphs'
+    kind). num_decodes: the first num_decodes sequences decode (their last token, and their draft
+    tokens when they have some), the rest compute prompt chunks (set by the scheduler; 0 in steps
+    made by hand, such as graph capture's empty step). A prefill step with decodes is a mixed step.
+    draft_tokens: speculative decoding's proposals, one tuple per decoding sequence (the first
+    num_decodes; () for none, and () altogether in a step without any): sequence i computes its
+    last token and then draft_tokens[i] (num_new_tokens[i] = 1 + len(draft_tokens[i])), and
+    samples at each of those positions; the runner reports how many drafted tokens the samples
+    accept (`fastgen.speculative.verify`).
 
     The facts the worker's per-sequence state follows (block-table rows, sampler generators),
     so that it never has to infer a change:
@@ -79,6 +84,7 @@ class SchedulerOutput:
     forks: tuple[Fork, ...] = ()
     num_decodes: int = 0
     grammar: GrammarBitmask | None = None
+    draft_tokens: tuple[tuple[int, ...], ...] = ()
 
     @property
     def forked_seqs(self) -> tuple[Sequence, ...]:
@@ -91,8 +97,16 @@ class SchedulerOutput:
 
     @property
     def num_prompt_tokens(self) -> int:
-        """Prompt tokens this step computes (every token but the decodes')."""
-        return self.num_tokens - self.num_decodes
+        """Prompt tokens this step computes (every token but the decodes' and their drafts')."""
+        return self.num_tokens - self.num_decodes - self.num_draft_tokens
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(len(draft) for draft in self.draft_tokens)
+
+    def draft(self, index: int) -> tuple[int, ...]:
+        """Sequence `index`'s draft tokens (() for none)."""
+        return self.draft_tokens[index] if index < len(self.draft_tokens) else ()
 
     @property
     def sampling_seqs(self) -> list[Sequence]:
@@ -107,4 +121,4 @@ class SchedulerOutput:
     def samples(self, index: int) -> bool:
         """Whether sequence `index` reaches its last token this step, so a token is sampled."""
         seq = self.seqs[index]
-        return seq.num_computed_tokens + self.num_new_tokens[index] == len(seq)
+        return seq.num_computed_tokens + self.num_new_tokens[index] - len(self.draft(index)) == len(seq)

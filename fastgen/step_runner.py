@@ -25,11 +25,14 @@ class ModelRunnerOutput:
     last token), then of each forked child (`SchedulerOutput.forked_seqs`). logprobs: aligned
     with `sampled`, for the tokens of requests that asked for logprobs (None elsewhere); None
     when none did. prompt_logprobs: seq_id -> (first prompt position covered, its logprobs).
+    num_accepted: for a step with draft tokens, how many of each sequence's drafts its samples
+    accepted (they precede `sampled[i]`, the sample after them); None in a step without drafts.
     """
 
     sampled: list[int | None]
     logprobs: list[TopLogprobs | None] | None = None
     prompt_logprobs: dict[int, tuple[int, list[TopLogprobs]]] = field(default_factory=dict)
+    num_accepted: list[int] | None = None
 
 
 @runtime_checkable

@@ -154,3 +154,16 @@ def existing_file(text: str) -> Path:
     if not os.access(path, os.R_OK):
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: not readable")
     return path
+
+
+def json_object(text: str) -> dict:
+    """A JSON object ({"method": "ngram", ...})."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"invalid JSON {text!r}: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a JSON object")
+    return value

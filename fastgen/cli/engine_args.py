@@ -56,6 +56,8 @@ def _parser_of(f: dataclasses.Field):
         return arg_types.byte_size
     if kind is list:
         return arg_types.int_list
+    if kind is dict:
+        return arg_types.json_object
     return {int: arg_types.integer, float: arg_types.number, str: str}[kind]
 
 

@@ -138,7 +138,17 @@ class BlockManager:
         if len(seq.block_table) < self.blocks_needed(len(seq)):
             appended = (self._take_fresh(),)
             seq.block_table.extend(appended)
-        assert len(seq.block_table) == self.blocks_needed(len(seq))
+        # More only where an earlier step's rejected drafts left blocks beyond the tokens.
+        assert len(seq.block_table) >= self.blocks_needed(len(seq))
+        return appended
+
+    def append_slots(self, seq: Sequence, num_tokens: int) -> tuple[int, ...]:
+        """Blocks for `num_tokens` positions past the sequence's tokens (speculative drafts),
+        taken from the free list (the caller checked there are enough); the blocks appended.
+        Blocks a rejected draft leaves beyond the sequence are used by its next tokens."""
+        missing = self.blocks_needed(len(seq) + num_tokens) - len(seq.block_table)
+        appended = tuple(self._take_fresh() for _ in range(max(0, missing)))
+        seq.block_table.extend(appended)
         return appended
 
     def can_fork(self, parent: Sequence) -> bool:

@@ -75,6 +75,13 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
+        self.drafter = None
+        if config.speculative_config is not None:
+            from fastgen.speculative.config import SpeculativeConfig
+            from fastgen.speculative.drafts import Drafter
+
+            self.drafter = Drafter(SpeculativeConfig.from_dict(config.speculative_config),
+                                   lambda seq: self.live.by_seq[seq.seq_id].prediction_token_ids)
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -82,13 +89,16 @@ class LLMEngine:
             config.max_model_len,
             eos,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
+            drafter=self.drafter,
         )
         self.structured = StructuredOutputManager(self._grammar_backend_factory(eos))
         self.outbox = Outbox()
         self.live = LiveRequests(self.scheduler, self.outbox, on_forget=self.structured.release)
         self.requests, self.parents = self.live.states, self.live.parents  # read-only views, by id
         self.num_steps = 0
-        self.step_tokens = {"decode": 0, "prompt": 0, "mixed_steps": 0}  # since start, by kind
+        # Since start, by kind (draft: speculative tokens verified; accepted: those kept).
+        self.step_tokens = {"decode": 0, "prompt": 0, "mixed_steps": 0, "draft": 0, "accepted": 0}
+        self.accepted_per_position: list[int] = []
         self.factory = RequestFactory(config, self.tokenizer, self.structured.compile)
         self.driver = Driver()  # which thread may drive the engine
 
@@ -191,7 +201,8 @@ class LLMEngine:
             prefix_hit_tokens=bm.num_hit_tokens, prefix_queried_tokens=bm.num_queried_tokens,
             num_preemptions=scheduler.num_preemptions, num_steps=self.num_steps,
             decode_tokens=self.step_tokens["decode"], prompt_tokens=self.step_tokens["prompt"],
-            mixed_steps=self.step_tokens["mixed_steps"],
+            mixed_steps=self.step_tokens["mixed_steps"], draft_tokens=self.step_tokens["draft"],
+            accepted_draft_tokens=self.step_tokens["accepted"], accepted_per_position=tuple(self.accepted_per_position),
         )
 
     def check_invariants(self) -> None:
@@ -243,7 +254,9 @@ class LLMEngine:
         self.step_tokens["decode"] += out.num_decodes
         self.step_tokens["prompt"] += out.num_prompt_tokens
         self.step_tokens["mixed_steps"] += int(out.is_prefill and out.num_decodes > 0)
-        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes)
+        self.step_tokens["draft"] += out.num_draft_tokens
+        return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes,
+                          out.num_draft_tokens)
 
     def _run(self, out: SchedulerOutput, started: float) -> tuple[list[RequestOutput], int]:
         """Run a scheduled step; its requests' outputs (not yet delivered) and the number of
@@ -262,7 +275,9 @@ class LLMEngine:
                 raise
             return self._on_failed_run(out, states, exc), 0
         sampled = result.sampled
-        self.scheduler.postprocess(out, sampled)
+        if result.num_accepted is not None:
+            self._record_drafts(out, states, result.num_accepted)
+        self.scheduler.postprocess(out, sampled, result.num_accepted)
         self.live.take_logprobs(states, result)
         t = now()
         outputs = []
@@ -283,7 +298,25 @@ class LLMEngine:
                 output = self.live.finish_now(state, FinishReason.ERROR, _describe(exc))
             if output is not None:
                 outputs.append(output)
-        return outputs, sum(token is not None for token in sampled)
+        return outputs, sum(token is not None for token in sampled) + sum(result.num_accepted or ())
+
+    def _record_drafts(self, out: SchedulerOutput, states: list[RequestState], num_accepted: list[int]) -> None:
+        """Speculative decoding's counters: the drafter's (its back-off), each request's metrics
+        and the engine's."""
+        for i, draft in enumerate(out.draft_tokens):
+            if not draft:
+                continue
+            accepted = num_accepted[i]
+            self.drafter.record(out.seqs[i], len(draft), accepted)
+            m = states[i].metrics
+            m.num_draft_tokens += len(draft)
+            m.num_accepted_draft_tokens += accepted
+            for counts in (m.accepted_per_position, self.accepted_per_position):
+                if len(counts) < len(draft):
+                    counts += [0] * (len(draft) - len(counts))
+                for position in range(accepted):
+                    counts[position] += 1
+            self.step_tokens["accepted"] += accepted
 
     def _on_failed_run(self, out: SchedulerOutput, states: list[RequestState], exc: Exception) -> list[RequestOutput]:
         """A step failed in the model or the sampler: it is one request's failure when that request

@@ -39,6 +39,7 @@ class RequestState:
         self.final_only = final_only
         self.error: str | None = None  # why it finished with reason "error"
         self.grammar = None  # its structured-output grammar, compiled when it was added (fastgen.structured)
+        self.prediction_token_ids: list[int] | None = None  # its predicted output (speculative decoding's drafts)
         self.detokenizer = (
             IncrementalDetokenizer(tokenizer, self.prompt_token_ids) if tokenizer is not None else None
         )
@@ -90,6 +91,19 @@ class RequestState:
             return False
         new_ids = seq.token_ids[seq.num_prompt_tokens + self.detokenizer.num_output_tokens :]
         before = len(self.text)
+        if self.stop and len(new_ids) > 1:
+            # Several tokens in one step (speculative decoding's accepted drafts): taken one at a
+            # time, so the request ends at the token that completes a stop string, as it would
+            # have decoding one token a step; the tokens after it are dropped.
+            for i, token in enumerate(new_ids):
+                searched = len(self.text)
+                self.text += self.detokenizer.add([token])
+                if self._cut_stop_string(searched):
+                    if i + 1 < len(new_ids):
+                        del seq.token_ids[len(seq.token_ids) - (len(new_ids) - i - 1):]
+                        self.metrics.num_output_tokens = self.num_tokens_seen = seq.num_output_tokens
+                    return True
+            new_ids = []
         if new_ids:
             self.text += self.detokenizer.add(new_ids)
         if seq.is_finished:

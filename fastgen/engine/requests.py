@@ -89,21 +89,38 @@ class RequestFactory:
         text, token_ids = prompt_token_ids(prompt, params, self.tokenizer, self.config)
         params.check_logprobs_limit(min(self.config.max_logprobs, self.config.model_config.vocab_size))
         grammar = None if params.structured_outputs is None else self.compile_grammar(params.structured_outputs)
+        prediction = self._prediction_token_ids(params)
         if request_id is None:
             request_id = next(i for i in map(str, self._request_ids) if not in_use(i))
         elif in_use(check_request_id(request_id)):
             raise ValueError(f"request_id={request_id!r} is already in use")
         if params.n == 1:
-            return self._state(request_id, token_ids, params, text, now(), final_only, grammar)
+            return self._state(request_id, token_ids, params, text, now(), final_only, grammar, prediction)
         arrival = now()
         children = [self._state(ChildId(request_id, i), list(token_ids), child_params(params, i), text, arrival,
-                                final_only, grammar) for i in range(params.n)]
+                                final_only, grammar, prediction) for i in range(params.n)]
         return ParentRequest(request_id, children, final_only)
 
+    def _prediction_token_ids(self, params: SamplingParams) -> list[int] | None:
+        """The request's predicted output as token ids (None without one, or without speculative
+        decoding, which is all it is for); ValueError for ids outside the vocabulary."""
+        if params.prediction is None or self.config.speculative_config is None:
+            return None
+        if isinstance(params.prediction, str):
+            if self.tokenizer is None:
+                raise ValueError("prediction is a string but the engine was started with skip_tokenizer_init=True")
+            return self.tokenizer.encode(params.prediction, add_special_tokens=False)
+        vocab = self.config.model_config.vocab_size
+        for i, t in enumerate(params.prediction):
+            if t >= vocab:
+                raise ValueError(f"prediction[{i}]={t} is outside the vocabulary [0, {vocab})")
+        return list(params.prediction)
+
     def _state(self, request_id: str | ChildId, token_ids: list[int], params: SamplingParams, text: str | None,
-               arrival: float, final_only: bool, grammar) -> RequestState:
+               arrival: float, final_only: bool, grammar, prediction: list[int] | None = None) -> RequestState:
         seq = Sequence(next(self._seq_ids), token_ids, params)
         state = RequestState(request_id, seq, text, self.tokenizer, arrival, final_only=final_only,
                              token_texts=self.token_texts)
         state.grammar = grammar
+        state.prediction_token_ids = prediction
         return state

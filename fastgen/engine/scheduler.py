@@ -13,6 +13,14 @@ short steps instead of one long freeze. The step is a decode step when it has no
 (CUDA graphs, the compiled CPU decode graphs), else a prefill step whose decode rows are
 one-token queries.
 
+Speculative decoding (a `Drafter`): once every decode has its slot, decoding sequences propose
+draft tokens in batch order while the budget lasts, each within its max_tokens and
+max_model_len; a draft gets blocks only from the free list (it never preempts anyone) and is cut
+to the room it has. After the step a sequence keeps the drafted tokens the samples accepted and
+the sample after them; `num_computed_tokens` counts only those, so the cache slots of rejected
+drafts are simply written again later, and only blocks of kept tokens are ever keyed in the
+prefix cache.
+
 Parallel sampling (n > 1): the other completions of a prompt wait (`add_forks`) and fork from
 the first once its prompt is computed (see `fastgen.engine.forks`).
 
@@ -28,11 +36,15 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from fastgen.engine.block_manager import BlockManager
 from fastgen.engine.forks import PendingForks
 from fastgen.scheduler_output import SchedulerOutput
 from fastgen.sequence import FinishReason, Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from fastgen.speculative.drafts import Drafter
 
 
 class Scheduler:
@@ -44,6 +56,7 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
         long_prefill_token_threshold: int = 0,
+        drafter: Drafter | None = None,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -59,6 +72,7 @@ class Scheduler:
         self._finished: list[int] = []
         self.pending_forks = PendingForks()
         self.suspects: set[int] = set()  # seq_ids of sequences in a failed step (see `isolate`)
+        self.drafter = drafter
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -113,13 +127,16 @@ class Scheduler:
         """Decodes, then prompt chunks in what the budget leaves (capped while there are decodes):
         a prefill step when any prompt token runs, else a decode step; None when nothing runs."""
         decodes, new_blocks = self._schedule_decodes()
+        drafts = self._schedule_drafts(decodes, new_blocks) if self.drafter is not None and decodes else ()
+        decode_counts = [1 + len(draft) for draft in drafts] if drafts else [1] * len(decodes)
         cap = self.long_prefill_token_threshold if decodes and self.long_prefill_token_threshold else None
-        prompts, counts, new_tables = self._schedule_prompt_chunks(self.max_num_batched_tokens - len(decodes), cap)
+        prompts, counts, new_tables = self._schedule_prompt_chunks(self.max_num_batched_tokens - sum(decode_counts),
+                                                                   cap)
         n = len(decodes)
-        if not prompts:
+        if not prompts and not drafts:
             return SchedulerOutput(decodes, [1] * n, False, [False] * n, new_blocks, num_decodes=n) if decodes else None
-        return SchedulerOutput(decodes + prompts, [1] * n + counts, True, [False] * n + new_tables,
-                               new_blocks + [()] * len(prompts), num_decodes=n)
+        return SchedulerOutput(decodes + prompts, decode_counts + counts, True, [False] * n + new_tables,
+                               new_blocks + [()] * len(prompts), num_decodes=n, draft_tokens=drafts)
 
     def _schedule_decodes(self) -> tuple[list[Sequence], list[tuple[int, ...]]]:
         """A slot for the next token of every running sequence whose prompt is computed (one
@@ -142,6 +159,28 @@ class Scheduler:
                 new_blocks.append(self.block_manager.append_slot(seq))
                 scheduled.append(seq)
         return scheduled, new_blocks
+
+    def _schedule_drafts(self, decodes: list[Sequence], new_blocks: list[tuple[int, ...]]
+                         ) -> tuple[tuple[int, ...], ...]:
+        """Draft tokens for the scheduled decodes (each within the budget, its limits and the
+        blocks it can get without preempting); () when none drafts. Blocks taken for a draft are
+        added to that decode's new blocks."""
+        budget = self.max_num_batched_tokens - len(decodes)
+        drafts: list[tuple[int, ...]] = []
+        bm = self.block_manager
+        for i, seq in enumerate(decodes):
+            # The sample after the last drafted token is an output token too: k drafts make up to
+            # k + 1 tokens, all within max_tokens and max_model_len.
+            room = min(budget, seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1)
+            draft = self.drafter.propose(seq, room) if room > 0 else ()
+            if draft:
+                # Positions len(seq) .. len(seq) + k - 1 hold the drafts' K/V.
+                slots = len(seq.block_table) * bm.block_size - len(seq) + bm.num_free_blocks * bm.block_size
+                draft = draft[: max(0, slots)]
+                new_blocks[i] += bm.append_slots(seq, len(draft))
+            budget -= len(draft)
+            drafts.append(draft)
+        return tuple(drafts) if any(drafts) else ()
 
     def _schedule_prompt_chunks(self, budget: int, cap: int | None) -> tuple[list[Sequence], list[int], list[bool]]:
         """Prompt chunks within `budget` tokens, each at most `cap` (None: no cap): prompts in
@@ -183,20 +222,39 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     # ---- after the step ------------------------------------------------------------------
-    def postprocess(self, output: SchedulerOutput, sampled: list[int | None]) -> None:
+    def postprocess(self, output: SchedulerOutput, sampled: list[int | None],
+                    num_accepted: list[int] | None = None) -> None:
         """Advance the scheduled sequences by the step's result, finishing those that hit EOS, a
         stop token or their length limit.
 
         sampled[i] is the token sampled for sequence i, or None when its chunk did not reach the
-        end of its prompt.
+        end of its prompt. num_accepted[i]: how many of sequence i's draft tokens were accepted
+        (they come before sampled[i]); None when the step had no drafts.
         """
-        for seq, n, token in zip(output.seqs, output.num_new_tokens, sampled):
-            seq.num_computed_tokens += n
-            self.block_manager.cache_computed_blocks(seq)
-            if token is None:
+        for i, (seq, n, token) in enumerate(zip(output.seqs, output.num_new_tokens, sampled)):
+            draft = output.draft(i)
+            if not draft:
+                seq.num_computed_tokens += n
+                self.block_manager.cache_computed_blocks(seq)
+                if token is None:
+                    continue
+                seq.token_ids.append(token)
+                reason = self._finish_reason(seq, token)
+                if reason is not None:
+                    self.finish(seq, reason)
                 continue
-            seq.token_ids.append(token)
-            reason = self._finish_reason(seq, token)
+            accepted = num_accepted[i]
+            reason = None
+            for new in (*draft[:accepted], token):
+                seq.token_ids.append(new)
+                reason = self._finish_reason(seq, new)
+                if reason is not None:
+                    break
+            # The step computed the last token and the drafts: those kept are in the cache now
+            # (all of them when the sequence ends inside its accepted drafts); the sample after
+            # them is computed next step.
+            seq.num_computed_tokens = min(seq.num_computed_tokens + 1 + accepted, len(seq) - (reason is None))
+            self.block_manager.cache_computed_blocks(seq)
             if reason is not None:
                 self.finish(seq, reason)
         for seq, token in zip(output.forked_seqs, sampled[len(output.seqs):]):
@@ -235,6 +293,8 @@ class Scheduler:
         elif seq.status is SequenceStatus.PENDING_FORK:
             self.pending_forks.drop(seq)
         self._queue_first(self.pending_forks.orphans(seq))
+        if self.drafter is not None:
+            self.drafter.release((seq.seq_id,))
         if seq.status is not SequenceStatus.FINISHED:
             self._finished.append(seq.seq_id)
         self.suspects.discard(seq.seq_id)

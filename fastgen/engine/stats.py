@@ -15,7 +15,9 @@ class EngineStats:
     prefix-cache key count as free). prefix_hit_tokens / prefix_queried_tokens: prompt tokens
     served from the prefix cache / looked up, since start. num_preemptions, num_steps: since
     start. decode_tokens / prompt_tokens: tokens computed by kind since start; mixed_steps:
-    steps that decoded and computed prompt chunks together."""
+    steps that decoded and computed prompt chunks together. draft_tokens / accepted_draft_tokens:
+    speculative decoding's proposed tokens verified, and those accepted, since start;
+    accepted_per_position[i]: verifications that accepted draft position i (0 the first)."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -28,6 +30,9 @@ class EngineStats:
     decode_tokens: int = 0
     prompt_tokens: int = 0
     mixed_steps: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
 
     @property
     def prefix_hit_rate(self) -> float:

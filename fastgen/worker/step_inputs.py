@@ -68,10 +68,11 @@ class StepInputs:
 class StepInputBuilder:
     """Sized for the largest step: max_num_seqs rows, max(max_num_tokens, max_num_seqs) tokens and
     block tables max_blocks_per_seq wide. prepare_meta: the attention backend's `prepare`, applied
-    to every step's metadata."""
+    to every step's metadata. max_draft_tokens: most draft tokens a sequence verifies in a step
+    (speculative decoding), each a row of logits."""
 
     def __init__(self, max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device, prepare_meta: PrepareMeta = lambda meta: meta):
+                 device: torch.device, prepare_meta: PrepareMeta = lambda meta: meta, max_draft_tokens: int = 0):
         self.block_size = block_size
         self.prepare_meta = prepare_meta
         tokens = max(max_num_tokens, max_num_seqs)
@@ -84,7 +85,7 @@ class StepInputBuilder:
         self.block_table = BlockTable(max_num_seqs, max(2, max_blocks_per_seq), device)
         self.context_lens = CpuGpuBuffer((max_num_seqs,), torch.int32, device)
         self.query_start_loc = CpuGpuBuffer((max_num_seqs + 1,), torch.int32, device)
-        self.logits_indices = CpuGpuBuffer((max_num_seqs,), torch.int64, device)
+        self.logits_indices = CpuGpuBuffer((max_num_seqs * (1 + max_draft_tokens),), torch.int64, device)
         # Host-to-device copies are asynchronous and read the pinned buffers when they run. Most
         # steps sync anyway (sampling reads the tokens back), but a middle chunk of a long prompt
         # samples nothing, so the next build waits for this event before overwriting the buffers.
@@ -138,7 +139,9 @@ class StepInputBuilder:
         return StepLayout(False, rows, rows, 0, 1, max_context, tuple(range(n)), n)
 
     def fill_prefill(self, out: SchedulerOutput) -> StepLayout:
-        """Each sequence computes tokens [num_computed, num_computed + num_new)."""
+        """Each sequence computes tokens [num_computed, num_computed + num_new): its own tokens,
+        then its draft tokens (speculative decoding), each of which samples: a drafted sequence
+        appears in `sample_rows` once per position it samples at, its last token's first."""
         self.wait_for_previous_upload()
         bs = self.block_size
         q_lens, ctx_lens, sample_rows, logits_idx = [], [], [], []
@@ -147,7 +150,15 @@ class StepInputBuilder:
             first = seq.num_computed_tokens
             end = first + count
             pos = np.arange(first, end)
-            self.input_ids.np[start : start + count] = seq.token_ids[first:end]
+            draft = out.draft(i)
+            if draft:
+                own = len(seq.token_ids) - first
+                self.input_ids.np[start : start + own] = seq.token_ids[first:]
+                self.input_ids.np[start + own : start + count] = draft
+                sample_rows += [i] * (len(draft) + 1)
+                logits_idx += range(start + own - 1, start + count)
+            else:
+                self.input_ids.np[start : start + count] = seq.token_ids[first:end]
             self.positions.np[start : start + count] = pos
             table = np.asarray(seq.block_table, dtype=np.int64)
             slots = table[pos // bs] * bs + pos % bs
@@ -157,7 +168,7 @@ class StepInputBuilder:
             q_lens.append(count)
             ctx_lens.append(end)
             start += count
-            if end == len(seq.token_ids):
+            if end == len(seq.token_ids) and not draft:
                 sample_rows.append(i)
                 logits_idx.append(start - 1)
         rows = len(out.seqs)

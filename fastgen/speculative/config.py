@@ -1,0 +1,50 @@
+"""The `speculative_config` engine setting (vLLM's names), checked into a plain dict."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from fastgen.checks import integer
+
+METHODS = ("ngram",)
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """method: "ngram" (prompt lookup). num_speculative_tokens: most draft tokens a sequence
+    proposes in one step (k; a verified step computes k + 1 positions of it). prompt_lookup_max /
+    prompt_lookup_min: the longest and shortest trailing n-gram searched for (the longest that
+    occurs earlier wins)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+
+    @classmethod
+    def from_dict(cls, value: dict) -> "SpeculativeConfig":
+        return cls(**value)
+
+
+def check_speculative_config(name: str, value: object) -> dict:
+    """The setting with its defaults filled in, or ValueError naming the key, the value and the
+    limit."""
+    if isinstance(value, SpeculativeConfig):
+        value = asdict(value)
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}={value!r} must be a dict such as {{'method': 'ngram', 'num_speculative_tokens': 4}}")
+    known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+    if unknown := sorted(set(value) - known):
+        raise ValueError(f"{name} has unknown keys {unknown}; known: {sorted(known)}")
+    method = value.get("method", "ngram")
+    if method not in METHODS:
+        raise ValueError(f"{name}['method']={method!r} is not one of {list(METHODS)}")
+    k = integer(f"{name}['num_speculative_tokens']", value.get("num_speculative_tokens", 4), minimum=1,
+                below=MAX_SPECULATIVE_TOKENS + 1, below_text=str(MAX_SPECULATIVE_TOKENS + 1))
+    high = integer(f"{name}['prompt_lookup_max']", value.get("prompt_lookup_max", 4), minimum=1, below=65,
+                   below_text="65")
+    low = integer(f"{name}['prompt_lookup_min']", value.get("prompt_lookup_min", min(2, high)), minimum=1)
+    if low > high:
+        raise ValueError(f"{name}['prompt_lookup_min']={low} must be <= prompt_lookup_max={high}")
+    return asdict(SpeculativeConfig(method, k, high, low))

@@ -1,0 +1,104 @@
+"""Prompt lookup, the drafter's choices (who drafts, how much, the back-off) and what a
+verification keeps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastgen import SamplingParams
+from fastgen.sequence import Sequence
+from fastgen.speculative.config import SpeculativeConfig, check_speculative_config
+from fastgen.speculative.drafts import FIRST_BACKOFF, WINDOW, Drafter
+from fastgen.speculative.ngram import lookup_draft
+from fastgen.speculative.verify import accepted_prefix
+
+
+def draft(tokens, num=3, n_max=3, n_min=1, extra=None):
+    return lookup_draft(np.asarray(tokens), None if extra is None else np.asarray(extra), num, n_max, n_min)
+
+
+def test_lookup_continues_after_the_latest_earlier_match():
+    #        0  1  2  3  4  5  6  7  8  9
+    tokens = [1, 2, 3, 9, 1, 2, 3, 8, 7, 1, 2, 3]
+    assert draft(tokens) == [8, 7, 1]  # the match at 4..6 is later than 0..2
+
+
+def test_lookup_prefers_the_longest_n_gram():
+    # The 1-gram [3] last occurred at 5 (followed by 6); the 2-gram [2, 3] at 1 (followed by 4).
+    tokens = [1, 2, 3, 4, 0, 3, 6, 2, 3]
+    assert draft(tokens, n_max=2) == [4, 0, 3]
+    assert draft(tokens, n_max=1) == [6, 2, 3]
+
+
+def test_lookup_stops_below_the_shortest_n_gram_and_at_the_end():
+    assert draft([1, 2, 3, 4], n_min=1) == []
+    assert draft([5, 1, 2, 5, 1], n_min=3) == []
+    assert draft([5, 1, 2, 5, 1], n_min=2) == [2, 5, 1]
+    assert draft([7, 7], n_max=1, n_min=1) == [7]  # what is left after the match, no more
+
+
+def test_lookup_searches_the_prediction_first():
+    tokens = [1, 2, 3, 5, 1, 2]
+    assert draft(tokens, n_max=2) == [3, 5, 1]
+    assert draft(tokens, n_max=2, extra=[9, 1, 2, 4, 4]) == [4, 4]
+
+
+def test_config_defaults_and_refusals():
+    assert check_speculative_config("speculative_config", {"method": "ngram"}) == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert check_speculative_config("c", SpeculativeConfig(num_speculative_tokens=2))["num_speculative_tokens"] == 2
+    for value, message in [
+        ("ngram", r"must be a dict"),
+        ({"method": "eagle"}, r"\['method'\]='eagle' is not one of \['ngram'\]"),
+        ({"num_speculative_tokens": 0}, r"\['num_speculative_tokens'\]=0 must be >= 1"),
+        ({"num_speculative_tokens": 17}, r"\['num_speculative_tokens'\]=17 must be < 17"),
+        ({"prompt_lookup_max": 2, "prompt_lookup_min": 3}, r"prompt_lookup_min'\]=3 must be <= prompt_lookup_max=2"),
+        ({"num_speculative_token": 3}, r"unknown keys \['num_speculative_token'\]"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            check_speculative_config("c", value)
+
+
+def sequence(tokens, num_prompt, **params):
+    seq = Sequence(0, list(tokens[:num_prompt]), SamplingParams(max_tokens=64, **params))
+    seq.token_ids += tokens[num_prompt:]
+    return seq
+
+
+def test_only_requests_verified_exactly_draft():
+    tokens = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3))
+    assert drafter.propose(sequence(tokens, 6), 8) == (3, 4, 1)
+    assert drafter.propose(sequence(tokens, 6), 2) == (3, 4)  # the caller's limit
+    for params in ({"presence_penalty": 0.5}, {"logprobs": 1}, {"min_tokens": 5},
+                   {"structured_outputs": {"regex": "[0-9]+"}}):
+        assert drafter.propose(sequence(tokens, 6, **params), 8) == (), params
+
+
+def test_a_prediction_is_followed_from_the_start_while_the_output_matches_it():
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3), lambda seq: [7, 8, 9, 10, 11])
+    assert drafter.propose(sequence([1, 2, 3, 7, 8], 3), 8) == (9, 10, 11)
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3), lambda seq: [7, 8, 9, 10, 11])
+    # Off the prediction: its n-grams are still looked up.
+    assert drafter.propose(sequence([1, 2, 3, 5, 9], 3), 8) == ()
+    assert drafter.propose(sequence([1, 2, 3, 5, 9, 10], 3), 8) == (11,)
+
+
+def test_drafts_that_keep_failing_pause_and_come_back():
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=2))
+    seq = sequence([4, 5, 4, 5, 4], 2)
+    for _ in range(WINDOW):
+        assert drafter.propose(seq, 8) == (5, 4)
+        drafter.record(seq, 2, 0)
+    for _ in range(FIRST_BACKOFF):
+        assert drafter.propose(seq, 8) == ()
+    assert drafter.propose(seq, 8) == (5, 4)
+    drafter.release([seq.seq_id])
+    assert not drafter.seqs
+
+
+def test_verification_keeps_drafts_up_to_the_first_difference():
+    assert accepted_prefix((5, 6, 7), (5, 6, 7, 8)) == 3
+    assert accepted_prefix((5, 6, 7), (5, 9, 7, 8)) == 1
+    assert accepted_prefix((5, 6, 7), (1, 6, 7, 8)) == 0

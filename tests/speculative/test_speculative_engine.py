@@ -1,0 +1,184 @@
+"""Speculative decoding in the engine: greedy output equals transformers' token for token in
+float32 whatever the drafts (exact, wrong, none, cut by the budget or max_tokens), through mixed
+steps, preemption, the prefix cache, stop tokens and strings, n > 1 and aborts; requests that
+cannot be verified exactly decode as without speculation."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastgen import LLM, SamplingParams
+from tests.conftest import FAMILIES, random_prompts
+
+MAX_TOKENS = 24
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def greedy(**extra) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=extra.pop("max_tokens", MAX_TOKENS), ignore_eos=True, **extra)
+
+
+def corrupted(tokens: list[int], every: int = 7) -> list[int]:
+    """The output with every `every`-th token changed: drafts right for a while, then wrong."""
+    return [(t + 1) % 300 + 1 if i % every == every - 1 else t for i, t in enumerate(tokens)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_with_drafts_equals_transformers(tiny_models, reference, family):
+    prompts = random_prompts([9, 21, 6], seed=4) + [random_prompts([5], seed=9)[0] * 5]
+    want = reference(tiny_models[family], prompts, MAX_TOKENS)
+    llm = LLM(tiny_models[family], dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=96,
+              speculative_config=NGRAM)
+    params = [greedy(prediction=want[0]), greedy(prediction=corrupted(want[1])), greedy(), greedy()]
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == want
+    assert outs[0].metrics.num_accepted_draft_tokens >= MAX_TOKENS // 2  # the drafts were in play
+    assert outs[1].metrics.num_draft_tokens > outs[1].metrics.num_accepted_draft_tokens > 0
+    stats = llm.engine.stats()
+    assert stats.accepted_draft_tokens == sum(o.metrics.num_accepted_draft_tokens for o in outs)
+    assert sum(stats.accepted_per_position) == stats.accepted_draft_tokens
+    llm.engine.check_invariants()
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_drafts_beside_prompt_chunks_and_within_a_small_budget(tiny_models, reference, k):
+    """Long prompts arrive while drafted sequences decode: mixed steps with drafts, a token budget
+    of 12 that cuts drafts and chunks prompts."""
+    model = tiny_models["llama"]
+    prompts = random_prompts([7, 40, 11, 33], seed=k)
+    want = reference(model, prompts, MAX_TOKENS)
+    llm = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=96, max_num_batched_tokens=12,
+              long_prefill_token_threshold=5, speculative_config=NGRAM | {"num_speculative_tokens": k})
+    engine = llm.engine
+    finals = {}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, greedy(prediction=want[i]), request_id=str(i))
+        for _ in range(3):  # the others arrive while the first ones decode
+            finals.update({o.request_id: o for o in engine.step() if o.finished})
+            engine.check_invariants()
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        engine.check_invariants()
+    assert [finals[str(i)].token_ids for i in range(len(prompts))] == want
+    stats = engine.stats()
+    assert stats.mixed_steps > 0 and stats.accepted_draft_tokens > 0
+
+
+def test_max_tokens_cuts_a_draft(tiny_models, reference):
+    model = tiny_models["qwen3"]
+    prompts = random_prompts([8, 13], seed=2)
+    want = reference(model, prompts, 6)
+    llm = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=32, speculative_config=NGRAM)
+    outs = llm.generate(prompts, [greedy(max_tokens=6, prediction=want[i] + [1, 2, 3]) for i in range(2)])
+    assert [o.token_ids for o in outs] == want
+    assert all(o.finish_reason == "length" for o in outs)
+
+
+def test_a_stop_token_inside_accepted_drafts_ends_the_request_there(tiny_models, reference):
+    model = tiny_models["qwen2"]
+    prompt = random_prompts([10], seed=6)[0]
+    (want,) = reference(model, [prompt], MAX_TOKENS)
+    stop = want[9]
+    expected = want[: want.index(stop) + 1]
+    llm = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=32, speculative_config=NGRAM)
+    (out,) = llm.generate([prompt], greedy(prediction=want, stop_token_ids=[stop]))
+    assert out.token_ids == expected and out.finish_reason == "stop"
+    assert out.metrics.num_accepted_draft_tokens > 0
+
+
+def test_a_stop_string_completed_inside_drafts_ends_where_it_would_without_them(tiny_models, reference):
+    model = tiny_models["llama"]
+    prompt = random_prompts([12], seed=8)[0]
+    (want,) = reference(model, [prompt], MAX_TOKENS)
+    plain = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=32)
+    text = plain.generate([prompt], greedy())[0].text
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    assert stop.strip(), text
+    expected = plain.generate([prompt], greedy(stop=[stop]))[0]
+    spec = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=32, speculative_config=NGRAM)
+    (out,) = spec.generate([prompt], greedy(stop=[stop], prediction=want))
+    assert (out.text, out.token_ids, out.finish_reason) == (expected.text, expected.token_ids, "stop")
+    assert out.token_ids == want[: len(out.token_ids)] and len(out.token_ids) < MAX_TOKENS
+    assert out.metrics.num_accepted_draft_tokens > 0
+
+
+def test_preemption_and_the_prefix_cache_stay_exact(tiny_models, reference):
+    """Few blocks: drafted sequences are preempted and recomputed; then prompts that extend the
+    first answers reuse their keyed blocks, which must hold only accepted tokens."""
+    model = tiny_models["qwen3"]
+    prompts = random_prompts([14, 9, 17, 12], seed=10)
+    want = reference(model, prompts, MAX_TOKENS)
+    llm = LLM(model, dtype="float32", max_model_len=64, block_size=4, num_kv_blocks=22, speculative_config=NGRAM)
+    engine = llm.engine
+    finals = {}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, greedy(prediction=corrupted(want[i], 5)), request_id=str(i))
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        engine.check_invariants()
+    assert [finals[str(i)].token_ids for i in range(4)] == want
+    assert engine.stats().num_preemptions > 0 and engine.stats().accepted_draft_tokens > 0
+    followups = [p + w[:10] for p, w in zip(prompts, want)]
+    want_more = reference(model, followups, 8)
+    hits = engine.stats().prefix_hit_tokens
+    outs = llm.generate(followups, [greedy(max_tokens=8, prediction=w) for w in want_more])
+    assert [o.token_ids for o in outs] == want_more
+    assert engine.stats().prefix_hit_tokens > hits
+
+
+def test_parallel_completions_and_seeds(tiny_models, reference):
+    model = tiny_models["gpt2"]
+    prompt = random_prompts([6], seed=3)[0]
+    (want,) = reference(model, [prompt], MAX_TOKENS)
+    llm = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=64, speculative_config=NGRAM)
+    (out,) = llm.generate([prompt], greedy(n=2, prediction=want))
+    assert [c.token_ids for c in out.outputs] == [want, want]
+    sampled = SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, ignore_eos=True, n=3, seed=7, prediction=want)
+    first, again = (llm.generate([prompt], sampled)[0] for _ in range(2))
+    assert [c.token_ids for c in first.outputs] == [c.token_ids for c in again.outputs]
+
+
+@pytest.mark.parametrize("params", [{"repetition_penalty": 1.3}, {"logprobs": 2}, {"min_tokens": MAX_TOKENS}],
+                         ids=["penalty", "logprobs", "min_tokens"])
+def test_requests_that_cannot_be_verified_exactly_decode_one_token_a_step(tiny_models, reference, params):
+    model = tiny_models["llama"]
+    prompt = random_prompts([9], seed=12)[0]
+    plain = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=32)
+    expected = plain.generate([prompt], greedy(**params))[0]
+    spec = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=32, speculative_config=NGRAM)
+    (out,) = spec.generate([prompt], greedy(prediction=expected.token_ids, **params))
+    assert out.token_ids == expected.token_ids
+    assert out.metrics.num_draft_tokens == 0
+    if "logprobs" in params:
+        assert [lp.keys() for lp in out.outputs[0].logprobs] == [lp.keys() for lp in expected.outputs[0].logprobs]
+
+
+def test_an_abort_between_verifications_frees_everything(tiny_models, reference):
+    model = tiny_models["qwen3"]
+    prompts = random_prompts([8, 8], seed=13)
+    want = reference(model, prompts, MAX_TOKENS)
+    llm = LLM(model, dtype="float32", max_model_len=64, block_size=4, num_kv_blocks=40, speculative_config=NGRAM)
+    engine = llm.engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, greedy(prediction=want[i]), request_id=str(i))
+    finals = {}
+    for _ in range(3):
+        engine.step()
+    assert engine.abort("0")
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        engine.check_invariants()
+    assert finals["0"].finish_reason == "abort" and finals["1"].token_ids == want[1]
+    assert engine.stats().num_used_kv_blocks == 0 and not engine.drafter.seqs
+
+
+def test_a_prediction_without_speculative_decoding_is_ignored_and_bad_ones_refused(tiny_models):
+    model = tiny_models["llama"]
+    llm = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=32)
+    (out,) = llm.generate([[5, 6, 7]], greedy(max_tokens=4, prediction="anything"))
+    assert out.metrics.num_draft_tokens == 0
+    spec = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=32, speculative_config=NGRAM)
+    with pytest.raises(ValueError, match=r"prediction\[1\]=100000 is outside the vocabulary \[0, 384\)"):
+        spec.generate([[5, 6, 7]], greedy(prediction=[3, 100000]))
+    with pytest.raises(ValueError, match=r"prediction=5 must be a string or a list of token ids"):
+        SamplingParams(prediction=5)
