@@ -204,9 +204,10 @@ class EngineConfig:
     decoding sequence by prompt lookup (what followed the latest earlier occurrence of its last
     n..m tokens, in its prompt, its output or the request's predicted output), and verifies them
     with the rest of the batch in one forward: greedy output stays the same token for token, and
-    sampled output keeps its distribution. Defaults k=4, n=4, m=2. Requests with penalties, a
-    grammar, logprobs or unmet min_tokens decode one token a step; a sequence whose drafts keep
-    failing pauses its proposals. None: off."""
+    sampled output keeps its distribution. Defaults k=4, n=4, m=2. A sequence's draft is as long
+    as its recent acceptance pays for at the step's batch size (none once it would not pay;
+    "disable_by_batch_size": B also stops all drafts in steps of B sequences or more). Requests
+    with penalties, a grammar, logprobs or unmet min_tokens decode one token a step. None: off."""
     max_waiting_requests: int = _knob(1024, at_least(1))
     """Most requests add_request lets wait for a first schedule; one more is refused at once
     (EngineOverloaded; HTTP 503 in the server) instead of queueing without bound. Batch

@@ -115,6 +115,7 @@ def engine_settings(llm, choice) -> dict:
         "num_kv_blocks": runner.num_kv_blocks,
         "kv_cache_bytes": runner.kv_cache.num_bytes,
         "enable_prefix_caching": config.enable_prefix_caching,
+        "speculative_config": config.speculative_config,
         "enforce_eager": config.enforce_eager,
         "cuda_graphs": runner.graphs is not None,
         "compiled_decode": runner.compiled_decode is not None,

@@ -100,6 +100,8 @@ def measure_latency(llm, spec: LatencySpec, *, peers: list[str], gguf: str | Non
         "num_preemptions": counters.preemptions,
         "peak_memory_bytes": peak_memory_bytes(device),
     }
+    if (speculative := counters.speculative()) is not None:
+        results["speculative"] = speculative
     if per_request:
         results["requests"] = [{"iteration": i, **record} for i, t in enumerate(measured)
                                for record in request_records(t.outputs)]
@@ -109,7 +111,12 @@ def measure_latency(llm, spec: LatencySpec, *, peers: list[str], gguf: str | Non
 
 
 def _decode_rate(batch_size: int, measured: list[IterationTimes]) -> float | None:
+    """The batch over the median decode step; with speculative decoding, whose steps make a
+    varying number of tokens each, the decode steps' tokens over their time."""
     steps = sorted(x for t in measured for x in t.decode_steps)
+    tokens = [n for t in measured for n in t.decode_step_tokens]
+    if steps and any(n > batch_size for n in tokens):
+        return sum(tokens) / sum(steps)
     return batch_size / steps[len(steps) // 2] if steps else None
 
 

@@ -31,20 +31,37 @@ class EngineCounters:
     decode_tokens: int = 0
     prompt_tokens: int = 0
     mixed_steps: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
 
     @classmethod
     def read(cls, engine) -> "EngineCounters":
         stats = engine.stats()
         return cls(stats.prefix_hit_tokens, stats.prefix_queried_tokens, stats.num_preemptions, stats.decode_tokens,
-                   stats.prompt_tokens, stats.mixed_steps)
+                   stats.prompt_tokens, stats.mixed_steps, stats.draft_tokens, stats.accepted_draft_tokens,
+                   stats.accepted_per_position)
 
     def since(self, earlier: "EngineCounters") -> "EngineCounters":
-        return EngineCounters(*(now - before for now, before in zip(dataclasses.astuple(self),
-                                                                     dataclasses.astuple(earlier))))
+        now, then = dataclasses.astuple(self)[:-1], dataclasses.astuple(earlier)[:-1]
+        counts = [a - b for a, b in zip(now, then)]
+        before = earlier.accepted_per_position
+        positions = tuple(n - (before[i] if i < len(before) else 0) for i, n in enumerate(self.accepted_per_position))
+        return EngineCounters(*counts, positions)
 
     def step_tokens(self) -> dict[str, int]:
         """The scheduler's choices over the measurement (the bench JSON's `step_tokens`)."""
-        return {"decode": self.decode_tokens, "prompt": self.prompt_tokens, "mixed_steps": self.mixed_steps}
+        return {"decode": self.decode_tokens, "prompt": self.prompt_tokens, "mixed_steps": self.mixed_steps,
+                "draft": self.draft_tokens}
+
+    def speculative(self) -> dict | None:
+        """Speculative decoding over the measurement (the bench JSON's `speculative`); None
+        without drafts."""
+        if not self.draft_tokens:
+            return None
+        return {"draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_draft_tokens,
+                "acceptance_rate": self.accepted_draft_tokens / self.draft_tokens,
+                "accepted_per_position": list(self.accepted_per_position)}
 
     @property
     def hit_rate(self) -> float:
@@ -149,6 +166,7 @@ class IterationTimes:
     prefill_steps: list[float] = field(default_factory=list)
     decode_steps: list[float] = field(default_factory=list)
     outputs: list[RequestOutput] = field(default_factory=list)
+    decode_step_tokens: list[int] = field(default_factory=list)  # tokens each decode step produced
 
     @property
     def output_tokens(self) -> int:
@@ -160,9 +178,14 @@ def run_iteration(engine, workload, temperature: float, device) -> IterationTime
 
     def time_step(step) -> None:
         synchronize(device)
-        if step.is_prefill is not None:  # a mixed step counts as a prefill step (it computes prompt tokens)
-            kind = times.prefill_steps if step.is_prefill else times.decode_steps
-            kind.append(time.perf_counter() - step.started_at)
+        if step.is_prefill is not None:
+            # A mixed step counts as a prefill step (it computes prompt tokens); a step that
+            # verifies drafts and computes no prompt token is a decode step.
+            if step.num_prompt_tokens > 0:
+                times.prefill_steps.append(time.perf_counter() - step.started_at)
+            else:
+                times.decode_steps.append(time.perf_counter() - step.started_at)
+                times.decode_step_tokens.append(step.num_sampled)
 
     synchronize(device)
     start = time.perf_counter()

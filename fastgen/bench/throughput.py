@@ -91,6 +91,8 @@ def measure_round(engine, device, workload: Workload, temperature: float, peers:
         "num_preemptions": counters.preemptions,
         "step_tokens": counters.step_tokens(),
     }
+    if (speculative := counters.speculative()) is not None:
+        results["speculative"] = speculative
     if per_request:
         results["requests"] = request_records(outputs)
     peer_runs = []

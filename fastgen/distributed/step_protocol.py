@@ -43,9 +43,10 @@ def _payload_buffer(builder: StepInputBuilder) -> torch.Tensor:
     """Room for the largest payload this builder's steps can have."""
     tokens, rows = builder.input_ids.np.shape[0], builder.context_lens.np.shape[0]
     width = builder.block_table.rows.shape[1]
+    logits = builder.logits_indices.np.shape[0]  # a row a sequence, more with speculative drafts
     # A step forks at most `rows` children (one block copy each) and has at most a logit span
     # per sequence plus one per PROMPT_LOGPROB_ROWS tokens: 2 * (2 * rows + tokens) bounds both.
-    return torch.zeros(5 * tokens + 7 * rows + 1 + rows * width, dtype=torch.int64)
+    return torch.zeros(5 * tokens + 6 * rows + 1 + logits + rows * width, dtype=torch.int64)
 
 
 class StepSender:

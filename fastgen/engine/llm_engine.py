@@ -78,9 +78,10 @@ class LLMEngine:
         self.drafter = None
         if config.speculative_config is not None:
             from fastgen.speculative.config import SpeculativeConfig
-            from fastgen.speculative.drafts import Drafter
+            from fastgen.speculative.drafts import ROW_COST, Drafter
 
             self.drafter = Drafter(SpeculativeConfig.from_dict(config.speculative_config),
+                                   ROW_COST[config.torch_device.type],
                                    lambda seq: self.live.by_seq[seq.seq_id].prediction_token_ids)
         self.scheduler = Scheduler(
             self.block_manager,

@@ -165,6 +165,9 @@ class Scheduler:
         """Draft tokens for the scheduled decodes (each within the budget, its limits and the
         blocks it can get without preempting); () when none drafts. Blocks taken for a draft are
         added to that decode's new blocks."""
+        limit = self.drafter.config.disable_by_batch_size
+        if limit is not None and len(decodes) >= limit:
+            return ()
         budget = self.max_num_batched_tokens - len(decodes)
         drafts: list[tuple[int, ...]] = []
         bm = self.block_manager
@@ -172,7 +175,7 @@ class Scheduler:
             # The sample after the last drafted token is an output token too: k drafts make up to
             # k + 1 tokens, all within max_tokens and max_model_len.
             room = min(budget, seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1)
-            draft = self.drafter.propose(seq, room) if room > 0 else ()
+            draft = self.drafter.propose(seq, room, len(decodes)) if room > 0 else ()
             if draft:
                 # Positions len(seq) .. len(seq) + k - 1 hold the drafts' K/V.
                 slots = len(seq.block_table) * bm.block_size - len(seq) + bm.num_free_blocks * bm.block_size

@@ -44,9 +44,20 @@ class _EngineCollector:
         tokens = CounterMetricFamily("fastgen_step_tokens", "Tokens computed since start, by kind.", labels=["kind"])
         tokens.add_metric(["decode"], s.decode_tokens)
         tokens.add_metric(["prompt"], s.prompt_tokens)
+        tokens.add_metric(["draft"], s.draft_tokens)
         yield tokens
         yield CounterMetricFamily("fastgen_mixed_steps", "Steps that decoded and computed prompt chunks together.",
                                   s.mixed_steps)
+        yield CounterMetricFamily("fastgen_spec_decode_num_draft_tokens",
+                                  "Speculative decoding: draft tokens verified since start.", s.draft_tokens)
+        yield CounterMetricFamily("fastgen_spec_decode_num_accepted_tokens",
+                                  "Speculative decoding: draft tokens accepted since start.", s.accepted_draft_tokens)
+        by_position = CounterMetricFamily("fastgen_spec_decode_num_accepted_tokens_per_pos",
+                                          "Speculative decoding: accepted draft tokens by draft position (0: first).",
+                                          labels=["position"])
+        for position, count in enumerate(s.accepted_per_position):
+            by_position.add_metric([str(position)], count)
+        yield by_position
 
 
 class ServerMetrics:

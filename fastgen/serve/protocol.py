@@ -23,7 +23,6 @@ UNSUPPORTED: dict[str, tuple] = {
     "best_of": (None, 1),
     "audio": (None,),
     "modalities": (None, ["text"]),
-    "prediction": (None,),
     "web_search_options": (None,),
 }
 
@@ -60,6 +59,9 @@ class SamplingFields(BaseModel):
     response_format: dict[str, Any] | None = None
     # vLLM's field: {"json" | "json_object" | "regex" | "choice" | "grammar": ...}
     structured_outputs: dict[str, Any] | None = None
+    # OpenAI's predicted output: {"type": "content", "content": text or [{"type": "text", "text": ...}]};
+    # the drafts of speculative decoding where the engine runs it, else ignored.
+    prediction: dict[str, Any] | None = None
     # Refused unless harmless (UNSUPPORTED).
     functions: list[Any] | None = None
     function_call: Any = None
@@ -67,7 +69,6 @@ class SamplingFields(BaseModel):
     best_of: int | None = None
     audio: Any = None
     modalities: list[str] | None = None
-    prediction: Any = None
     web_search_options: Any = None
 
 

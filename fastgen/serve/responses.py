@@ -23,9 +23,17 @@ def choices_of(output: RequestOutput) -> list:
 
 
 def usage(output: RequestOutput, prompt_only: bool = False) -> dict:
+    """OpenAI's usage; with speculative decoding's drafts, also OpenAI's counts of predicted
+    tokens kept and rejected (here: every draft, from the prediction or looked up)."""
     prompt = len(output.prompt_token_ids)
     completion = 0 if prompt_only else sum(len(c.token_ids) for c in choices_of(output))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    counts = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    m = output.metrics
+    if m is not None and m.num_draft_tokens:
+        counts["completion_tokens_details"] = {
+            "accepted_prediction_tokens": m.num_accepted_draft_tokens,
+            "rejected_prediction_tokens": m.num_draft_tokens - m.num_accepted_draft_tokens}
+    return counts
 
 
 @dataclass(frozen=True)

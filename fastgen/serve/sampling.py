@@ -75,6 +75,8 @@ def sampling_params(request: SamplingFields, max_tokens: int | None = None, **ex
     structured = structured_outputs(request)
     if structured is not None:
         kwargs["structured_outputs"] = structured
+    if request.prediction is not None:
+        kwargs["prediction"] = predicted_text(request.prediction)
     for name, value in extra.items():
         if value is None:
             continue
@@ -87,6 +89,21 @@ def sampling_params(request: SamplingFields, max_tokens: int | None = None, **ex
 def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
     """Chat's token limit: max_completion_tokens (OpenAI's newer name) wins over max_tokens."""
     return request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+
+
+def predicted_text(prediction: dict) -> str:
+    """OpenAI's `prediction` as text: {"type": "content", "content": a string, or a list of
+    {"type": "text", "text": ...} parts (joined)}. A 400 naming the field otherwise."""
+    content = prediction.get("content")
+    if prediction.get("type") != "content":
+        raise RequestError(f"prediction.type={prediction.get('type')!r} must be 'content'", param="prediction")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
+                                         and isinstance(part.get("text"), str) for part in content):
+        return "".join(part["text"] for part in content)
+    raise RequestError("prediction.content must be a string or a list of {'type': 'text', 'text': ...} parts",
+                       param="prediction")
 
 
 def _logit_bias(bias: dict[str, float]) -> dict[int, float]:

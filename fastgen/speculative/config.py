@@ -8,6 +8,7 @@ from fastgen.checks import integer
 
 METHODS = ("ngram",)
 MAX_SPECULATIVE_TOKENS = 16
+DEFAULT_DISABLE_BY_BATCH_SIZE = None
 
 
 @dataclass(frozen=True)
@@ -15,12 +16,17 @@ class SpeculativeConfig:
     """method: "ngram" (prompt lookup). num_speculative_tokens: most draft tokens a sequence
     proposes in one step (k; a verified step computes k + 1 positions of it). prompt_lookup_max /
     prompt_lookup_min: the longest and shortest trailing n-gram searched for (the longest that
-    occurs earlier wins)."""
+    occurs earlier wins). disable_by_batch_size: no sequence drafts in a step that decodes this
+    many sequences or more (vLLM's name): each drafted position costs a row of every product and
+    of the LM head, which a large batch pays in compute where one sequence's step only waits for
+    the weights (so each sequence's draft is already cut to what its acceptance pays for at the
+    step's batch size: `fastgen.speculative.drafts`); None (default): no cap beyond that."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
+    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     @classmethod
     def from_dict(cls, value: dict) -> "SpeculativeConfig":
@@ -34,7 +40,7 @@ def check_speculative_config(name: str, value: object) -> dict:
         value = asdict(value)
     if not isinstance(value, dict):
         raise ValueError(f"{name}={value!r} must be a dict such as {{'method': 'ngram', 'num_speculative_tokens': 4}}")
-    known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+    known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
     if unknown := sorted(set(value) - known):
         raise ValueError(f"{name} has unknown keys {unknown}; known: {sorted(known)}")
     method = value.get("method", "ngram")
@@ -47,4 +53,7 @@ def check_speculative_config(name: str, value: object) -> dict:
     low = integer(f"{name}['prompt_lookup_min']", value.get("prompt_lookup_min", min(2, high)), minimum=1)
     if low > high:
         raise ValueError(f"{name}['prompt_lookup_min']={low} must be <= prompt_lookup_max={high}")
-    return asdict(SpeculativeConfig(method, k, high, low))
+    disable = value.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE)
+    if disable is not None:
+        disable = integer(f"{name}['disable_by_batch_size']", disable, minimum=2)
+    return asdict(SpeculativeConfig(method, k, high, low, disable))

@@ -23,7 +23,7 @@ _ENGINE = {
     "num_parameters": "int", "dtype": "str", "quantization": "str?", "weight_bytes": "int", "device": "str",
     "block_size": "int", "max_num_seqs": "int",
     "max_num_batched_tokens": "int", "max_model_len": "int", "num_kv_blocks": "int", "kv_cache_bytes": "int",
-    "enable_prefix_caching": "bool", "enforce_eager": "bool", "cuda_graphs": "bool", "compiled_decode": "bool", "torch_compile": "bool",
+    "enable_prefix_caching": "bool", "speculative_config": "dict?", "enforce_eager": "bool", "cuda_graphs": "bool", "compiled_decode": "bool", "torch_compile": "bool",
     "compile_mode": "str", "compile_s": "number", "compiled_graphs": "dict",
     "attention_backend": "str", "seed": "int", "config": "dict",
 }

@@ -247,3 +247,28 @@ def test_validate_report_names_the_bad_field(prefix_run):
     del doc["engine"]["block_size"]
     with pytest.raises(ValueError, match=r"engine\.block_size is missing"):
         validate_report(doc)
+
+
+def test_speculative_decoding_is_reported_and_changes_no_total(fastgen_cli, tiny_models, tmp_path):
+    config = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'
+    doc = _bench(fastgen_cli, tmp_path, "throughput", "--model", tiny_models["qwen3"], *WORKLOAD, *ENGINE,
+                 "--speculative-config", config, "--temperature", "0")
+    r = doc["results"]
+    spec = r["speculative"]
+    assert spec["draft_tokens"] == r["step_tokens"]["draft"] > 0
+    assert 0 <= spec["accepted_tokens"] == sum(spec["accepted_per_position"]) <= spec["draft_tokens"]
+    assert doc["engine"]["speculative_config"]["num_speculative_tokens"] == 3
+    workload = build_workload(WorkloadSpec(8, IntRange(4, 32), IntRange(4, 16), seed=3), VOCAB_SIZE)
+    assert r["output_tokens"] == sum(workload.output_lens)
+
+
+@pytest.mark.parametrize("value, words", [
+    ('{"num_speculative_tokens": 0}', "speculative_config['num_speculative_tokens']=0 must be >= 1"),
+    ("ngram", "invalid JSON 'ngram'"),
+])
+def test_a_bad_speculative_config_exits_2_naming_it(capsys, value, words):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "throughput", "--speculative-config", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--speculative-config" in err and words in err, err

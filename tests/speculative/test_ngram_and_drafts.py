@@ -9,7 +9,7 @@ import pytest
 from fastgen import SamplingParams
 from fastgen.sequence import Sequence
 from fastgen.speculative.config import SpeculativeConfig, check_speculative_config
-from fastgen.speculative.drafts import FIRST_BACKOFF, WINDOW, Drafter
+from fastgen.speculative.drafts import FIRST_BACKOFF, Drafter, pay_threshold, paying_length
 from fastgen.speculative.ngram import lookup_draft
 from fastgen.speculative.verify import accepted_prefix
 
@@ -46,7 +46,8 @@ def test_lookup_searches_the_prediction_first():
 
 def test_config_defaults_and_refusals():
     assert check_speculative_config("speculative_config", {"method": "ngram"}) == {
-        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+        "disable_by_batch_size": None}
     assert check_speculative_config("c", SpeculativeConfig(num_speculative_tokens=2))["num_speculative_tokens"] == 2
     for value, message in [
         ("ngram", r"must be a dict"),
@@ -55,6 +56,7 @@ def test_config_defaults_and_refusals():
         ({"num_speculative_tokens": 17}, r"\['num_speculative_tokens'\]=17 must be < 17"),
         ({"prompt_lookup_max": 2, "prompt_lookup_min": 3}, r"prompt_lookup_min'\]=3 must be <= prompt_lookup_max=2"),
         ({"num_speculative_token": 3}, r"unknown keys \['num_speculative_token'\]"),
+        ({"disable_by_batch_size": 1}, r"\['disable_by_batch_size'\]=1 must be >= 2"),
     ]:
         with pytest.raises(ValueError, match=message):
             check_speculative_config("c", value)
@@ -77,23 +79,47 @@ def test_only_requests_verified_exactly_draft():
 
 
 def test_a_prediction_is_followed_from_the_start_while_the_output_matches_it():
-    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3), lambda seq: [7, 8, 9, 10, 11])
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3), prediction_of=lambda seq: [7, 8, 9, 10, 11])
     assert drafter.propose(sequence([1, 2, 3, 7, 8], 3), 8) == (9, 10, 11)
-    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3), lambda seq: [7, 8, 9, 10, 11])
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3), prediction_of=lambda seq: [7, 8, 9, 10, 11])
     # Off the prediction: its n-grams are still looked up.
     assert drafter.propose(sequence([1, 2, 3, 5, 9], 3), 8) == ()
     assert drafter.propose(sequence([1, 2, 3, 5, 9, 10], 3), 8) == (11,)
 
 
-def test_drafts_that_keep_failing_pause_and_come_back():
-    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=2))
-    seq = sequence([4, 5, 4, 5, 4], 2)
-    for _ in range(WINDOW):
-        assert drafter.propose(seq, 8) == (5, 4)
-        drafter.record(seq, 2, 0)
-    for _ in range(FIRST_BACKOFF):
-        assert drafter.propose(seq, 8) == ()
-    assert drafter.propose(seq, 8) == (5, 4)
+def test_drafts_are_as_long_as_their_acceptance_pays_for_at_the_batch_size():
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=6), row_cost=0.1)
+    seq = sequence([4, 5, 6, 7, 8, 9, 10, 11, 4, 5], 2)
+    assert paying_length(0.6, 0.1, 6) == 4 and paying_length(0.6, 0.4, 6) == 1 and paying_length(0.6, 0.8, 6) == 0
+    assert [round(pay_threshold(0.1, b), 2) for b in (1, 4, 16)] == [0.1, 0.33, 0.8]
+    assert drafter.propose(seq, 8) == (6, 7, 8)  # the prior rate (a half), alone in its step
+    assert drafter.propose(seq, 8, batch_size=4) == (6,)
+    assert drafter.propose(seq, 8, batch_size=16) == ()
+    assert drafter.propose(seq, 2) == (6, 7)  # the caller's limit
+    for _ in range(4):
+        drafter.record(seq, 4, 4)  # copied text: every draft kept
+    assert drafter.propose(seq, 8) == (6, 7, 8, 9, 10, 11)
+    assert len(drafter.propose(seq, 8, batch_size=4)) >= 3
+
+
+def test_drafts_that_keep_failing_stop_and_are_tried_again_later():
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=4), row_cost=0.1)
+    seq = sequence([4, 5, 4, 5, 4, 5, 4], 2)
+    for _ in range(20):
+        draft = drafter.propose(seq, 8)
+        if not draft:
+            break
+        drafter.record(seq, len(draft), 0)
+    else:
+        raise AssertionError("drafts that are never kept went on")
+    empties = 1  # the step that stopped the loop
+    for wait in (FIRST_BACKOFF, 2 * FIRST_BACKOFF):
+        # `wait` - 1 steps without a draft, then a one-token try; a failed try doubles the wait.
+        while not (draft := drafter.propose(seq, 8)):
+            empties += 1
+        assert (empties, draft) == (wait - 1, (5,))
+        drafter.record(seq, 1, 0)
+        empties = 0
     drafter.release([seq.seq_id])
     assert not drafter.seqs
 

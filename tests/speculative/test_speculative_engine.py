@@ -182,3 +182,44 @@ def test_a_prediction_without_speculative_decoding_is_ignored_and_bad_ones_refus
         spec.generate([[5, 6, 7]], greedy(prediction=[3, 100000]))
     with pytest.raises(ValueError, match=r"prediction=5 must be a string or a list of token ids"):
         SamplingParams(prediction=5)
+
+
+def test_drafts_over_two_tensor_parallel_ranks(tiny_models, reference):
+    from tests.distributed.thread_ranks import llm_on_thread_ranks
+
+    model = tiny_models["qwen3"]
+    prompts = random_prompts([11, 5], seed=14)
+    want = reference(model, prompts, MAX_TOKENS)
+    llm = llm_on_thread_ranks(model, 2, block_size=8, max_model_len=64, num_kv_blocks=64, speculative_config=NGRAM)
+    outs = llm.generate(prompts, [greedy(prediction=corrupted(w)) for w in want])
+    assert [o.token_ids for o in outs] == want
+    assert sum(o.metrics.num_accepted_draft_tokens for o in outs) > 0
+
+
+def test_drafts_through_a_spawned_tensor_parallel_worker(tiny_models, reference):
+    """Rank 0 broadcasts the verify steps (a row of logits a drafted position) to a real worker."""
+    model = tiny_models["llama"]
+    prompts = random_prompts([9, 14], seed=15)
+    want = reference(model, prompts, MAX_TOKENS)
+    with LLM(model, dtype="float32", tensor_parallel_size=2, distributed_timeout_s=60, block_size=8,
+             max_model_len=64, num_kv_blocks=40, speculative_config=NGRAM | {"num_speculative_tokens": 6}) as llm:
+        outs = llm.generate(prompts, [greedy(prediction=w) for w in want])
+    assert [o.token_ids for o in outs] == want
+    assert all(o.metrics.num_accepted_draft_tokens > 0 for o in outs)
+
+
+@pytest.mark.slow
+def test_verify_steps_through_the_compiled_cpu_graphs(tiny_models, reference):
+    """Drafted steps run the compiled prefill graph (a row of logits a drafted position), plain
+    steps the decode graphs: the same tokens as transformers."""
+    model = tiny_models["llama"]
+    prompts = random_prompts([9, 20, 6], seed=16)
+    want = reference(model, prompts, MAX_TOKENS)
+    llm = LLM(model, dtype="float32", block_size=8, max_model_len=64, num_kv_blocks=64, enforce_eager=False,
+              compile_mode="blocking", speculative_config=NGRAM)
+    compiled = llm.engine.runner.compiled_decode
+    assert compiled is not None
+    outs = llm.generate(prompts, [greedy(prediction=want[0]), greedy(prediction=corrupted(want[1])), greedy()])
+    assert [o.token_ids for o in outs] == want
+    assert outs[0].metrics.num_accepted_draft_tokens > 0
+    assert {"prefill", "one_row"} <= set(compiled.first_call_seconds)
