@@ -249,10 +249,13 @@ def test_validate_report_names_the_bad_field(prefix_run):
         validate_report(doc)
 
 
-def test_speculative_decoding_is_reported_and_changes_no_total(fastgen_cli, tiny_models, tmp_path):
+def test_speculative_decoding_is_reported_and_changes_no_total(tiny_models, tmp_path):
     config = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'
-    doc = _bench(fastgen_cli, tmp_path, "throughput", "--model", tiny_models["qwen3"], *WORKLOAD, *ENGINE,
-                 "--speculative-config", config, "--temperature", "0")
+    out = tmp_path / "report.json"
+    main(["bench", "throughput", "--model", tiny_models["qwen3"], *WORKLOAD, *ENGINE, "--speculative-config", config,
+          "--temperature", "0", "--quiet", "--output-json", str(out)])
+    doc = json.loads(out.read_text())
+    validate_report(doc)
     r = doc["results"]
     spec = r["speculative"]
     assert spec["draft_tokens"] == r["step_tokens"]["draft"] > 0
