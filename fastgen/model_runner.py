@@ -225,7 +225,16 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         num_rows = len(out.seqs) + len(out.forked_seqs)
         if not sample_seqs:
             return LaunchedStep(num_rows, [], prompt_lps)
-        tokens = self.sampler(logits, sample_seqs, None if greedy is None else greedy[: len(rows)], out.grammar)
+        offsets = None
+        if out.draft_tokens:  # a drafted sequence's rows sample its next positions, one a row
+            offsets = [0] * len(layout.sample_rows)
+            counts: dict[int, int] = {}
+            for k, i in enumerate(layout.sample_rows):
+                offsets[k] = counts.get(i, 0)
+                counts[i] = offsets[k] + 1
+            offsets += [0] * len(out.forked_seqs)
+        tokens = self.sampler(logits, sample_seqs, None if greedy is None else greedy[: len(rows)], out.grammar,
+                              offsets)
         self.readback.start(tokens)
         return LaunchedStep(num_rows, rows, prompt_lps, logits, tokens, sample_seqs, out.draft_tokens)
 

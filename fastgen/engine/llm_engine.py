@@ -256,6 +256,8 @@ class LLMEngine:
         self.step_tokens["prompt"] += out.num_prompt_tokens
         self.step_tokens["mixed_steps"] += int(out.is_prefill and out.num_decodes > 0)
         self.step_tokens["draft"] += out.num_draft_tokens
+        if self.drafter is not None and out.num_prompt_tokens == 0:
+            self.drafter.observe_step(out.num_decodes, out.num_draft_tokens, now() - started)
         return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes,
                           out.num_draft_tokens)
 

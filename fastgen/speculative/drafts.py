@@ -19,6 +19,13 @@ PRIOR_RATE), so a sequence drafts the tokens i with a**i above the threshold, at
 num_speculative_tokens: long drafts for copied text, short ones as the batch grows or the text
 stops repeating, none once a token would not pay.
 
+The threshold is measured where it can be: the engine reports every step that computed no
+prompt token (`observe_step`), and per batch size the drafter keeps a moving average of the
+steps without drafts and of the extra time per drafted token in steps with them; their ratio
+to a kept token's worth is the threshold from then on. The model above is only the start (it
+was fitted to bf16 weights on a CPU; quantized weights make a verify step dearer, a GPU's
+eager verify steps far dearer).
+
 A sequence whose rate has fallen below paying for even one token would never draft again to
 learn better, so after FIRST_BACKOFF steps without drafts it tries one token (then waits twice
 as long after each failed try, up to MAX_BACKOFF steps; a kept try resets the wait): text turns
@@ -88,6 +95,14 @@ class _SequenceDrafts:
         return self.tokens[:n]
 
 
+def batch_bucket(batch_size: int) -> int:
+    """Batch sizes measured together: each up to 8, then powers of two."""
+    return batch_size if batch_size <= 8 else 1 << (batch_size - 1).bit_length()
+
+
+STEP_AVERAGE = 0.1  # weight of a new step in the moving averages of step times
+
+
 def paying_length(rate: float, threshold: float, most: int) -> int:
     """The longest draft whose every token is kept with probability (rate**i) >= threshold."""
     if threshold <= 0 or rate >= 1.0:
@@ -109,6 +124,29 @@ class Drafter:
         self.row_cost = row_cost
         self.prediction_of = prediction_of
         self.seqs: dict[int, _SequenceDrafts] = {}
+        self.decode_seconds: dict[int, float] = {}  # batch bucket -> a step without drafts
+        self.draft_seconds: dict[int, float] = {}  # batch bucket -> extra time per drafted token
+
+    def observe_step(self, num_decodes: int, num_draft_tokens: int, seconds: float) -> None:
+        """A step that decoded `num_decodes` sequences, verified `num_draft_tokens` drafted
+        tokens and computed no prompt token took `seconds`."""
+        if num_decodes <= 0:
+            return
+        bucket = batch_bucket(num_decodes)
+        if not num_draft_tokens:
+            self.decode_seconds[bucket] = _average(self.decode_seconds.get(bucket), seconds)
+        elif bucket in self.decode_seconds:
+            extra = max(0.0, seconds - self.decode_seconds[bucket]) / num_draft_tokens
+            self.draft_seconds[bucket] = _average(self.draft_seconds.get(bucket), extra)
+
+    def threshold(self, batch_size: int) -> float:
+        """The probability above which a drafted token pays in a step of `batch_size` sequences:
+        measured (a drafted token's extra time over a kept token's worth, a step's time over its
+        sequences) once steps of this size with and without drafts were seen, else modelled."""
+        bucket = batch_bucket(batch_size)
+        if bucket in self.draft_seconds:
+            return min(1.0, self.draft_seconds[bucket] * batch_size / self.decode_seconds[bucket])
+        return pay_threshold(self.row_cost, batch_size)
 
     @staticmethod
     def eligible(seq: Sequence) -> bool:
@@ -124,8 +162,7 @@ class Drafter:
         state = self.seqs.get(seq.seq_id)
         if state is None:
             state = self.seqs[seq.seq_id] = _SequenceDrafts(self.prediction_of(seq))
-        length = paying_length(state.rate, pay_threshold(self.row_cost, batch_size),
-                               self.config.num_speculative_tokens)
+        length = paying_length(state.rate, self.threshold(batch_size), self.config.num_speculative_tokens)
         if length == 0:
             state.idle_steps += 1
             if state.idle_steps < state.backoff:
@@ -162,3 +199,7 @@ class Drafter:
     def release(self, seq_ids: Iterable[int]) -> None:
         for seq_id in seq_ids:
             self.seqs.pop(seq_id, None)
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else old + STEP_AVERAGE * (new - old)

@@ -31,8 +31,12 @@ class Sampler:
 
     Greedy rows draw no noise. Rows whose request has a seed draw from that request's own
     generator, created on its first sampled token and kept here, by sequence id, until the
-    request finishes (`release`), so a seeded request reproduces exactly whatever else shares
-    its batches, preemptions included; the others share the engine's generator.
+    request finishes (`release`), seeded afresh for each output position from the request's
+    seed and the position: so a seeded request reproduces exactly whatever else shares its
+    batches, preemptions included, and whichever step samples a position (speculative
+    decoding's verify steps sample several positions at once, some of them twice over when a
+    draft was rejected, and give the same tokens as one position a step); the others share the
+    engine's generator.
 
     Requests with penalties also get a slot in `token_counts`, filled from their tokens when they
     first sample and counted on the device after every call. eos_token_ids: what min_tokens bans
@@ -64,19 +68,21 @@ class Sampler:
         self.token_counts.release(seq_ids)
 
     def __call__(self, logits: torch.Tensor, seqs: Seq[Sequence], greedy_tokens: torch.Tensor | None = None,
-                 grammar: GrammarBitmask | None = None) -> torch.Tensor:
+                 grammar: GrammarBitmask | None = None, offsets: Seq[int] | None = None) -> torch.Tensor:
         """logits: [B, V] (any float dtype) for the rows of `seqs`, left unchanged; returns int64
         [B] on device.
 
         greedy_tokens: logits.argmax(-1) when already computed (a decode graph does it in the
         graph); used when no row's logits change here (no bias, grammar, penalties or min_tokens
         bans), so an all-greedy batch then launches nothing. grammar: the token masks of the rows
-        whose sequence follows a grammar.
+        whose sequence follows a grammar. offsets: row i samples its sequence's output token
+        num_output_tokens + offsets[i] (None: all 0; speculative decoding's drafted positions
+        are 1, 2, ...).
         """
         processed, penalised = self._process(self._bias_and_mask(logits, seqs, grammar), seqs)
         if processed is not logits:
             greedy_tokens = None  # the argmax was taken before the bias, masks, penalties and bans
-        tokens = self._sample(processed, seqs, greedy_tokens)
+        tokens = self._sample(processed, seqs, greedy_tokens, offsets)
         if penalised is not None:
             rows, slots = penalised
             self.token_counts.count(slots, tokens.index_select(0, rows))
@@ -139,8 +145,8 @@ class Sampler:
                                  rep, freq, pres)
         return logits, (rows_t, slots)
 
-    def _sample(self, logits: torch.Tensor, seqs: Seq[Sequence], greedy_tokens: torch.Tensor | None
-                ) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, seqs: Seq[Sequence], greedy_tokens: torch.Tensor | None,
+                offsets: Seq[int] | None = None) -> torch.Tensor:
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
             # argmax of the model-dtype logits: widening to fp32 is exact, so it picks the same
@@ -154,7 +160,7 @@ class Sampler:
         top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], dtype=torch.int64)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
         needs_filter = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
-        noise = self._noise(seqs, vocab)
+        noise = self._noise(seqs, vocab, offsets)
         min_p = torch.tensor([0.0 if p.greedy else p.min_p for p in params], dtype=torch.float32)
         return self.sample_fn(
             logits,
@@ -167,7 +173,7 @@ class Sampler:
             any(p.min_p > 0.0 and not p.greedy for p in params),
         )
 
-    def _noise(self, seqs: Seq[Sequence], vocab: int) -> torch.Tensor:
+    def _noise(self, seqs: Seq[Sequence], vocab: int, offsets: Seq[int] | None = None) -> torch.Tensor:
         noise = torch.empty(len(seqs), vocab, device=self.device)
         noise.exponential_(generator=self.generator)
         for row, seq in enumerate(seqs):
@@ -175,8 +181,15 @@ class Sampler:
                 continue
             generator = self.request_generators.get(seq.seq_id)
             if generator is None:
-                generator = torch.Generator(device=self.device)
-                generator.manual_seed(seq.params.seed)  # in range: SamplingParams checked it
-                self.request_generators[seq.seq_id] = generator
+                generator = self.request_generators[seq.seq_id] = torch.Generator(device=self.device)
+            position = seq.num_output_tokens + (offsets[row] if offsets is not None else 0)
+            generator.manual_seed(position_seed(seq.params.seed, position))
             noise[row].exponential_(generator=generator)
         return noise
+
+
+def position_seed(seed: int, position: int) -> int:
+    """A seeded request's generator seed for its output token `position`: the request's seed
+    (in [0, 2**64), as SamplingParams checks) mixed with the position by a 64-bit odd multiplier,
+    so neighbouring positions and seeds get unrelated streams."""
+    return (seed ^ ((position + 1) * 0x9E3779B97F4A7C15)) & 0xFFFF_FFFF_FFFF_FFFF

@@ -128,3 +128,16 @@ def test_verification_keeps_drafts_up_to_the_first_difference():
     assert accepted_prefix((5, 6, 7), (5, 6, 7, 8)) == 3
     assert accepted_prefix((5, 6, 7), (5, 9, 7, 8)) == 1
     assert accepted_prefix((5, 6, 7), (1, 6, 7, 8)) == 0
+
+
+def test_the_threshold_is_measured_once_steps_with_and_without_drafts_were_seen():
+    drafter = Drafter(SpeculativeConfig(), row_cost=0.1)
+    assert drafter.threshold(4) == pay_threshold(0.1, 4)  # the model, before any measurement
+    drafter.observe_step(4, 0, 0.020)  # 4 sequences, no drafts: 5 ms a token
+    assert drafter.threshold(4) == pay_threshold(0.1, 4)
+    drafter.observe_step(4, 8, 0.028)  # 8 drafted tokens cost 1 ms each
+    assert drafter.threshold(4) == pytest.approx(0.2)
+    assert drafter.threshold(3) == pay_threshold(0.1, 3)  # another batch size: not measured yet
+    drafter.observe_step(12, 0, 0.05)
+    drafter.observe_step(16, 10, 0.15)  # a dear draft in the 16 bucket: never pays
+    assert drafter.threshold(13) == 1.0

@@ -5,6 +5,8 @@ cannot be verified exactly decode as without speculation."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fastgen import LLM, SamplingParams
@@ -133,9 +135,18 @@ def test_parallel_completions_and_seeds(tiny_models, reference):
     llm = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=64, speculative_config=NGRAM)
     (out,) = llm.generate([prompt], greedy(n=2, prediction=want))
     assert [c.token_ids for c in out.outputs] == [want, want]
-    sampled = SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, ignore_eos=True, n=3, seed=7, prediction=want)
-    first, again = (llm.generate([prompt], sampled)[0] for _ in range(2))
-    assert [c.token_ids for c in first.outputs] == [c.token_ids for c in again.outputs]
+    # A seeded request samples each position from its seed and the position alone, so drafts
+    # (kept or not, whatever else runs) change none of its tokens.
+    plain = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=64)
+    sampled = SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, ignore_eos=True, n=3, seed=7)
+    (expected,) = plain.generate([prompt], sampled)
+    # The first completion predicted: its drafts are kept; the others' mostly not.
+    predicted = dataclasses.replace(sampled, prediction=expected.outputs[0].token_ids)
+    (first,) = llm.generate([prompt], predicted)
+    (beside,) = llm.generate([prompt, random_prompts([12], seed=5)[0]], predicted)[:1]
+    assert [c.token_ids for c in first.outputs] == [c.token_ids for c in expected.outputs]
+    assert [c.token_ids for c in beside.outputs] == [c.token_ids for c in expected.outputs]
+    assert llm.engine.stats().accepted_draft_tokens > 0
 
 
 @pytest.mark.parametrize("params", [{"repetition_penalty": 1.3}, {"logprobs": 2}, {"min_tokens": MAX_TOKENS}],

@@ -48,10 +48,29 @@ def test_fixed_seed_reproduces_regardless_of_batch():
     # Same request, other rows around it, another engine seed: the same draws, step after step.
     solo_seq, batch_seqs = seqs_for(seeded), seqs_for(seeded, SamplingParams(temperature=1.0), SamplingParams(temperature=0.0))
     sampler_a, sampler_b = make_sampler(0), make_sampler(99)
-    draws_a = [sampler_a(logits[:1], solo_seq).item() for _ in range(20)]
-    draws_b = [sampler_b(logits, batch_seqs)[0].item() for _ in range(20)]
+    draws_a = [decode_step(sampler_a, logits[:1], solo_seq)[0] for _ in range(20)]
+    draws_b = [decode_step(sampler_b, logits, batch_seqs)[0] for _ in range(20)]
     assert draws_a == draws_b and draws_a[0] == alone[0]
     assert len(set(draws_a)) > 1  # it is sampling, not argmax
+
+
+def decode_step(sampler, logits, seqs) -> list[int]:
+    """Sample a row for each sequence and append it (the next call samples the next position)."""
+    tokens = sampler(logits, seqs).tolist()
+    for seq, token in zip(seqs, tokens):
+        seq.token_ids.append(token)
+    return tokens
+
+
+def test_a_seeded_position_draws_the_same_whichever_step_samples_it():
+    """Speculative decoding samples a drafted position in a step with others (offsets), and may
+    sample it again after a rejection: a seeded row's token depends on its position alone."""
+    logits = random_logits(1, seed=4).expand(3, -1)
+    (seq,) = seqs_for(SamplingParams(temperature=1.0, seed=77))
+    one_a_step = [decode_step(make_sampler(0), logits[:1], [seq])[0] for _ in range(3)]
+    del seq.token_ids[-3:]
+    at_once = make_sampler(5)(logits, [seq, seq, seq], offsets=[0, 1, 2]).tolist()
+    assert at_once == one_a_step
 
 
 def test_unseeded_rows_differ_between_engine_seeds():
@@ -151,8 +170,8 @@ def test_a_top_k_beyond_int64_keeps_every_token():
     huge = seqs_for(*[SamplingParams(temperature=1.0, top_k=2**63, seed=s) for s in range(4)])
     unfiltered = seqs_for(*[SamplingParams(temperature=1.0, seed=s) for s in range(4)])
     huge_sampler, unfiltered_sampler = make_sampler(), make_sampler()
-    draws = [huge_sampler(logits, huge).tolist() for _ in range(10)]
-    assert draws == [unfiltered_sampler(logits, unfiltered).tolist() for _ in range(10)]
+    draws = [decode_step(huge_sampler, logits, huge) for _ in range(10)]
+    assert draws == [decode_step(unfiltered_sampler, logits, unfiltered) for _ in range(10)]
     assert len({tuple(d) for d in draws}) > 1  # sampling, not argmax
 
 
