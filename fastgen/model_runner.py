@@ -233,8 +233,9 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
                 offsets[k] = counts.get(i, 0)
                 counts[i] = offsets[k] + 1
             offsets += [0] * len(out.forked_seqs)
+        drafted = {"offsets": offsets} if offsets is not None else {}
         tokens = self.sampler(logits, sample_seqs, None if greedy is None else greedy[: len(rows)], out.grammar,
-                              offsets)
+                              **drafted)
         self.readback.start(tokens)
         return LaunchedStep(num_rows, rows, prompt_lps, logits, tokens, sample_seqs, out.draft_tokens)
 

@@ -155,10 +155,10 @@ def test_rank_0s_own_failure_outside_the_collectives_is_one_requests(tiny_models
     sampler = llm.engine.runner.runner.sampler
     original = sampler._sample
 
-    def poisoned(logits, seqs, greedy_tokens):
+    def poisoned(logits, seqs, greedy_tokens, *rest):
         if any(seq.params.max_tokens == 13 for seq in seqs):
             raise RuntimeError("poisoned sampling")
-        return original(logits, seqs, greedy_tokens)
+        return original(logits, seqs, greedy_tokens, *rest)
 
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
     plain = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

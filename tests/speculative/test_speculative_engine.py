@@ -207,6 +207,7 @@ def test_drafts_over_two_tensor_parallel_ranks(tiny_models, reference):
     assert sum(o.metrics.num_accepted_draft_tokens for o in outs) > 0
 
 
+@pytest.mark.slow
 def test_drafts_through_a_spawned_tensor_parallel_worker(tiny_models, reference):
     """Rank 0 broadcasts the verify steps (a row of logits a drafted position) to a real worker."""
     model = tiny_models["llama"]
