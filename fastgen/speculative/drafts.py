@@ -29,7 +29,8 @@ eager verify steps far dearer).
 A sequence whose rate has fallen below paying for even one token would never draft again to
 learn better, so after FIRST_BACKOFF steps without drafts it tries one token (then waits twice
 as long after each failed try, up to MAX_BACKOFF steps; a kept try resets the wait): text turns
-repetitive and back.
+repetitive and back. A try makes its whole step a verify step, so in a step of B sequences the
+waits are B times longer, and there are none where the threshold is near 1.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ PRIOR_RATE = 0.5  # a sequence's rate of kept draft tokens before any verificati
 PRIOR_WEIGHT = 1.0  # the prior counts as this many checked tokens
 DISCOUNT = 0.8  # weight of earlier verifications' counts at each new one
 FIRST_BACKOFF, MAX_BACKOFF = 8, 256
+MAX_THRESHOLD_FOR_TRIES = 0.9  # above it no rate would pay even the first drafted token
 # A drafted row's cost relative to a one-sequence decode step, by device: measured on a 2-core
 # CPU for a 135M model in bf16 (about 1.5 ms a row against 15 ms a step). CUDA verifies drafts
 # eagerly (steps with drafts are not captured in graphs), tens of times a replayed step's cost,
@@ -162,10 +164,13 @@ class Drafter:
         state = self.seqs.get(seq.seq_id)
         if state is None:
             state = self.seqs[seq.seq_id] = _SequenceDrafts(self.prediction_of(seq))
-        length = paying_length(state.rate, self.threshold(batch_size), self.config.num_speculative_tokens)
+        threshold = self.threshold(batch_size)
+        length = paying_length(state.rate, threshold, self.config.num_speculative_tokens)
         if length == 0:
             state.idle_steps += 1
-            if state.idle_steps < state.backoff:
+            # A try turns its whole step into a verify step, so among B sequences each tries B
+            # times less often; none where no draft can pay at this batch size.
+            if state.idle_steps < state.backoff * batch_size or threshold >= MAX_THRESHOLD_FOR_TRIES:
                 return ()
             length = 1  # a try: the rate learns only from drafts
         draft = self._lookup(seq, state, min(limit, length))
