@@ -172,7 +172,7 @@ class SamplingParams:
                                  f"vocabulary size)")
 
 
-PREDICTION_MAX_LENGTH = 1 << 20
+PREDICTION_MAX_LENGTH = 1 << 16  # drafts are looked up in it every step
 
 
 def _prediction(value: object) -> str | list[int]:

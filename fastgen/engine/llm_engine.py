@@ -254,7 +254,7 @@ class LLMEngine:
         self.num_steps += 1
         self.step_tokens["decode"] += out.num_decodes
         self.step_tokens["prompt"] += out.num_prompt_tokens
-        self.step_tokens["mixed_steps"] += int(out.is_prefill and out.num_decodes > 0)
+        self.step_tokens["mixed_steps"] += int(out.num_prompt_tokens > 0 and out.num_decodes > 0)
         self.step_tokens["draft"] += out.num_draft_tokens
         if self.drafter is not None and out.num_prompt_tokens == 0:
             self.drafter.observe_step(out.num_decodes, out.num_draft_tokens, now() - started)
@@ -278,9 +278,12 @@ class LLMEngine:
                 raise
             return self._on_failed_run(out, states, exc), 0
         sampled = result.sampled
-        if result.num_accepted is not None:
-            self._record_drafts(out, states, result.num_accepted)
+        lengths = [len(state.seq) for state in states]
         self.scheduler.postprocess(out, sampled, result.num_accepted)
+        # Tokens the step added (a sequence that ended inside its kept drafts dropped the rest).
+        grown = [len(state.seq) - n for state, n in zip(states, lengths)]
+        if result.num_accepted is not None:
+            self._record_drafts(out, states, result.num_accepted, grown)
         self.live.take_logprobs(states, result)
         t = now()
         outputs = []
@@ -301,16 +304,18 @@ class LLMEngine:
                 output = self.live.finish_now(state, FinishReason.ERROR, _describe(exc))
             if output is not None:
                 outputs.append(output)
-        return outputs, sum(token is not None for token in sampled) + sum(result.num_accepted or ())
+        return outputs, sum(grown)
 
-    def _record_drafts(self, out: SchedulerOutput, states: list[RequestState], num_accepted: list[int]) -> None:
-        """Speculative decoding's counters: the drafter's (its back-off), each request's metrics
-        and the engine's."""
+    def _record_drafts(self, out: SchedulerOutput, states: list[RequestState], num_accepted: list[int],
+                       grown: list[int]) -> None:
+        """Speculative decoding's counters: the drafter's (what the samples accepted: its rate),
+        each request's metrics and the engine's (the drafted tokens the output kept: fewer where
+        the sequence ended inside them)."""
         for i, draft in enumerate(out.draft_tokens):
             if not draft:
                 continue
-            accepted = num_accepted[i]
-            self.drafter.record(out.seqs[i], len(draft), accepted)
+            self.drafter.record(out.seqs[i], len(draft), num_accepted[i])
+            accepted = min(num_accepted[i], grown[i])
             m = states[i].metrics
             m.num_draft_tokens += len(draft)
             m.num_accepted_draft_tokens += accepted

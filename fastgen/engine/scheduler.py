@@ -283,6 +283,8 @@ class Scheduler:
         for queue in (self.running, self.waiting):
             if seq in queue:
                 queue.remove(seq)
+        if self.drafter is not None:
+            self.drafter.release((seq.seq_id,))
         self.suspects.discard(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
 

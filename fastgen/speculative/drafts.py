@@ -30,7 +30,7 @@ A sequence whose rate has fallen below paying for even one token would never dra
 learn better, so after FIRST_BACKOFF steps without drafts it tries one token (then waits twice
 as long after each failed try, up to MAX_BACKOFF steps; a kept try resets the wait): text turns
 repetitive and back. A try makes its whole step a verify step, so in a step of B sequences the
-waits are B times longer, and there are none where the threshold is near 1.
+waits are B times longer, and the longest where the measured threshold is near 1.
 """
 
 from __future__ import annotations
@@ -51,9 +51,10 @@ FIRST_BACKOFF, MAX_BACKOFF = 8, 256
 MAX_THRESHOLD_FOR_TRIES = 0.9  # above it no rate would pay even the first drafted token
 # A drafted row's cost relative to a one-sequence decode step, by device: measured on a 2-core
 # CPU for a 135M model in bf16 (about 1.5 ms a row against 15 ms a step). CUDA verifies drafts
-# eagerly (steps with drafts are not captured in graphs), tens of times a replayed step's cost,
-# so there only drafts that are nearly always kept (a predicted output followed) are made.
-ROW_COST = {"cpu": 0.1, "cuda": 10.0}
+# eagerly (steps with drafts are not captured in graphs), many times a replayed step's cost: a
+# guess that makes a draft pay only when kept about two times in three alone in its step, until
+# the engine has measured its own verify steps.
+ROW_COST = {"cpu": 0.1, "cuda": 1.0}
 
 
 def pay_threshold(row_cost: float, batch_size: int) -> float:
@@ -169,8 +170,12 @@ class Drafter:
         if length == 0:
             state.idle_steps += 1
             # A try turns its whole step into a verify step, so among B sequences each tries B
-            # times less often; none where no draft can pay at this batch size.
-            if state.idle_steps < state.backoff * batch_size or threshold >= MAX_THRESHOLD_FOR_TRIES:
+            # times less often; where measured steps say no draft pays at this batch size, only
+            # after the longest wait (the measurement is refreshed, never trusted for good).
+            wait = state.backoff * batch_size
+            if threshold >= MAX_THRESHOLD_FOR_TRIES and batch_bucket(batch_size) in self.draft_seconds:
+                wait = MAX_BACKOFF * batch_size
+            if state.idle_steps < wait:
                 return ()
             length = 1  # a try: the rate learns only from drafts
         draft = self._lookup(seq, state, min(limit, length))
