@@ -48,7 +48,7 @@ PRIOR_RATE = 0.5  # a sequence's rate of kept draft tokens before any verificati
 PRIOR_WEIGHT = 1.0  # the prior counts as this many checked tokens
 DISCOUNT = 0.8  # weight of earlier verifications' counts at each new one
 FIRST_BACKOFF, MAX_BACKOFF = 8, 256
-MAX_THRESHOLD_FOR_TRIES = 0.9  # above it no rate would pay even the first drafted token
+MAX_THRESHOLD_FOR_TRIES = 0.9  # a measured threshold this high: tries only after the longest wait
 # A drafted row's cost relative to a one-sequence decode step, by device: measured on a 2-core
 # CPU for a 135M model in bf16 (about 1.5 ms a row against 15 ms a step). CUDA verifies drafts
 # eagerly (steps with drafts are not captured in graphs), many times a replayed step's cost: a
