@@ -127,6 +127,14 @@ class EngineConfig:
     at a 3,000-token context costs about 3 ms there, so a chunk stays within about ten decode
     steps); none on CUDA, whose mixed steps run eagerly (tens of ms of host work each), so more
     of them would cost a long prompt more than they save the streams."""
+    overlap_scheduling: bool | None = _knob(None, optional(boolean))
+    """Schedule and launch each step before reading the previous one's tokens: the device computes
+    step N+1 while the host reads step N's tokens and makes its outputs (stop checks, text), and
+    the tokens sampled in N reach N+1's inputs on the device. A request that N ends (a stop
+    token or string) has one token too many computed, which is dropped. Steps with speculative
+    drafts or grammar masks need the previous tokens on the host and run in turn, as does a
+    tensor-parallel engine. Default: on CUDA, off on CPU (where the model runs in the host's
+    own threads, so there is nothing to overlap and each output would come a step later)."""
     max_model_len: int | None = _knob(None, optional(at_least(2)))
     """Longest sequence, prompt + output. Default: the model's length limit (config.json's
     max_position_embeddings; n_positions for GPT-2)."""
@@ -249,6 +257,8 @@ class EngineConfig:
             self.enforce_eager = os.environ.get("FASTGEN_ENFORCE_EAGER") == "1"
         if self.long_prefill_token_threshold is None:
             self.long_prefill_token_threshold = 64 if self.device == "cpu" else 0
+        if self.overlap_scheduling is None:
+            self.overlap_scheduling = self.device != "cpu"
         self._check_attention_backend()
         if self.tensor_parallel_size > 1:
             from fastgen.distributed.launch import check_world

@@ -6,7 +6,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -34,7 +34,7 @@ from fastgen.worker.memory import check_kv_cache_fits, check_model_fits, check_s
 from fastgen.worker.memory_profile import measure_kv_budget
 from fastgen.worker.sampler import Sampler
 from fastgen.worker.step_inputs import StepInputBuilder, StepInputs, StepLayout
-from fastgen.worker.top_logprobs import add_prompt_logprobs, prompt_logprob_chunks, sampled_logprobs
+from fastgen.worker.top_logprobs import SampledLogprobs, add_prompt_logprobs, prompt_logprob_chunks, sampled_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -76,17 +76,16 @@ class LaunchedStep:
     """A step whose GPU work is queued; `ModelRunner.collect` reads its tokens.
 
     num_rows: sequences of the step plus its forked children. rows: which of them sampled, in
-    the sampler's order (their ids are on their way to the host; a sequence with draft tokens
-    once per position it verifies). logits / tokens / sample_seqs: what the sampler got and
-    gave, for the logprobs read at collect time. drafts: the step's draft tokens by sequence.
+    the sampler's order (their ids are on their way to the host through `readback`; a sequence
+    with draft tokens once per position it verifies). logprobs: those of the sampled tokens,
+    computed on the device, read at collect time. drafts: the step's draft tokens by sequence.
     """
 
     num_rows: int
     rows: list[int]
     prompt_logprobs: dict
-    logits: torch.Tensor | None = None
-    tokens: torch.Tensor | None = None
-    sample_seqs: list = field(default_factory=list)
+    readback: TokenReadback | None = None
+    logprobs: SampledLogprobs | None = None
     drafts: tuple[tuple[int, ...], ...] = ()
 
 
@@ -153,7 +152,11 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
 
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed, self.ops.sample_tokens,
                                penalty_fn=self.ops.apply_penalties, eos_token_ids=eos_token_ids)
-        self.readback = TokenReadback(config.max_num_seqs * (1 + max_drafts), self.device)
+        # Two: with overlap scheduling a step's tokens are read after the next step launched.
+        self.readbacks = [TokenReadback(config.max_num_seqs * (1 + max_drafts), self.device) for _ in range(2)]
+        # The last launched step's sampled ids (on the device) and each sampling sequence's row in
+        # them: where the next step's pending input ids come from (overlap scheduling).
+        self.last_sampled: tuple[torch.Tensor, dict[int, int]] | None = None
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
                                       self.device) if sizes else None
         self.compiled_decode = None
@@ -187,7 +190,9 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         have stopped anywhere, so trust no block-table row (every sequence's is written afresh
         when it next runs) and follow the step's facts."""
         self.inputs.block_table.forget_all()
-        self.readback.discard()  # a launch that got as far as the copy left its tokens unread
+        for readback in self.readbacks:
+            readback.discard()  # a launch that got as far as the copy left its tokens unread
+        self.last_sampled = None
         if out is not None:
             self.sampler.release(out.finished_seq_ids)
             self.sampler.release_token_counts(out.preempted_seq_ids)
@@ -197,7 +202,10 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         """Queue one step's GPU work: inputs, the forward (graph replay or eager), the block copies
         of its forks, one sampler call for every row that samples (forked children sample from
         their parent's logits) and the copy of the sampled ids to the host. Returns without
-        waiting for the GPU."""
+        waiting for the GPU.
+
+        Overlap scheduling: the previous step may not be collected yet; a sequence whose last
+        token it sampled gets that token as input on the device (`StepLayout.pending_rows`)."""
         self.in_collectives = False
         self.sampler.release(out.finished_seq_ids)
         self.sampler.release_token_counts(out.preempted_seq_ids)
@@ -213,7 +221,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
             self.step_sender.send(layout, self.inputs)
         prompt_lps: dict = {}
         on_span = functools.partial(add_prompt_logprobs, prompt_lps, chunks) if chunks else None
-        logits, greedy = self.execute(layout, on_span)
+        logits, greedy = self.execute(layout, on_span, self._feed_pending)
         self.in_collectives = False
         rows = list(layout.sample_rows)
         logits = logits[: len(rows)]
@@ -224,6 +232,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         sample_seqs = [*(out.seqs[i] for i in layout.sample_rows), *out.forked_seqs]
         num_rows = len(out.seqs) + len(out.forked_seqs)
         if not sample_seqs:
+            self.last_sampled = None
             return LaunchedStep(num_rows, [], prompt_lps)
         offsets = None
         if out.draft_tokens:  # a drafted sequence's rows sample its next positions, one a row
@@ -236,8 +245,23 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         drafted = {"offsets": offsets} if offsets is not None else {}
         tokens = self.sampler(logits, sample_seqs, None if greedy is None else greedy[: len(rows)], out.grammar,
                               **drafted)
-        self.readback.start(tokens)
-        return LaunchedStep(num_rows, rows, prompt_lps, logits, tokens, sample_seqs, out.draft_tokens)
+        self.last_sampled = (tokens, {seq.seq_id: k for k, seq in enumerate(sample_seqs)})
+        logprobs = sampled_logprobs(logits, sample_seqs, tokens)
+        readback = self.readbacks[0] if self.readbacks[0].pending == 0 else self.readbacks[1]
+        readback.start(tokens)
+        return LaunchedStep(num_rows, rows, prompt_lps, readback, logprobs, out.draft_tokens)
+
+    def _feed_pending(self, layout: StepLayout, inputs: StepInputs) -> None:
+        """Write the input ids the previous step sampled and the host has not read (overlap
+        scheduling) into the uploaded rows, on the device."""
+        if not layout.pending_rows:
+            return
+        assert self.last_sampled is not None, "a pending input id without a launched step that samples it"
+        tokens, row_of = self.last_sampled
+        src = torch.tensor([row_of[seq_id] for seq_id in layout.pending_seq_ids], dtype=torch.int64)
+        dst = torch.tensor(layout.pending_rows, dtype=torch.int64)
+        inputs.input_ids.index_copy_(0, dst.to(self.device, non_blocking=True),
+                                     tokens.index_select(0, src.to(self.device, non_blocking=True)))
 
     def _fill(self, out: SchedulerOutput) -> StepLayout:
         """The step's host rows; a decode batch a graph can run is padded to its size."""
@@ -250,13 +274,17 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
 
     @torch.inference_mode()
     def execute(self, layout: StepLayout, on_span_logits: Callable[[int, torch.Tensor], None] | None = None,
+                feed_pending: Callable[[StepLayout, StepInputs], None] | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Upload a filled step, run the model on it and copy its forks' blocks: what every
         tensor-parallel rank runs. Returns the logits of the rows that sample (decode: every row,
         padding included) and, from a CUDA graph or a compiled CPU graph, their argmax (else None). The logits of
         each of `layout.logit_spans` (hidden rows [a, b), prompt logprobs) are formed one span at
-        a time and handed to `on_span_logits(span index, logits)`."""
+        a time and handed to `on_span_logits(span index, logits)`. feed_pending(layout, inputs)
+        writes the input ids that are on the device only (rank 0's, overlap scheduling)."""
         inputs = self.inputs.upload(layout)
+        if feed_pending is not None:
+            feed_pending(layout, inputs)
         greedy = None
         decode = not layout.is_prefill
         # The compiled CPU graphs form the sampling rows' logits only, so a step that wants
@@ -284,11 +312,12 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         sampled: list[int | None] = [None] * step.num_rows
         if not step.rows:
             return ModelRunnerOutput(sampled, None, step.prompt_logprobs)
-        top = sampled_logprobs(step.logits, step.sample_seqs, step.tokens)
+        tokens = step.readback.wait()
+        top = None if step.logprobs is None else step.logprobs.to_host()
         logprobs = None if top is None else [None] * len(sampled)
         verified: dict[int, list[int]] = {}  # drafted sequence -> its samples, position by position
         drafts = step.drafts
-        for k, (row, token) in enumerate(zip(step.rows, self.readback.wait())):
+        for k, (row, token) in enumerate(zip(step.rows, tokens)):
             if row < len(drafts) and drafts[row]:
                 verified.setdefault(row, []).append(token)
                 continue

@@ -72,6 +72,11 @@ class SchedulerOutput:
         nothing), but they sample, after the sequences of `seqs`, in `forked_seqs` order.
     grammar: the token masks of the sampling sequences that follow a grammar (None: none does);
         set by the engine after scheduling, read by the sampler.
+    starts[i]: the first position sequence i computes (its tokens up to there are computed, or
+        being computed by a launched step). sampling[i]: whether sequence i reaches its last
+        token (pending ones included), so a token is sampled for it. Both are worked out from
+        the sequences when the output is made, before the scheduler marks the step's tokens as
+        taken up (`Sequence.num_inflight_tokens`): read them here, not from the sequences.
     """
 
     seqs: list[Sequence]
@@ -85,6 +90,16 @@ class SchedulerOutput:
     num_decodes: int = 0
     grammar: GrammarBitmask | None = None
     draft_tokens: tuple[tuple[int, ...], ...] = ()
+    starts: tuple[int, ...] | None = None
+    sampling: tuple[bool, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.starts is None:
+            object.__setattr__(self, "starts", tuple(seq.num_started_tokens for seq in self.seqs))
+        if self.sampling is None:
+            object.__setattr__(self, "sampling", tuple(
+                start + n - len(self.draft(i)) == seq.num_tokens
+                for i, (seq, start, n) in enumerate(zip(self.seqs, self.starts, self.num_new_tokens))))
 
     @property
     def forked_seqs(self) -> tuple[Sequence, ...]:
@@ -120,5 +135,4 @@ class SchedulerOutput:
 
     def samples(self, index: int) -> bool:
         """Whether sequence `index` reaches its last token this step, so a token is sampled."""
-        seq = self.seqs[index]
-        return seq.num_computed_tokens + self.num_new_tokens[index] - len(self.draft(index)) == len(seq)
+        return self.sampling[index]

@@ -32,6 +32,12 @@ class Sequence:
     `num_cached_tokens` counts the leading tokens whose blocks came from the prefix cache (their
     slots are never written again, see the runner). `block_table` lists the cache blocks that hold
     the sequence, in order; `block_hashes` the chained keys of its full blocks, computed once.
+
+    Overlap scheduling runs one step ahead of the host: a step is scheduled and launched before
+    the previous one's tokens are read. `num_inflight_tokens` counts the tokens launched steps
+    are computing (their K/V not yet confirmed in the cache), `num_pending_tokens` the tokens
+    they sample whose ids the host has not read yet; pending tokens follow `token_ids`, so the
+    sequence is `num_tokens` long as far as scheduling goes. Both are 0 between synchronous steps.
     """
 
     seq_id: int
@@ -45,6 +51,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    num_inflight_tokens: int = 0
+    num_pending_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -65,8 +73,25 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
+    def num_tokens(self) -> int:
+        """Tokens known or being sampled: `token_ids` and the pending ones after them."""
+        return len(self.token_ids) + self.num_pending_tokens
+
+    @property
+    def num_started_tokens(self) -> int:
+        """Tokens computed or being computed: the position the next step computes from."""
+        return self.num_computed_tokens + self.num_inflight_tokens
+
+    @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        """Tokens no step has computed or taken up yet (1: the sequence decodes next)."""
+        return len(self.token_ids) + self.num_pending_tokens - self.num_computed_tokens - self.num_inflight_tokens
+
+    @property
+    def in_launched_step(self) -> bool:
+        """Whether a launched step still computes or samples for it (it may not be re-admitted
+        before that step's results are in)."""
+        return bool(self.num_inflight_tokens or self.num_pending_tokens)
 
     def block_tokens(self, index: int, block_size: int) -> list[int]:
         return self.token_ids[index * block_size : (index + 1) * block_size]

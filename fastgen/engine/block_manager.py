@@ -129,17 +129,17 @@ class BlockManager:
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the sequence's next token has a slot, or a free block can give it one."""
-        return len(seq.block_table) >= self.blocks_needed(len(seq)) or self.num_free_blocks > 0
+        return len(seq.block_table) >= self.blocks_needed(seq.num_tokens) or self.num_free_blocks > 0
 
     def append_slot(self, seq: Sequence) -> tuple[int, ...]:
-        """Make sure the block table covers every token of the sequence (one new block at most);
-        return the blocks appended."""
-        appended: tuple[int, ...] = ()
-        if len(seq.block_table) < self.blocks_needed(len(seq)):
-            appended = (self._take_fresh(),)
-            seq.block_table.extend(appended)
-        # More only where an earlier step's rejected drafts left blocks beyond the tokens.
-        assert len(seq.block_table) >= self.blocks_needed(len(seq))
+        """Make sure the block table covers every token of the sequence, pending ones included
+        (one new block at most); return the blocks appended."""
+        needed = self.blocks_needed(seq.num_tokens)
+        if len(seq.block_table) >= needed:  # more only where rejected drafts left blocks beyond
+            return ()
+        appended = (self._take_fresh(),)
+        seq.block_table.extend(appended)
+        assert len(seq.block_table) >= needed
         return appended
 
     def append_slots(self, seq: Sequence, num_tokens: int) -> tuple[int, ...]:

@@ -58,14 +58,17 @@ class LiveRequests:
     def of(self, seqs: Iterable[Sequence]) -> list[RequestState]:
         return [self.by_seq[seq.seq_id] for seq in seqs]
 
-    def take_logprobs(self, states: list[RequestState], result) -> None:
-        """Hand a step's logprobs (a ModelRunnerOutput's) to their requests."""
+    def take_logprobs(self, states: list[RequestState], result, live: list[bool]) -> None:
+        """Hand a step's logprobs (a ModelRunnerOutput's) to their requests, those still `live`
+        (the others finished while the step was in flight)."""
         if result.logprobs is not None:
-            for state, top in zip(states, result.logprobs):
-                if top is not None:
+            for state, top, alive in zip(states, result.logprobs, live):
+                if top is not None and alive:
                     state.add_logprobs(top)
         for seq_id, (start, tops) in result.prompt_logprobs.items():
-            self.by_seq[seq_id].add_prompt_logprobs(start, tops)
+            state = self.by_seq.get(seq_id)
+            if state is not None:
+                state.add_prompt_logprobs(start, tops)
 
     def advance(self, state: RequestState, t: float) -> RequestOutput | None:
         """Take a request's new token into its text and stop strings; its output, if it has one

@@ -17,6 +17,12 @@ A request with n > 1 completions is n sequences inside, one child request each, 
 first once its prompt is computed; their outputs are folded into one output of the request
 before they reach the outbox (`parallel_sampling`).
 
+Overlap scheduling (`EngineConfig.overlap_scheduling`): `run_step` schedules and launches the
+next step before it reads the tokens of the one launched by the previous call (`InFlightStep`),
+so the host's post-processing runs while the device computes; outputs come one call later. A
+step whose next one needs its tokens on the host (speculative drafts, grammar masks) is read at
+once, as every step is without overlap.
+
 An engine is not thread-safe: one thread drives it (see `fastgen.engine.background` for the loop
 that lets many threads submit and stream; while it runs, other threads are refused).
 """
@@ -26,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from fastgen.checks import boolean
 from fastgen.config import EngineConfig
@@ -52,6 +59,17 @@ if TYPE_CHECKING:  # torch: not for `import fastgen`
     from fastgen.step_runner import StepRunner
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlightStep:
+    """A launched step whose tokens are not read yet: the scheduler's output, the runner's
+    handle and the requests of its rows (sequences, then forked children)."""
+
+    out: SchedulerOutput
+    launched: Any
+    states: list[RequestState]
+    started: float
 
 
 class LLMEngine:
@@ -102,6 +120,10 @@ class LLMEngine:
         self.accepted_per_position: list[int] = []
         self.factory = RequestFactory(config, self.tokenizer, self.structured.compile)
         self.driver = Driver()  # which thread may drive the engine
+        # A tensor-parallel engine's other ranks get their input ids from rank 0's host rows, and
+        # drafts need each step's tokens on the host: neither overlaps.
+        self.overlap = bool(config.overlap_scheduling) and config.tensor_parallel_size == 1 and self.drafter is None
+        self.in_flight: InFlightStep | None = None
 
     def _grammar_backend_factory(self, eos: set[int]):
         """What builds the structured-output backend on first use (None without a tokenizer)."""
@@ -187,7 +209,7 @@ class LLMEngine:
         """Whether requests are queued or running, or outputs wait for `step()` to return them
         (the final output of an aborted request, say)."""
         self._release_abandoned()
-        return self.scheduler.has_unfinished() or bool(self.outbox.for_step)
+        return self.scheduler.has_unfinished() or bool(self.outbox.for_step) or self.in_flight is not None
 
     def shutdown(self) -> None:
         """Release the runner's processes (a tensor-parallel engine's workers); idempotent."""
@@ -230,27 +252,35 @@ class LLMEngine:
     def run_step(self) -> StepResult:
         """Run one step and deliver its outputs to their consumers; report what it did.
 
-        Never raises for a failed step: see `_run` and `_fail_all`."""
+        With overlap scheduling the step launched here is read by the next call, and the
+        outputs delivered are those of the step the previous call launched.
+        Never raises for a failed step: see `_finish` and `_fail_all`."""
         self.driver.check()
         self._release_abandoned()
         started = now()
         outputs = self.outbox.take_between_steps()
+        out = None
         try:
             out = self.scheduler.schedule()
             if out is None:
-                self.runner.forget(*self.scheduler.pop_facts())
-                return StepResult(outputs, None, 0, 0, 0, started)
-            grammar = self.structured.step_bitmask(out, lambda seq: self.live.by_seq[seq.seq_id].grammar)
-            if grammar is not None:
-                out = dataclasses.replace(out, grammar=grammar)
-            made, num_sampled = self._run(out, started)
+                if self.in_flight is None:
+                    self.runner.forget(*self.scheduler.pop_facts())
+                    return StepResult(outputs, None, 0, 0, 0, started)
+            else:
+                grammar = self.structured.step_bitmask(out, lambda seq: self.live.by_seq[seq.seq_id].grammar)
+                if grammar is not None:
+                    out = dataclasses.replace(out, grammar=grammar)
+            made, num_sampled = self._advance(out, started)
         except EngineDeadError:
             raise
         except Exception as exc:  # noqa: BLE001 - outside the model: the engine's own books failed
             logger.exception("engine step failed outside the model run; failing every request")
+            self.in_flight = None
             outputs += self.live.deliver(self._fail_all(exc))
             return StepResult(outputs, None, 0, 0, 0, started)
         outputs += self.live.deliver(made)
+        if out is None:  # only the step in flight was read
+            return StepResult(outputs, None, 0, 0, num_sampled, started)
         self.num_steps += 1
         self.step_tokens["decode"] += out.num_decodes
         self.step_tokens["prompt"] += out.num_prompt_tokens
@@ -261,34 +291,81 @@ class LLMEngine:
         return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes,
                           out.num_draft_tokens)
 
-    def _run(self, out: SchedulerOutput, started: float) -> tuple[list[RequestOutput], int]:
-        """Run a scheduled step; its requests' outputs (not yet delivered) and the number of
-        tokens it sampled."""
-        states = self.live.of((*out.seqs, *out.forked_seqs))
-        try:
-            launched = self.runner.launch(out)
-            # Host work that needs no token runs while the GPU computes the step.
+    def _advance(self, out: SchedulerOutput | None, started: float) -> tuple[list[RequestOutput], int]:
+        """Launch `out` (if any), then read the step in flight before it, then `out` itself
+        unless it may stay in flight; the outputs made (not yet delivered) and the tokens read."""
+        previous, self.in_flight = self.in_flight, None
+        current, made = None, []
+        if out is not None:
+            states = self.live.of((*out.seqs, *out.forked_seqs))
+            try:
+                current = InFlightStep(out, self.runner.launch(out), states, started)
+            except BaseException as exc:
+                if previous is not None:  # its tokens are on their way and independent of this failure
+                    made += self._finish(previous)[0]
+                    previous = None
+                self.scheduler.abandon(out)
+                self.runner.recover(out)
+                # KeyboardInterrupt and friends are the caller's; a dead engine has nothing to retry on.
+                if not isinstance(exc, Exception) or isinstance(exc, EngineDeadError):
+                    raise
+                return made + self._on_failed_run(out, states, exc), 0
+            # Host work that needs no token runs while the device computes the step.
             for state in states:
                 state.on_scheduled(started)
-            result = self.runner.collect(launched)
+        num_sampled = 0
+        if previous is not None:
+            more, num_sampled = self._finish(previous, also_lost=current)
+            made += more
+            if current is not None and current.out is None:  # lost with the step before it
+                current = None
+        if current is not None:
+            if self.overlap and not current.out.draft_tokens and current.out.grammar is None:
+                self.in_flight = current
+            else:
+                more, n = self._finish(current)
+                made += more
+                num_sampled += n
+        return made, num_sampled
+
+    def _finish(self, step: InFlightStep, also_lost: InFlightStep | None = None) -> tuple[list[RequestOutput], int]:
+        """Read a launched step's tokens and post-process them; its requests' outputs (not yet
+        delivered) and the number of tokens its sequences grew by. also_lost: the step launched
+        after it, whose inputs came from its tokens: if reading them fails, that one is lost too
+        (its `out` set to None)."""
+        out, states = step.out, step.states
+        try:
+            result = self.runner.collect(step.launched)
         except BaseException as exc:
+            lost = [step] if also_lost is None else [step, also_lost]
+            for failed in lost:
+                self.scheduler.abandon(failed.out)
             self.runner.recover(out)
-            # KeyboardInterrupt and friends are the caller's; a dead engine has nothing to retry on.
+            if also_lost is not None:
+                also_lost.out = None
             if not isinstance(exc, Exception) or isinstance(exc, EngineDeadError):
                 raise
-            return self._on_failed_run(out, states, exc), 0
+            states = [state for failed in lost for state in failed.states]
+            return self._on_failed_run(out, list(dict.fromkeys(states)), exc), 0
+        return self._postprocess(out, states, result)
+
+    def _postprocess(self, out: SchedulerOutput, states: list[RequestState], result) -> tuple[list[RequestOutput], int]:
+        """Apply a step's tokens to its sequences and requests: stop checks, drafts' counters,
+        logprobs, grammars, text; the outputs made and the tokens the sequences grew by. A
+        sequence finished since the step was launched (overlap scheduling) drops its token."""
         sampled = result.sampled
+        live = [not state.seq.is_finished for state in states]
         lengths = [len(state.seq) for state in states]
         self.scheduler.postprocess(out, sampled, result.num_accepted)
         # Tokens the step added (a sequence that ended inside its kept drafts dropped the rest).
         grown = [len(state.seq) - n for state, n in zip(states, lengths)]
         if result.num_accepted is not None:
             self._record_drafts(out, states, result.num_accepted, grown)
-        self.live.take_logprobs(states, result)
+        self.live.take_logprobs(states, result, live)
         t = now()
         outputs = []
-        for state, token in zip(states, sampled):
-            if token is None:
+        for state, token, alive in zip(states, sampled, live):
+            if token is None or not alive:
                 continue
             verdict = self.structured.accept(state.seq, token)
             if verdict is Verdict.REJECTED:
@@ -329,6 +406,9 @@ class LLMEngine:
     def _on_failed_run(self, out: SchedulerOutput, states: list[RequestState], exc: Exception) -> list[RequestOutput]:
         """A step failed in the model or the sampler: it is one request's failure when that request
         ran alone; otherwise the batch is retried one sequence at a time."""
+        states = [state for state in states if not state.seq.is_finished]
+        if not states:
+            return []
         if len(states) == 1:
             logger.warning("step of request %r failed: %s", states[0].request_id, _describe(exc))
             return [self.live.finish_now(states[0], FinishReason.ERROR, _describe(exc))]

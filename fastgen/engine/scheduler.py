@@ -21,6 +21,16 @@ the sample after them; `num_computed_tokens` counts only those, so the cache slo
 drafts are simply written again later, and only blocks of kept tokens are ever keyed in the
 prefix cache.
 
+Overlap scheduling: `schedule()` marks what the step takes up (`Sequence.num_inflight_tokens`,
+`num_pending_tokens`) and `postprocess` settles it, so the next step may be scheduled before this
+one's tokens are read: a decoding sequence whose token is still pending decodes again at the
+position after it (the runner feeds that token on the device), unless its pending tokens already
+reach max_tokens or max_model_len. A sequence that the late token finishes (end-of-sequence, a
+stop token or string) has one step too many computed for it: `postprocess` drops that step's
+token, and its K/V slot, never counted as computed, is never keyed in the prefix cache. A
+sequence preempted while a launched step still works for it keeps the token that step brings,
+and is re-admitted only once no launched step has it (`Sequence.in_launched_step`).
+
 Parallel sampling (n > 1): the other completions of a prompt wait (`add_forks`) and fork from
 the first once its prompt is computed (see `fastgen.engine.forks`).
 
@@ -98,7 +108,31 @@ class Scheduler:
             out = dataclasses.replace(out, forks=forks)
         # Preemptions made just now, while forming a decode batch, are part of these facts.
         preempted, finished = self.pop_facts()
-        return dataclasses.replace(out, preempted_seq_ids=preempted, finished_seq_ids=finished)
+        out = dataclasses.replace(out, preempted_seq_ids=preempted, finished_seq_ids=finished)
+        self._take_up(out)
+        return out
+
+    @staticmethod
+    def _take_up(out: SchedulerOutput) -> None:
+        """Mark the tokens the step computes as in flight, and those it samples as pending."""
+        for seq, n, samples in zip(out.seqs, out.num_new_tokens, out.sampling):
+            seq.num_inflight_tokens += n
+            seq.num_pending_tokens += samples
+        for seq in out.forked_seqs:
+            seq.num_pending_tokens += 1
+
+    def _settle(self, out: SchedulerOutput) -> None:
+        """Undo `_take_up`: the step's results are in (or lost)."""
+        for seq, n, samples in zip(out.seqs, out.num_new_tokens, out.sampling):
+            seq.num_inflight_tokens -= n
+            seq.num_pending_tokens -= samples
+        for seq in out.forked_seqs:
+            seq.num_pending_tokens -= 1
+
+    def abandon(self, out: SchedulerOutput) -> None:
+        """A scheduled step failed before its results were read: nothing of it was applied (its
+        sequences are then isolated, see `isolate`, which recomputes them)."""
+        self._settle(out)
 
     def pop_facts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The preempted and finished seq_ids not yet handed out, which the caller now owns."""
@@ -143,7 +177,7 @@ class Scheduler:
         token left to compute), preempting as blocks run out; the sequences and their new blocks."""
         scheduled: list[Sequence] = []
         new_blocks: list[tuple[int, ...]] = []
-        queue = deque(seq for seq in self.running if seq.num_uncomputed_tokens == 1)
+        queue = deque(seq for seq in self.running if seq.num_uncomputed_tokens == 1 and not self._ends_pending(seq))
         while queue:
             seq = queue.popleft()
             while not self.block_manager.can_append(seq):
@@ -159,6 +193,13 @@ class Scheduler:
                 new_blocks.append(self.block_manager.append_slot(seq))
                 scheduled.append(seq)
         return scheduled, new_blocks
+
+    def _ends_pending(self, seq: Sequence) -> bool:
+        """Whether the sequence's pending tokens take it to max_tokens or max_model_len, so it
+        ends once they are read and has nothing left to decode (overlap scheduling)."""
+        return seq.num_pending_tokens > 0 and (
+            seq.num_output_tokens + seq.num_pending_tokens >= seq.params.max_tokens
+            or seq.num_tokens >= self.max_model_len)
 
     def _schedule_drafts(self, decodes: list[Sequence], new_blocks: list[tuple[int, ...]]
                          ) -> tuple[tuple[int, ...], ...]:
@@ -202,7 +243,7 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.seq_limit:
             seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq):
+            if seq.in_launched_step or not self.block_manager.can_allocate(seq):
                 break
             self.waiting.popleft()
             self.block_manager.allocate(seq)
@@ -233,12 +274,21 @@ class Scheduler:
         sampled[i] is the token sampled for sequence i, or None when its chunk did not reach the
         end of its prompt. num_accepted[i]: how many of sequence i's draft tokens were accepted
         (they come before sampled[i]); None when the step had no drafts.
+
+        With overlap scheduling the sequences may have changed since the step was scheduled: one
+        that finished since (a stop found in the previous step's token, an abort) drops its token;
+        one preempted since keeps its token but none of the step's K/V (its blocks are gone).
         """
+        self._settle(output)
         for i, (seq, n, token) in enumerate(zip(output.seqs, output.num_new_tokens, sampled)):
+            if seq.is_finished:
+                continue
             draft = output.draft(i)
+            running = seq.status is SequenceStatus.RUNNING
             if not draft:
-                seq.num_computed_tokens += n
-                self.block_manager.cache_computed_blocks(seq)
+                if running:
+                    seq.num_computed_tokens += n
+                    self.block_manager.cache_computed_blocks(seq)
                 if token is None:
                     continue
                 seq.token_ids.append(token)
@@ -261,6 +311,8 @@ class Scheduler:
             if reason is not None:
                 self.finish(seq, reason)
         for seq, token in zip(output.forked_seqs, sampled[len(output.seqs):]):
+            if seq.is_finished:
+                continue
             seq.token_ids.append(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:

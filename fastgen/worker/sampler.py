@@ -124,7 +124,7 @@ class Sampler:
         rows, cols = [], []
         for row, seq in enumerate(seqs):
             p = seq.params
-            if seq.num_output_tokens < p.min_tokens and p.structured_outputs is None:
+            if output_position(seq) < p.min_tokens and p.structured_outputs is None:
                 banned = p.stop_token_ids if p.ignore_eos else [*p.stop_token_ids, *self.eos_token_ids]
                 rows += [row] * len(banned)
                 cols += banned
@@ -182,10 +182,17 @@ class Sampler:
             generator = self.request_generators.get(seq.seq_id)
             if generator is None:
                 generator = self.request_generators[seq.seq_id] = torch.Generator(device=self.device)
-            position = seq.num_output_tokens + (offsets[row] if offsets is not None else 0)
+            position = output_position(seq) + (offsets[row] if offsets is not None else 0)
             generator.manual_seed(position_seed(seq.params.seed, position))
             noise[row].exponential_(generator=generator)
         return noise
+
+
+def output_position(seq: Sequence) -> int:
+    """The output position a step samples for `seq` (during the step, which counts its sample as
+    pending): its output tokens, and any sampled by an earlier launched step that the host has
+    not read yet (overlap scheduling)."""
+    return seq.num_output_tokens + max(seq.num_pending_tokens - 1, 0)
 
 
 def position_seed(seed: int, position: int) -> int:

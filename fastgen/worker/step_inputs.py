@@ -42,6 +42,9 @@ class StepLayout:
     block_copies: (source, destination) KV blocks copied after the forward (forks).
     logit_spans: hidden rows [a, b) whose logits are formed besides the sampling rows' (prompt
     logprobs). The runner adds those two; every rank runs them.
+    pending_rows / pending_seq_ids: token rows whose input id is a token the previous step sampled
+    and the host has not read (overlap scheduling), and whose token each is: the runner writes
+    them on the device after the upload (the host rows hold 0 there).
     """
 
     is_prefill: bool
@@ -54,6 +57,8 @@ class StepLayout:
     num_seqs: int | None = None
     block_copies: tuple[tuple[int, int], ...] = ()
     logit_spans: tuple[tuple[int, int], ...] = ()
+    pending_rows: tuple[int, ...] = ()
+    pending_seq_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,15 +123,19 @@ class StepInputBuilder:
         return self.upload(self.fill_prefill(out))
 
     def fill_decode(self, out: SchedulerOutput, pad_to: int | None = None) -> StepLayout:
-        """One token a sequence; rows [n, pad_to) are padding."""
+        """One token a sequence; rows [n, pad_to) are padding. A sequence whose last token is
+        still pending (overlap scheduling) gets 0 and a `pending_rows` entry."""
         self.wait_for_previous_upload()
         seqs, bs = out.seqs, self.block_size
         n = len(seqs)
         rows = pad_to or n
-        lens = np.fromiter((len(s.token_ids) for s in seqs), dtype=np.int64, count=n)
-        last_pos = lens - 1
-        blocks = np.fromiter((s.block_table[p // bs] for s, p in zip(seqs, last_pos.tolist())), dtype=np.int64, count=n)
-        self.input_ids.np[:n] = [s.token_ids[-1] for s in seqs]
+        starts = out.starts
+        last_pos = np.array(starts, dtype=np.int64)
+        lens = last_pos + 1
+        blocks = np.fromiter((s.block_table[p // bs] for s, p in zip(seqs, starts)), dtype=np.int64, count=n)
+        ids = [s.token_ids[p] if p < len(s.token_ids) else 0 for s, p in zip(seqs, starts)]
+        pending = [i for i, (s, p) in enumerate(zip(seqs, starts)) if p == len(s.token_ids)]
+        self.input_ids.np[:n] = ids
         self.positions.np[:n] = last_pos
         self.slot_mapping.np[:n] = blocks * bs + last_pos % bs
         self.context_lens.np[:n] = lens
@@ -136,7 +145,8 @@ class StepInputBuilder:
         self.context_lens.np[n:rows] = 0
         self.block_table.arrange(out, rows)
         max_context = int(lens.max()) if n else 0
-        return StepLayout(False, rows, rows, 0, 1, max_context, tuple(range(n)), n)
+        return StepLayout(False, rows, rows, 0, 1, max_context, tuple(range(n)), n, pending_rows=tuple(pending),
+                          pending_seq_ids=tuple(seqs[i].seq_id for i in pending))
 
     def fill_prefill(self, out: SchedulerOutput) -> StepLayout:
         """Each sequence computes tokens [num_computed, num_computed + num_new): its own tokens,
@@ -145,18 +155,25 @@ class StepInputBuilder:
         self.wait_for_previous_upload()
         bs = self.block_size
         q_lens, ctx_lens, sample_rows, logits_idx = [], [], [], []
+        pending_rows, pending_seq_ids = [], []
         start = 0
-        for i, (seq, count) in enumerate(zip(out.seqs, out.num_new_tokens)):
-            first = seq.num_computed_tokens
+        for i, (seq, first, count) in enumerate(zip(out.seqs, out.starts, out.num_new_tokens)):
             end = first + count
             pos = np.arange(first, end)
             draft = out.draft(i)
+            known = len(seq.token_ids)
             if draft:
-                own = len(seq.token_ids) - first
+                own = known - first
                 self.input_ids.np[start : start + own] = seq.token_ids[first:]
                 self.input_ids.np[start + own : start + count] = draft
                 sample_rows += [i] * (len(draft) + 1)
                 logits_idx += range(start + own - 1, start + count)
+            elif end > known:  # its last token is the previous step's pending sample
+                assert end == known + 1, "one step ahead at most"
+                self.input_ids.np[start : start + count - 1] = seq.token_ids[first:]
+                self.input_ids.np[start + count - 1] = 0
+                pending_rows.append(start + count - 1)
+                pending_seq_ids.append(seq.seq_id)
             else:
                 self.input_ids.np[start : start + count] = seq.token_ids[first:end]
             self.positions.np[start : start + count] = pos
@@ -168,7 +185,7 @@ class StepInputBuilder:
             q_lens.append(count)
             ctx_lens.append(end)
             start += count
-            if end == len(seq.token_ids) and not draft:
+            if out.sampling[i] and not draft:
                 sample_rows.append(i)
                 logits_idx.append(start - 1)
         rows = len(out.seqs)
@@ -177,7 +194,8 @@ class StepInputBuilder:
         self.query_start_loc.np[0] = 0
         self.query_start_loc.np[1 : rows + 1] = np.cumsum(q_lens)
         self.logits_indices.np[: len(logits_idx)] = logits_idx
-        return StepLayout(True, start, rows, len(logits_idx), max(q_lens), max(ctx_lens), tuple(sample_rows), rows)
+        return StepLayout(True, start, rows, len(logits_idx), max(q_lens), max(ctx_lens), tuple(sample_rows), rows,
+                          pending_rows=tuple(pending_rows), pending_seq_ids=tuple(pending_seq_ids))
 
     def upload(self, layout: StepLayout) -> StepInputs:
         """Copy a filled step's host rows to the device (one transfer per buffer) and describe

@@ -48,19 +48,37 @@ def to_host(ids: torch.Tensor, logprobs: torch.Tensor, ranks: torch.Tensor, ks: 
     return [TopLogprobs(i[: k + 1], lp[: k + 1], r) for i, lp, r, k in rows]
 
 
-def sampled_logprobs(logits: torch.Tensor, seqs: Seq[Sequence], tokens: torch.Tensor) -> list[TopLogprobs | None] | None:
+@dataclass(frozen=True, slots=True)
+class SampledLogprobs:
+    """A step's logprobs of its sampled tokens, computed on the device (`sampled_logprobs`) and
+    read by `to_host` once the step's tokens are read. Split in two because the logits may be a
+    CUDA graph's output, which the next step (launched before this one is read, with overlap
+    scheduling) overwrites."""
+
+    num_rows: int
+    rows: list[int]
+    ks: list[int]
+    tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+    def to_host(self) -> list[TopLogprobs | None]:
+        """One TopLogprobs for each row that asked, None for the others."""
+        result: list[TopLogprobs | None] = [None] * self.num_rows
+        for i, top in zip(self.rows, to_host(*self.tensors, self.ks)):
+            result[i] = top
+        return result
+
+
+def sampled_logprobs(logits: torch.Tensor, seqs: Seq[Sequence], tokens: torch.Tensor) -> SampledLogprobs | None:
     """For each row of `seqs` whose request asked for logprobs, those of its sampled token
-    (logits: the raw [B, V] the sampler got; tokens: int64 [B]); None when no row asked."""
+    (logits: the raw [B, V] the sampler got; tokens: int64 [B]), queued on the device; None when
+    no row asked."""
     rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
     if not rows:
         return None
     ks = [seqs[i].params.logprobs for i in rows]
     index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
-    tops = to_host(*gather_logprobs(logits.index_select(0, index), tokens.index_select(0, index), max(ks)), ks)
-    result: list[TopLogprobs | None] = [None] * len(seqs)
-    for i, top in zip(rows, tops):
-        result[i] = top
-    return result
+    tensors = gather_logprobs(logits.index_select(0, index), tokens.index_select(0, index), max(ks))
+    return SampledLogprobs(len(seqs), rows, ks, tensors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +105,8 @@ def prompt_logprob_chunks(out: SchedulerOutput) -> list[PromptLogprobChunk]:
         return []
     chunks: list[PromptLogprobChunk] = []
     start = 0
-    for seq, count in zip(out.seqs, out.num_new_tokens):
+    for seq, first, count in zip(out.seqs, out.starts, out.num_new_tokens):
         k = seq.params.prompt_logprobs
-        first = seq.num_computed_tokens
         last = min(first + count, seq.num_prompt_tokens - 1)
         if k is not None and seq.num_output_tokens == 0 and last > first:
             for a in range(first, last, PROMPT_LOGPROB_ROWS):

@@ -87,7 +87,8 @@ def test_a_failed_batch_is_retried_one_sequence_at_a_time():
     run_step(s)  # all three prefilled
     out = s.schedule()
     assert out.seqs == [a, b, c]
-    s.isolate(out.seqs)  # the step failed: nothing of it applied
+    s.abandon(out)  # the step failed: nothing of it applied
+    s.isolate(out.seqs)
     assert s.suspects == {0, 1, 2} and list(s.waiting) == [a, b, c] and not s.running
     s.block_manager.check_invariants(s.running)
     order = []
@@ -150,6 +151,7 @@ def test_random_workloads_with_aborts_and_failed_steps_drain_with_balanced_books
         if out.is_prefill:
             assert out.num_tokens <= budget
         if fail:
+            s.abandon(out)
             s.isolate(out.seqs)
         else:
             s.postprocess(out, [rng.randrange(0, 100) if out.samples(i) else None for i in range(len(out.seqs))])
@@ -176,3 +178,75 @@ def test_random_workloads_with_aborts_and_failed_steps_drain_with_balanced_books
         assert sq.is_finished
         if sq.finish_reason is FinishReason.LENGTH:
             assert sq.num_output_tokens == sq.params.max_tokens or len(sq) == max_model_len
+
+
+@settings(max_examples=80, deadline=None)
+@given(program=events, block_size=st.integers(1, 8), extra_blocks=st.integers(0, 30), budget=st.integers(1, 64),
+       max_num_seqs=st.integers(1, 6), shared=st.integers(0, 20), seed=st.integers(0, 1000))
+def test_one_step_ahead_every_input_token_is_the_one_the_sequence_ends_up_with(
+    program, block_size, extra_blocks, budget, max_num_seqs, shared, seed
+):
+    """Overlap scheduling: each step is scheduled before the previous one's tokens are
+    post-processed, its pending input ids taken from that step's samples (as the runner does on
+    the device). Whatever arrives, is aborted or fails in between, every position a step computes
+    gets the token the sequence finally holds there, the books balance and everything drains."""
+    max_model_len = 64
+    num_blocks = -(-max_model_len // block_size) + extra_blocks
+    bm = BlockManager(num_blocks, block_size)
+    s = Scheduler(bm, max_num_seqs, budget, max_model_len, eos_token_ids=[0])
+    rng = random.Random(seed)
+    prefix = [5] * shared
+    seqs: list[Sequence] = []
+    computed: list[tuple[Sequence, int, int]] = []  # (sequence, position, input token)
+    in_flight = None  # (out, samples)
+
+    def launch(out, before):
+        previous = {} if before is None else {sq.seq_id: t for sq, t in zip(before[0].seqs, before[1]) if t is not None}
+        for sq, start, n in zip(out.seqs, out.starts, out.num_new_tokens):
+            for p in range(start, start + n):
+                token = sq.token_ids[p] if p < len(sq.token_ids) else previous[sq.seq_id]
+                computed.append((sq, p, token))
+        return out, [rng.randrange(0, 100) if out.samples(i) else None for i in range(len(out.seqs))]
+
+    def step(fail: bool) -> None:
+        nonlocal in_flight
+        out = s.schedule()
+        previous, in_flight = in_flight, None
+        if fail:  # the new step failed to launch: the one before it is read first
+            if previous is not None:
+                s.postprocess(*previous)
+            if out is not None:
+                s.abandon(out)
+                s.isolate(out.seqs)
+            return
+        in_flight = launch(out, previous) if out is not None else None
+        if previous is not None:
+            s.postprocess(*previous)
+
+    for kind, n, params, pick in program:
+        if kind == "add":
+            n = max(1, min(n + shared, max_model_len - params.max_tokens) - shared)
+            sq = Sequence(len(seqs), prefix + [rng.randrange(1, 100) for _ in range(n)], params)
+            seqs.append(sq)
+            s.add(sq)
+        elif kind in ("step", "fail"):
+            step(fail=kind == "fail")
+        elif kind == "abort" and seqs:
+            s.finish(seqs[pick % len(seqs)], FinishReason.ABORT)
+        bm.check_invariants(s.running)
+    steps = 0
+    while s.has_unfinished() or in_flight is not None:
+        step(fail=False)
+        bm.check_invariants(s.running)
+        steps += 1
+        assert steps < 10_000, "scheduler stalled with work left"
+    assert bm.num_free_blocks == num_blocks and not s.suspects
+    assert all(not sq.in_launched_step for sq in seqs)
+    for sq, p, token in computed:
+        if p < len(sq.token_ids):
+            assert sq.token_ids[p] == token, f"sequence {sq.seq_id} computed position {p} from the wrong token"
+    for sq in seqs:  # nothing after the token that ended it
+        if sq.finish_reason is FinishReason.LENGTH:
+            assert sq.num_output_tokens == sq.params.max_tokens or len(sq) == max_model_len
+        elif sq.finish_reason is FinishReason.STOP:
+            assert sq.token_ids[-1] in {0, *sq.params.stop_token_ids}

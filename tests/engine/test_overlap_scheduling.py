@@ -1,0 +1,199 @@
+"""Overlap scheduling: each step is launched before the previous one's tokens are read, the
+pending tokens fed to it on the device. Greedy output equals transformers' with the overlap on
+and off, through mixed steps, preemptions, aborts, stop tokens and strings that a late token
+completes, n > 1 forks and logprobs; sampled output (seeds, penalties, min_tokens) is the same
+both ways."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastgen import LLM, SamplingParams
+from tests.conftest import random_prompts
+
+OVERLAP = [pytest.param(True, id="overlap"), pytest.param(False, id="in-turn")]
+
+
+def engine_for(model: str, overlap: bool, **kwargs):
+    options = dict(dtype="float32", block_size=4, num_kv_blocks=256, max_num_seqs=8, max_model_len=128)
+    options.update(kwargs)
+    llm = LLM(model, overlap_scheduling=overlap, **options)
+    engine = llm.engine
+    assert engine.overlap is overlap
+    return llm, engine
+
+
+class LaunchCounter:
+    """Wraps a runner's launch/collect: the most steps launched and not yet read at once."""
+
+    def __init__(self, runner):
+        self.outstanding = self.most = 0
+        launch, collect = runner.launch, runner.collect
+
+        def counted_launch(out):
+            handle = launch(out)
+            self.outstanding += 1
+            self.most = max(self.most, self.outstanding)
+            return handle
+
+        def counted_collect(handle):
+            self.outstanding -= 1
+            return collect(handle)
+
+        runner.launch, runner.collect = counted_launch, counted_collect
+
+
+def drain(engine, ids, finals: dict) -> dict:
+    """Step until nothing is left; `finals` (request id -> final output) completed."""
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert set(ids) <= set(finals)
+    return finals
+
+
+def check_books(engine):
+    """Once the step left in flight by the last output is read (its tokens all dropped), every
+    block is free and nothing waits to be read."""
+    while engine.has_unfinished_requests():
+        assert not [o for o in engine.step() if not o.finished]
+    assert engine.in_flight is None
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert engine.runner.readbacks[0].pending == engine.runner.readbacks[1].pending == 0
+
+
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_requests_arriving_while_others_decode_equal_transformers(tiny_models, reference, overlap):
+    """Mixed steps (budget 8, chunks of at most 2 while streams run), forks of the previous step's
+    decodes into prompt chunks and back: every output equals transformers' greedy one."""
+    model = tiny_models["qwen3"]
+    _, engine = engine_for(model, overlap, max_num_batched_tokens=8, long_prefill_token_threshold=2)
+    counter = LaunchCounter(engine.runner)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    prompts = random_prompts([7, 20, 3, 11, 1], seed=5)
+    ids = []
+    finals = {}
+    for p in prompts:
+        ids.append(engine.add_request(p, params))
+        for _ in range(2):
+            finals.update({o.request_id: o for o in engine.step() if o.finished})
+    drain(engine, ids, finals)
+    for request_id, p in zip(ids, prompts):
+        assert finals[request_id].token_ids == reference(model, [p], 10)[0]
+        assert finals[request_id].finish_reason == "length"
+    assert counter.most == (2 if overlap else 1)
+    check_books(engine)
+
+
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_preemptions_while_a_step_is_in_flight_equal_transformers(tiny_models, reference, overlap):
+    """Few blocks: sequences are preempted while the step before carries their pending token,
+    keep that token and are recomputed with it."""
+    model = tiny_models["llama"]
+    llm, engine = engine_for(model, overlap, num_kv_blocks=10, max_model_len=32)
+    prompts = random_prompts([9, 14, 6, 11], seed=8)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    outputs = llm.generate(prompts, params)
+    assert engine.scheduler.num_preemptions > 0
+    for out, p in zip(outputs, prompts):
+        assert out.token_ids == reference(model, [p], 16)[0]
+    check_books(engine)
+
+
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_a_stop_token_read_late_drops_the_token_computed_after_it(tiny_models, reference, overlap):
+    """The step after the one that samples a stop token is already launched when the host sees
+    it: its token is dropped, the output ends at the stop token, and the blocks (and the prefix
+    cache, which never keys the surplus slot) stay exact for the request that runs next."""
+    model = tiny_models["qwen2"]
+    llm, engine = engine_for(model, overlap)
+    prompts = random_prompts([10, 5, 13], seed=2)
+    expected = [reference(model, [p], 12)[0] for p in prompts]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[ref[k]])
+              for ref, k in zip(expected, (3, 0, 7))]
+    outputs = llm.generate(prompts, params)
+    for out, ref in zip(outputs, expected):
+        stop = out.token_ids[-1]
+        assert out.finish_reason == "stop" and out.token_ids == ref[: ref.index(stop) + 1]
+    check_books(engine)
+    # The same prompts again, now through the prefix cache: still transformers' output.
+    again = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    assert [o.token_ids for o in again] == expected
+    assert engine.block_manager.num_hit_tokens > 0
+
+
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_a_stop_string_completed_by_a_late_token_ends_the_output_there(tiny_models, reference, overlap):
+    model = tiny_models["qwen3"]
+    llm, engine = engine_for(model, overlap)
+    prompt = random_prompts([8], seed=4)[0]
+    free = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    assert free.token_ids == reference(model, [prompt], 12)[0]
+    stop = free.text[len(free.text) // 2:][:3]
+    assert stop
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop]))[0]
+    assert out.finish_reason == "stop" and out.text == free.text[: free.text.index(stop)]
+    assert free.token_ids[: len(out.token_ids)] == out.token_ids
+    check_books(engine)
+
+
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_an_abort_while_its_step_is_in_flight_harms_nobody(tiny_models, reference, overlap):
+    model = tiny_models["qwen3"]
+    _, engine = engine_for(model, overlap)
+    prompts = random_prompts([6, 9, 4], seed=11)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts]
+    finals = {}
+    for _ in range(4):
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert engine.abort(ids[1])
+    drain(engine, ids, finals)
+    assert finals[ids[1]].finish_reason == "abort"
+    assert finals[ids[1]].token_ids == reference(model, [prompts[1]], 10)[0][: len(finals[ids[1]].token_ids)]
+    for i in (0, 2):
+        assert finals[ids[i]].token_ids == reference(model, [prompts[i]], 10)[0]
+    check_books(engine)
+
+
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_forks_and_logprobs_equal_transformers(tiny_models, reference, overlap):
+    """n = 3 greedy completions fork from their first sample (their first decode's input is
+    pending on the device) and report logprobs read a step late; all equal transformers'."""
+    model = tiny_models["gpt2"]
+    llm, engine = engine_for(model, overlap)
+    prompts = random_prompts([5, 12], seed=9)
+    out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, n=3, logprobs=2))
+    for request, p in zip(out, prompts):
+        ref = reference(model, [p], 8)[0]
+        assert [c.token_ids for c in request.outputs] == [ref] * 3
+        for c in request.outputs:
+            assert [next(iter(step)) for step in c.logprobs] == ref
+    check_books(engine)
+
+
+def test_sampled_outputs_are_the_same_with_and_without_overlap(tiny_models):
+    """Seeds draw per output position, penalties count on the device and min_tokens bans by the
+    position being sampled: none of them may see the pending token as missing."""
+    model = tiny_models["qwen3"]
+    prompts = random_prompts([6, 10, 3, 8], seed=21)
+    params = [
+        SamplingParams(temperature=0.9, seed=7, max_tokens=14, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=14, repetition_penalty=1.3,
+                       frequency_penalty=0.5, presence_penalty=0.2),
+        SamplingParams(temperature=0.0, min_tokens=6, max_tokens=10, stop_token_ids=[1, 2, 3]),
+        SamplingParams(temperature=1.1, top_k=5, seed=11, max_tokens=14, min_tokens=4),
+    ]
+    results = []
+    for overlap in (True, False):
+        llm, engine = engine_for(model, overlap)
+        results.append([(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params)])
+        check_books(engine)
+    assert results[0] == results[1]
+
+
+def test_cpu_defaults_to_steps_in_turn_and_speculation_never_overlaps(tiny_models):
+    model = tiny_models["qwen3"]
+    assert not LLM(model, dtype="float32", num_kv_blocks=16).engine.overlap
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    engine = LLM(model, dtype="float32", num_kv_blocks=16, overlap_scheduling=True, speculative_config=spec).engine
+    assert engine.config.overlap_scheduling and not engine.overlap
