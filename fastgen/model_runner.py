@@ -33,6 +33,7 @@ from fastgen.worker.kv_cache import (
 from fastgen.worker.memory import check_kv_cache_fits, check_model_fits, check_step_inputs_fit
 from fastgen.worker.memory_profile import measure_kv_budget
 from fastgen.worker.sampler import Sampler
+from fastgen.worker.step_clock import StepClock
 from fastgen.worker.step_inputs import StepInputBuilder, StepInputs, StepLayout
 from fastgen.worker.top_logprobs import SampledLogprobs, add_prompt_logprobs, prompt_logprob_chunks, sampled_logprobs
 
@@ -157,6 +158,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         # The last launched step's sampled ids (on the device) and each sampling sequence's row in
         # them: where the next step's pending input ids come from (overlap scheduling).
         self.last_sampled: tuple[torch.Tensor, dict[int, int]] | None = None
+        self.step_clock: StepClock | None = None  # set by whoever measures (the benchmarks)
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
                                       self.device) if sizes else None
         self.compiled_decode = None
@@ -221,6 +223,8 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
             self.step_sender.send(layout, self.inputs)
         prompt_lps: dict = {}
         on_span = functools.partial(add_prompt_logprobs, prompt_lps, chunks) if chunks else None
+        if self.step_clock is not None:
+            self.step_clock.begin()
         logits, greedy = self.execute(layout, on_span, self._feed_pending)
         self.in_collectives = False
         rows = list(layout.sample_rows)
@@ -233,6 +237,8 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         num_rows = len(out.seqs) + len(out.forked_seqs)
         if not sample_seqs:
             self.last_sampled = None
+            if self.step_clock is not None:
+                self.step_clock.end()
             return LaunchedStep(num_rows, [], prompt_lps)
         offsets = None
         if out.draft_tokens:  # a drafted sequence's rows sample its next positions, one a row
@@ -249,6 +255,8 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         logprobs = sampled_logprobs(logits, sample_seqs, tokens)
         readback = self.readbacks[0] if self.readbacks[0].pending == 0 else self.readbacks[1]
         readback.start(tokens)
+        if self.step_clock is not None:
+            self.step_clock.end()
         return LaunchedStep(num_rows, rows, prompt_lps, readback, logprobs, out.draft_tokens)
 
     def _feed_pending(self, layout: StepLayout, inputs: StepInputs) -> None:

@@ -19,6 +19,7 @@ from fastgen.bench.environment import peak_memory_bytes, reset_peak_memory
 from fastgen.bench.peers import decode_summary, load_peers
 from fastgen.bench.runner import (
     EngineCounters,
+    HostTime,
     IterationTimes,
     announce_if_long,
     request_records,
@@ -71,7 +72,9 @@ def measure_latency(llm, spec: LatencySpec, *, peers: list[str], gguf: str | Non
     peer_runs: list[list[tuple[float, float]]] = [[] for _ in loaded]
     reset_peak_memory(device)
     before = EngineCounters.read(engine)
+    host_time = HostTime(engine)
     for i in range(spec.num_iters_warmup, iterations):
+        host_time.restart()
         measured.append(run_iteration(engine, batch(i), spec.temperature, device))
         # Each peer runs the same batch right after: a slow stretch of a shared machine then
         # slows both sides of an iteration's ratio, not one side of the whole comparison.
@@ -81,6 +84,7 @@ def measure_latency(llm, spec: LatencySpec, *, peers: list[str], gguf: str | Non
             print(f"iteration {len(measured)}/{spec.num_iters}: {measured[-1].total * 1000:.1f} ms",
                   file=sys.stderr, flush=True)
     counters = EngineCounters.read(engine).since(before)
+    host = host_time.report()
 
     total_seconds = sum(t.total for t in measured)
     output_tokens = sum(t.output_tokens for t in measured)
@@ -102,6 +106,8 @@ def measure_latency(llm, spec: LatencySpec, *, peers: list[str], gguf: str | Non
     }
     if (speculative := counters.speculative()) is not None:
         results["speculative"] = speculative
+    if host is not None:
+        results["host_time"] = host
     if per_request:
         results["requests"] = [{"iteration": i, **record} for i, t in enumerate(measured)
                                for record in request_records(t.outputs)]

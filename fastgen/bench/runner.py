@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from tqdm.auto import tqdm
 
 from fastgen.bench.environment import synchronize
+from fastgen.bench.stats import summarize_ms
 from fastgen.bench.workload import IntRange, Workload, WorkloadSpec, build_workload
 from fastgen.engine.block_manager import hit_rate
 from fastgen.engine.run_loop import run_to_completion
@@ -22,6 +23,41 @@ _WARMUP_SEED = 2**32 + 7
 
 
 @dataclass
+class HostTime:
+    """Exposed host time over a measurement: how long the device sat idle before each step,
+    waiting for the host (`fastgen.worker.step_clock`), with each step's own device time. Steps
+    are counted from each `restart` (the pauses between iterations, where peers run, are not)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        runner = engine.runner
+        self.clock = None
+        if hasattr(runner, "step_clock"):  # the tensor-parallel runner has none
+            from fastgen.worker.step_clock import StepClock
+
+            runner.step_clock = self.clock = StepClock(runner.device)
+        self.idle: list[float] = []
+        self.busy: list[float] = []
+
+    def restart(self) -> None:
+        """Keep what was measured so far; the next step's wait is not counted."""
+        if self.clock is not None:
+            times = self.clock.take()
+            self.idle += times.idle
+            self.busy += times.busy
+            self.clock.reset()
+
+    def report(self) -> dict | None:
+        """The bench JSON's `host_time` (None without a clock); stops measuring."""
+        if self.clock is None:
+            return None
+        self.restart()
+        self.engine.runner.step_clock = None
+        return {"overlap_scheduling": self.engine.overlap,
+                "measured_with": "cuda events" if self.clock.on_cuda else "host clock",
+                "exposed_host_ms": summarize_ms(self.idle), "device_step_ms": summarize_ms(self.busy)}
+
+
 class EngineCounters:
     """Engine-lifetime counters, read before and after a measurement to take differences."""
 
@@ -159,7 +195,8 @@ def run_requests(engine, workload: Workload, temperature: float, progress: bool 
 
 @dataclass
 class IterationTimes:
-    """Seconds, host clock, GPU synchronized after each step; `outputs` are the batch's final
+    """Seconds, host clock, GPU synchronized after each step (with overlap scheduling not: a step
+    then ends when the next one is queued); `outputs` are the batch's final
     outputs (their metrics hold each request's TTFT, TPOT and end-to-end latency)."""
 
     total: float = 0.0
@@ -177,7 +214,8 @@ def run_iteration(engine, workload, temperature: float, device) -> IterationTime
     times = IterationTimes()
 
     def time_step(step) -> None:
-        synchronize(device)
+        if not engine.overlap:  # with overlap a sync would stop the next step from queuing behind this one
+            synchronize(device)
         if step.is_prefill is not None:
             # A mixed step counts as a prefill step (it computes prompt tokens); a step that
             # verifies drafts and computes no prompt token is a decode step.

@@ -18,6 +18,7 @@ from fastgen.bench.environment import peak_memory_bytes, reset_peak_memory, sync
 from fastgen.bench.peers import load_peers
 from fastgen.bench.runner import (
     EngineCounters,
+    HostTime,
     announce_if_long,
     request_records,
     run_requests,
@@ -68,11 +69,13 @@ def measure_round(engine, device, workload: Workload, temperature: float, peers:
     """One round: the workload through fastgen (its results), then through each peer (each
     result with fastgen's output rate over the peer's, both from this round)."""
     before = EngineCounters.read(engine)
+    host_time = HostTime(engine)
     start = time.perf_counter()
     outputs = run_requests(engine, workload, temperature, progress=progress, desc=desc)
     synchronize(device)
     elapsed = time.perf_counter() - start
     counters = EngineCounters.read(engine).since(before)
+    host = host_time.report()
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     output_tokens = sum(len(o.token_ids) for o in outputs)
     results = {
@@ -93,6 +96,8 @@ def measure_round(engine, device, workload: Workload, temperature: float, peers:
     }
     if (speculative := counters.speculative()) is not None:
         results["speculative"] = speculative
+    if host is not None:
+        results["host_time"] = host
     if per_request:
         results["requests"] = request_records(outputs)
     peer_runs = []

@@ -58,8 +58,8 @@ _RESULTS = {
         "itl_ms": "stats", "e2e_latency_ms": "stats", "slo_ms": "dict?", "goodput_requests_per_s": "number?",
     },
 }
-# Present only with --per-request: one record per request.
-_OPTIONAL_RESULTS = {"requests": "records"}
+# requests: only with --per-request (one record per request); host_time: not under tensor parallelism.
+_OPTIONAL_RESULTS = {"requests": "records", "host_time": "dict"}
 _RECORD = {"input_len": "int", "output_len": "int", "ttft_ms": "number?", "tpot_ms": "number?", "e2e_ms": "number?"}
 _STATS = {"p50": "number?", "p90": "number?", "p99": "number?", "mean": "number?",
           "min": "number?", "max": "number?", "count": "int"}
