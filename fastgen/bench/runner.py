@@ -22,7 +22,6 @@ from fastgen.outputs import RequestOutput
 _WARMUP_SEED = 2**32 + 7
 
 
-@dataclass
 class HostTime:
     """Exposed host time over a measurement: how long the device sat idle before each step,
     waiting for the host (`fastgen.worker.step_clock`), with each step's own device time. Steps
@@ -58,6 +57,7 @@ class HostTime:
                 "exposed_host_ms": summarize_ms(self.idle), "device_step_ms": summarize_ms(self.busy)}
 
 
+@dataclass
 class EngineCounters:
     """Engine-lifetime counters, read before and after a measurement to take differences."""
 
