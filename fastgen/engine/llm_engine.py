@@ -52,7 +52,7 @@ from fastgen.errors import EngineDeadError
 from fastgen.outputs import RequestOutput, StepResult
 from fastgen.sampling_params import SamplingParams
 from fastgen.scheduler_output import SchedulerOutput
-from fastgen.sequence import FinishReason
+from fastgen.sequence import FinishReason, SequenceStatus
 from fastgen.structured.manager import StructuredOutputManager, Verdict
 
 if TYPE_CHECKING:  # torch: not for `import fastgen`
@@ -310,8 +310,9 @@ class LLMEngine:
                 if not isinstance(exc, Exception) or isinstance(exc, EngineDeadError):
                     raise
                 return made + self._on_failed_run(out, states, exc), 0
-            # Host work that needs no token runs while the device computes the step.
-            for state in states:
+            # Host work that needs no token runs while the device computes the step. (Decodes
+            # come first and were scheduled before: their prompts were computed.)
+            for state in states[out.num_decodes:]:
                 state.on_scheduled(started)
         num_sampled = 0
         if previous is not None:
@@ -354,26 +355,37 @@ class LLMEngine:
         logprobs, grammars, text; the outputs made and the tokens the sequences grew by. A
         sequence finished since the step was launched (overlap scheduling) drops its token."""
         sampled = result.sampled
-        live = [not state.seq.is_finished for state in states]
-        lengths = [len(state.seq) for state in states]
+        finished = SequenceStatus.FINISHED
+        live = [state.seq.status is not finished for state in states]
+        drafts = result.num_accepted is not None
+        lengths = [len(state.seq) for state in states] if drafts else None
         self.scheduler.postprocess(out, sampled, result.num_accepted)
-        # Tokens the step added (a sequence that ended inside its kept drafts dropped the rest).
-        grown = [len(state.seq) - n for state, n in zip(states, lengths)]
-        if result.num_accepted is not None:
-            self._record_drafts(out, states, result.num_accepted, grown)
+        grown = 0
+        if drafts:
+            # Tokens the step added (a sequence that ended inside its kept drafts dropped the rest).
+            per_seq = [len(state.seq) - n for state, n in zip(states, lengths)]
+            self._record_drafts(out, states, result.num_accepted, per_seq)
+            grown = sum(per_seq)
         self.live.take_logprobs(states, result, live)
         t = now()
         outputs = []
+        grammars = self.structured.has_matchers
         for state, token, alive in zip(states, sampled, live):
             if token is None or not alive:
                 continue
-            verdict = self.structured.accept(state.seq, token)
-            if verdict is Verdict.REJECTED:
-                outputs.append(self.live.finish_now(state, FinishReason.ERROR, f"token {token} breaks the request's "
-                                                    "structured_outputs grammar"))
+            if not drafts:
+                grown += 1
+            if grammars:
+                verdict = self.structured.accept(state.seq, token)
+                if verdict is Verdict.REJECTED:
+                    outputs.append(self.live.finish_now(state, FinishReason.ERROR, f"token {token} breaks the "
+                                                        "request's structured_outputs grammar"))
+                    continue
+                if verdict is Verdict.COMPLETE and not state.seq.is_finished:
+                    self.scheduler.finish(state.seq, FinishReason.STOP)
+            if state.quiet and state.seq.status is not finished:
+                state.note_token(t)
                 continue
-            if verdict is Verdict.COMPLETE and not state.seq.is_finished:
-                self.scheduler.finish(state.seq, FinishReason.STOP)
             try:
                 output = self.live.advance(state, t)
             except Exception as exc:  # noqa: BLE001 - this request's text or stop strings: its own failure
@@ -381,7 +393,7 @@ class LLMEngine:
                 output = self.live.finish_now(state, FinishReason.ERROR, _describe(exc))
             if output is not None:
                 outputs.append(output)
-        return outputs, sum(grown)
+        return outputs, grown
 
     def _record_drafts(self, out: SchedulerOutput, states: list[RequestState], num_accepted: list[int],
                        grown: list[int]) -> None:

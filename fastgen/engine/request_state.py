@@ -46,6 +46,9 @@ class RequestState:
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.stop = seq.params.stop
         self.hold_back = max((len(s) for s in self.stop), default=1) - 1
+        # Reported once, at the end, with no stop string to look for: until it finishes, a new
+        # token changes nothing anyone reads but the time of the first (see `note_token`).
+        self.quiet = final_only and not self.stop
         self.text = ""
         self.num_tokens_seen = 0
         self.sent_text_len = 0
@@ -70,6 +73,12 @@ class RequestState:
         if self.metrics.first_scheduled_time is None:
             self.metrics.first_scheduled_time = now
             self.metrics.num_cached_tokens = self.seq.num_cached_tokens
+
+    def note_token(self, now: float) -> None:
+        """A quiet request's token that did not finish it: only the first one's time is kept now
+        (its other metrics are taken when it finishes, the only time they are reported)."""
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
 
     def on_new_tokens(self, now: float) -> bool:
         """Take the sequence's new tokens into the metrics and the text; True when a stop string
@@ -149,7 +158,7 @@ class RequestState:
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
             text=self.text[:visible],
-            token_ids=list(token_ids),
+            token_ids=token_ids,  # a fresh list (a slice of the sequence's)
             new_text=new_text,
             new_token_ids=list(new_ids),
             finished=finished,

@@ -117,7 +117,8 @@ class Scheduler:
         """Mark the tokens the step computes as in flight, and those it samples as pending."""
         for seq, n, samples in zip(out.seqs, out.num_new_tokens, out.sampling):
             seq.num_inflight_tokens += n
-            seq.num_pending_tokens += samples
+            if samples:
+                seq.num_pending_tokens += 1
         for seq in out.forked_seqs:
             seq.num_pending_tokens += 1
 
@@ -168,19 +169,37 @@ class Scheduler:
                                                                    cap)
         n = len(decodes)
         if not prompts and not drafts:
-            return SchedulerOutput(decodes, [1] * n, False, [False] * n, new_blocks, num_decodes=n) if decodes else None
+            if not decodes:
+                return None
+            # Every decode computes its last token (pending or known) and samples the next.
+            starts = tuple([seq.num_tokens - 1 for seq in decodes])
+            return SchedulerOutput(decodes, [1] * n, False, [False] * n, new_blocks, num_decodes=n, starts=starts,
+                                   sampling=(True,) * n)
         return SchedulerOutput(decodes + prompts, decode_counts + counts, True, [False] * n + new_tables,
                                new_blocks + [()] * len(prompts), num_decodes=n, draft_tokens=drafts)
 
     def _schedule_decodes(self) -> tuple[list[Sequence], list[tuple[int, ...]]]:
         """A slot for the next token of every running sequence whose prompt is computed (one
-        token left to compute), preempting as blocks run out; the sequences and their new blocks."""
+        token left to compute), preempting as blocks run out; the sequences and their new blocks.
+
+        Runs every step for every running sequence, so the usual case (the slot is in the
+        sequence's last block, or a free block gives it one) is written out inline."""
         scheduled: list[Sequence] = []
         new_blocks: list[tuple[int, ...]] = []
-        queue = deque(seq for seq in self.running if seq.num_uncomputed_tokens == 1 and not self._ends_pending(seq))
+        bm = self.block_manager
+        bs = bm.block_size
+        queue = deque([seq for seq in self.running
+                       if len(seq.token_ids) + seq.num_pending_tokens - seq.num_computed_tokens - seq.num_inflight_tokens
+                       == 1 and not (seq.num_pending_tokens and self._ends_pending(seq))])
         while queue:
             seq = queue.popleft()
-            while not self.block_manager.can_append(seq):
+            # Blocks the sequence needs for its tokens, the pending ones included.
+            needed = -(-(len(seq.token_ids) + seq.num_pending_tokens) // bs)
+            if len(seq.block_table) >= needed:
+                new_blocks.append(())
+                scheduled.append(seq)
+                continue
+            while not bm.num_free_blocks:
                 # The newest running sequence not given its slot yet (a later decode or a prompt
                 # in progress), else this one.
                 victim = next((s for s in reversed(self.running) if s is not seq and s not in scheduled), seq)
@@ -190,7 +209,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                new_blocks.append(self.block_manager.append_slot(seq))
+                new_blocks.append(bm.append_slot(seq))
                 scheduled.append(seq)
         return scheduled, new_blocks
 
@@ -279,6 +298,8 @@ class Scheduler:
         that finished since (a stop found in the previous step's token, an abort) drops its token;
         one preempted since keeps its token but none of the step's K/V (its blocks are gone).
         """
+        if not output.is_prefill and not output.forks:
+            return self._postprocess_decodes(output.seqs, sampled)
         self._settle(output)
         for i, (seq, n, token) in enumerate(zip(output.seqs, output.num_new_tokens, sampled)):
             if seq.is_finished:
@@ -317,6 +338,33 @@ class Scheduler:
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)
+
+    def _postprocess_decodes(self, seqs: list[Sequence], sampled: list[int | None]) -> None:
+        """`postprocess` of a decode step (one token computed and one sampled a sequence, no
+        forks): the same rules, written out for the step that runs most, every sequence every
+        step."""
+        bm = self.block_manager
+        caching, bs = bm.enable_prefix_caching, bm.block_size
+        eos, max_model_len = self.eos_token_ids, self.max_model_len
+        running, finished = SequenceStatus.RUNNING, SequenceStatus.FINISHED
+        for seq, token in zip(seqs, sampled):
+            seq.num_inflight_tokens -= 1
+            seq.num_pending_tokens -= 1
+            status = seq.status
+            if status is finished:
+                continue
+            if status is running:
+                computed = seq.num_computed_tokens = seq.num_computed_tokens + 1
+                if caching and computed // bs > seq.num_keyed_blocks:
+                    bm.cache_computed_blocks(seq)
+            ids = seq.token_ids
+            ids.append(token)
+            p = seq.params
+            num_output = len(ids) - seq.num_prompt_tokens
+            if num_output > p.min_tokens and ((not p.ignore_eos and token in eos) or token in p.stop_token_ids):
+                self.finish(seq, FinishReason.STOP)
+            elif num_output >= p.max_tokens or len(ids) >= max_model_len:
+                self.finish(seq, FinishReason.LENGTH)
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.params

@@ -143,6 +143,11 @@ class StructuredOutputManager:
             return Verdict.REJECTED
         return Verdict.COMPLETE if matcher.is_terminated() else Verdict.CONTINUE
 
+    @property
+    def has_matchers(self) -> bool:
+        """Whether any sequence follows a grammar now (else `accept` has nothing to do)."""
+        return bool(self._matchers)
+
     def release(self, seq_ids: Iterable[int]) -> None:
         for seq_id in seq_ids:
             self._matchers.pop(seq_id, None)

@@ -132,9 +132,16 @@ class StepInputBuilder:
         starts = out.starts
         last_pos = np.array(starts, dtype=np.int64)
         lens = last_pos + 1
-        blocks = np.fromiter((s.block_table[p // bs] for s, p in zip(seqs, starts)), dtype=np.int64, count=n)
-        ids = [s.token_ids[p] if p < len(s.token_ids) else 0 for s, p in zip(seqs, starts)]
-        pending = [i for i, (s, p) in enumerate(zip(seqs, starts)) if p == len(s.token_ids)]
+        ids, blocks, pending = [], [], []
+        for i, (s, p) in enumerate(zip(seqs, starts)):
+            tokens = s.token_ids
+            if p < len(tokens):
+                ids.append(tokens[p])
+            else:
+                ids.append(0)
+                pending.append(i)
+            blocks.append(s.block_table[p // bs])
+        blocks = np.array(blocks, dtype=np.int64)
         self.input_ids.np[:n] = ids
         self.positions.np[:n] = last_pos
         self.slot_mapping.np[:n] = blocks * bs + last_pos % bs
