@@ -16,6 +16,7 @@ import torch
 
 from fastgen import LLM, SamplingParams
 from fastgen.graphs import padded_size
+from fastgen.worker.step_clock import StepClock
 
 
 def _cuda(device: str) -> bool:
@@ -33,7 +34,7 @@ def start_decoding(llm: LLM, batch: int, context: int, steps: int) -> list[str]:
     engine = llm.engine
     rng = random.Random(batch * 7919 + context)
     vocab = engine.config.model_config.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=2 * steps + 16, ignore_eos=True)
     ids = [engine.add_request([rng.randrange(100, vocab - 300) for _ in range(context)], params)
            for _ in range(batch)]
     while engine.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running):
@@ -46,7 +47,10 @@ def start_decoding(llm: LLM, batch: int, context: int, steps: int) -> list[str]:
 def time_decode_steps(llm: LLM, batch: int, context: int, steps: int, device: str) -> dict:
     """engine.step() for `batch` decoding sequences: wall time (to a synchronize) and the GPU
     timeline between CUDA events recorded at the step's start and end; on graphs, also one
-    graph replay's GPU time, replayed back to back (no host work in between)."""
+    graph replay's GPU time, replayed back to back (no host work in between). Then as many
+    steps back to back, as a server runs them (overlap scheduling queues each step behind the
+    previous one): their mean wall time and the device's wait for the host before each step
+    (exposed host time, `fastgen.worker.step_clock`)."""
     engine = llm.engine
     ids = start_decoding(llm, batch, context, steps)
     wall, gpu = [], []
@@ -64,6 +68,18 @@ def time_decode_steps(llm: LLM, batch: int, context: int, steps: int, device: st
         wall.append((time.perf_counter() - start) * 1e3)
     row = {"batch_size": batch, "context_len": context, "steps": steps, "wall_ms": summary_ms(wall),
            "cuda_event_ms": summary_ms(gpu) if gpu else None}
+    clock = engine.runner.step_clock = StepClock(torch.device(device))
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    _sync(device)
+    row["back_to_back_ms"] = (time.perf_counter() - start) * 1e3 / steps
+    times = clock.take()
+    engine.runner.step_clock = None
+    row["exposed_host_ms"] = summary_ms([t * 1e3 for t in times.idle]) if times.idle else None
+    row["device_step_ms"] = summary_ms([t * 1e3 for t in times.busy]) if times.busy else None
+    row["overlap_scheduling"] = engine.overlap
     graphs = engine.runner.graphs
     if graphs is not None and graphs.can_run(batch):
         size = padded_size(batch, graphs.sizes)
@@ -237,3 +253,8 @@ def driver_info() -> dict | None:
         return None
     values = done.stdout.strip().splitlines()[0].split(", ") if done.returncode == 0 and done.stdout.strip() else []
     return dict(zip(fields.split(","), values)) or None
+
+
+def _sync(device: str) -> None:
+    if _cuda(device):
+        torch.cuda.synchronize()
