@@ -121,9 +121,11 @@ class EngineConfig:
     chunks in what remains; longer prompts are split over several steps. Keep it above
     max_num_seqs: a budget that the decodes use up leaves prompts waiting until streams end."""
     long_prefill_token_threshold: int | None = _knob(None, optional(at_least(0)))
-    """Most tokens of one prompt in a step that also decodes running sequences, so that a long
-    prompt arriving beside them costs each stream several short steps, not one long freeze (as
-    vLLM's option of this name). 0: no cap beyond the budget. Default: 64 on CPU (a prompt token
+    """Most prompt tokens in a step that also decodes running sequences, all prompts together,
+    the prompts with the fewest tokens left first: a long prompt arriving beside the streams costs
+    each of them several short steps, not one long freeze, and however many prompts are under way
+    a step carries one cap of prompt work (vLLM caps each prompt with an option of this name and
+    limits the prompts in progress with max_num_partial_prefills). 0: no cap beyond the budget. Default: 64 on CPU (a prompt token
     at a 3,000-token context costs about 3 ms there, so a chunk stays within about ten decode
     steps); none on CUDA, whose mixed steps run eagerly (tens of ms of host work each), so more
     of them would cost a long prompt more than they save the streams."""

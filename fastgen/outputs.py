@@ -125,7 +125,10 @@ class StepResult:
     is_prefill: the kind of step (None when there was nothing to run): True when it computed
     prompt tokens, of which it may also have decoded `num_decodes` sequences (a mixed step).
     num_seqs / num_tokens: the batch it computed. num_sampled: output tokens it produced.
-    started_at: perf_counter time the step began."""
+    started_at: perf_counter time the step began. With overlap scheduling the kind and batch
+    describe the step launched by this call, and num_sampled and the outputs the tokens read in
+    it, those of the step launched by the call before (is_prefill None: nothing was launched,
+    only that step read)."""
 
     outputs: list[RequestOutput]
     is_prefill: bool | None

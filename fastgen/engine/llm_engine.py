@@ -64,12 +64,20 @@ logger = logging.getLogger(__name__)
 @dataclass
 class InFlightStep:
     """A launched step whose tokens are not read yet: the scheduler's output, the runner's
-    handle and the requests of its rows (sequences, then forked children)."""
+    handle and the requests of its rows (sequences, then forked children). settled: the
+    scheduler has taken its results (or given it up), so its sequences' in-flight counts are
+    back (`Scheduler.postprocess` / `abandon`)."""
 
     out: SchedulerOutput
     launched: Any
     states: list[RequestState]
     started: float
+    settled: bool = False
+
+    @property
+    def has_live_sequences(self) -> bool:
+        """Whether any of its sequences is unfinished (else its tokens are all dropped)."""
+        return any(not seq.is_finished for seq in (*self.out.seqs, *self.out.forked_seqs))
 
 
 class LLMEngine:
@@ -209,7 +217,9 @@ class LLMEngine:
         """Whether requests are queued or running, or outputs wait for `step()` to return them
         (the final output of an aborted request, say)."""
         self._release_abandoned()
-        return self.scheduler.has_unfinished() or bool(self.outbox.for_step) or self.in_flight is not None
+        # A step in flight whose sequences all finished is read by the next step, whenever that is.
+        in_flight = self.in_flight is not None and self.in_flight.has_live_sequences
+        return self.scheduler.has_unfinished() or bool(self.outbox.for_step) or in_flight
 
     def shutdown(self) -> None:
         """Release the runner's processes (a tensor-parallel engine's workers); idempotent."""
@@ -259,7 +269,7 @@ class LLMEngine:
         self._release_abandoned()
         started = now()
         outputs = self.outbox.take_between_steps()
-        out = None
+        out, handed_over = None, False
         try:
             out = self.scheduler.schedule()
             if out is None:
@@ -270,10 +280,15 @@ class LLMEngine:
                 grammar = self.structured.step_bitmask(out, lambda seq: self.live.by_seq[seq.seq_id].grammar)
                 if grammar is not None:
                     out = dataclasses.replace(out, grammar=grammar)
+            handed_over = True  # from here `_advance` owns `out`, launched or not
             made, num_sampled = self._advance(out, started)
         except EngineDeadError:
             raise
-        except Exception as exc:  # noqa: BLE001 - outside the model: the engine's own books failed
+        except BaseException as exc:  # noqa: BLE001 - outside the model: the engine's own books failed
+            if out is not None and not handed_over:  # scheduled, never launched
+                self.scheduler.abandon(out)
+            if not isinstance(exc, Exception):
+                raise
             logger.exception("engine step failed outside the model run; failing every request")
             self.in_flight = None
             outputs += self.live.deliver(self._fail_all(exc))
@@ -293,73 +308,87 @@ class LLMEngine:
 
     def _advance(self, out: SchedulerOutput | None, started: float) -> tuple[list[RequestOutput], int]:
         """Launch `out` (if any), then read the step in flight before it, then `out` itself
-        unless it may stay in flight; the outputs made (not yet delivered) and the tokens read."""
+        unless it may stay in flight; the outputs made (not yet delivered) and the tokens read.
+
+        Whatever escapes (an interrupt, an error in the engine's own books): the outputs already
+        made are delivered and no launched step is left that nobody will read."""
         previous, self.in_flight = self.in_flight, None
         current, made = None, []
-        if out is not None:
-            states = self.live.of((*out.seqs, *out.forked_seqs))
-            try:
-                current = InFlightStep(out, self.runner.launch(out), states, started)
-            except BaseException as exc:
-                if previous is not None:  # its tokens are on their way and independent of this failure
-                    made += self._finish(previous)[0]
-                    previous = None
-                self.scheduler.abandon(out)
-                self.runner.recover(out)
-                # KeyboardInterrupt and friends are the caller's; a dead engine has nothing to retry on.
-                if not isinstance(exc, Exception) or isinstance(exc, EngineDeadError):
-                    raise
-                return made + self._on_failed_run(out, states, exc), 0
-            # Host work that needs no token runs while the device computes the step. (Decodes
-            # come first and were scheduled before: their prompts were computed.)
-            for state in states[out.num_decodes:]:
-                state.on_scheduled(started)
-        num_sampled = 0
-        if previous is not None:
-            more, num_sampled = self._finish(previous, also_lost=current)
-            made += more
-            if current is not None and current.out is None:  # lost with the step before it
-                current = None
-        if current is not None:
-            if self.overlap and not current.out.draft_tokens and current.out.grammar is None:
-                self.in_flight = current
-            else:
-                more, n = self._finish(current)
+        try:
+            if out is not None:
+                states = self.live.of((*out.seqs, *out.forked_seqs))
+                try:
+                    current = InFlightStep(out, self.runner.launch(out), states, started)
+                except BaseException as exc:
+                    self.scheduler.abandon(out)
+                    if previous is not None:  # its tokens are on their way, whatever failed here
+                        made += self._finish(previous)[0]
+                        previous = None
+                    self.runner.recover(out)
+                    # KeyboardInterrupt and friends are the caller's; a dead engine has nothing to retry on.
+                    if not isinstance(exc, Exception) or isinstance(exc, EngineDeadError):
+                        raise
+                    return made + self._on_failed_run(out, states, exc), 0
+                # Host work that needs no token runs while the device computes the step. (Decodes
+                # come first and were scheduled before: their prompts were computed.)
+                for state in states[out.num_decodes:]:
+                    state.on_scheduled(started)
+            num_sampled = 0
+            if previous is not None:
+                more, num_sampled = self._finish(previous, also_lost=current)
                 made += more
-                num_sampled += n
-        return made, num_sampled
+                if current is not None and current.settled:  # lost with the step before it
+                    current = None
+            if current is not None:
+                if self.overlap and not current.out.draft_tokens and current.out.grammar is None:
+                    self.in_flight = current
+                else:
+                    more, n = self._finish(current)
+                    made += more
+                    num_sampled += n
+            return made, num_sampled
+        except BaseException as exc:
+            if not isinstance(exc, EngineDeadError):
+                self.in_flight = None
+                for step in (previous, current):
+                    if step is not None and not step.settled:
+                        self.scheduler.abandon(step.out)
+                        step.settled = True
+                self.runner.recover(None)
+                self.live.deliver(made)
+            raise
 
     def _finish(self, step: InFlightStep, also_lost: InFlightStep | None = None) -> tuple[list[RequestOutput], int]:
         """Read a launched step's tokens and post-process them; its requests' outputs (not yet
         delivered) and the number of tokens its sequences grew by. also_lost: the step launched
         after it, whose inputs came from its tokens: if reading them fails, that one is lost too
         (its `out` set to None)."""
-        out, states = step.out, step.states
         try:
             result = self.runner.collect(step.launched)
         except BaseException as exc:
             lost = [step] if also_lost is None else [step, also_lost]
             for failed in lost:
                 self.scheduler.abandon(failed.out)
-            self.runner.recover(out)
-            if also_lost is not None:
-                also_lost.out = None
+                failed.settled = True
+            self.runner.recover(step.out)
             if not isinstance(exc, Exception) or isinstance(exc, EngineDeadError):
                 raise
             states = [state for failed in lost for state in failed.states]
-            return self._on_failed_run(out, list(dict.fromkeys(states)), exc), 0
-        return self._postprocess(out, states, result)
+            return self._on_failed_run(step.out, list(dict.fromkeys(states)), exc), 0
+        return self._postprocess(step, result)
 
-    def _postprocess(self, out: SchedulerOutput, states: list[RequestState], result) -> tuple[list[RequestOutput], int]:
+    def _postprocess(self, step: InFlightStep, result) -> tuple[list[RequestOutput], int]:
         """Apply a step's tokens to its sequences and requests: stop checks, drafts' counters,
         logprobs, grammars, text; the outputs made and the tokens the sequences grew by. A
         sequence finished since the step was launched (overlap scheduling) drops its token."""
+        out, states = step.out, step.states
         sampled = result.sampled
         finished = SequenceStatus.FINISHED
         live = [state.seq.status is not finished for state in states]
         drafts = result.num_accepted is not None
         lengths = [len(state.seq) for state in states] if drafts else None
         self.scheduler.postprocess(out, sampled, result.num_accepted)
+        step.settled = True
         grown = 0
         if drafts:
             # Tokens the step added (a sequence that ended inside its kept drafts dropped the rest).

@@ -47,7 +47,7 @@ class RequestState:
         self.stop = seq.params.stop
         self.hold_back = max((len(s) for s in self.stop), default=1) - 1
         # Reported once, at the end, with no stop string to look for: until it finishes, a new
-        # token changes nothing anyone reads but the time of the first (see `note_token`).
+        # token changes only its metrics (see `note_token`).
         self.quiet = final_only and not self.stop
         self.text = ""
         self.num_tokens_seen = 0
@@ -75,10 +75,13 @@ class RequestState:
             self.metrics.num_cached_tokens = self.seq.num_cached_tokens
 
     def note_token(self, now: float) -> None:
-        """A quiet request's token that did not finish it: only the first one's time is kept now
-        (its other metrics are taken when it finishes, the only time they are reported)."""
-        if self.metrics.first_token_time is None:
-            self.metrics.first_token_time = now
+        """A quiet request's token that did not finish it: the metrics only (no text, no output)."""
+        m = self.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.last_token_time = now
+        seq = self.seq
+        self.num_tokens_seen = m.num_output_tokens = len(seq.token_ids) - seq.num_prompt_tokens
 
     def on_new_tokens(self, now: float) -> bool:
         """Take the sequence's new tokens into the metrics and the text; True when a stop string

@@ -7,9 +7,10 @@ it goes back to the front of the queue, to be recomputed later (its full blocks 
 straight back from the prefix cache). Prompt chunks fill what remains of the budget in the same
 step: prompts already split into chunks first, then waiting sequences admitted in arrival order
 while `max_num_seqs` and free blocks allow. A prompt longer than the budget is computed in chunks
-over several steps, and while the step also decodes, each prompt's chunk is at most
-`long_prefill_token_threshold` tokens: a long prompt then costs each running stream several
-short steps instead of one long freeze. The step is a decode step when it has no prompt tokens
+over several steps, and while the step also decodes, its prompt chunks are at most
+`long_prefill_token_threshold` tokens in all, the prompts with the fewest tokens left first: a
+long prompt then costs each running stream several short steps instead of one long freeze, and
+a short prompt arriving behind it is computed first. The step is a decode step when it has no prompt tokens
 (CUDA graphs, the compiled CPU decode graphs), else a prefill step whose decode rows are
 one-token queries.
 
@@ -188,9 +189,10 @@ class Scheduler:
         new_blocks: list[tuple[int, ...]] = []
         bm = self.block_manager
         bs = bm.block_size
+        # `num_uncomputed_tokens == 1`, spelled out: this runs for every running sequence.
         queue = deque([seq for seq in self.running
-                       if len(seq.token_ids) + seq.num_pending_tokens - seq.num_computed_tokens - seq.num_inflight_tokens
-                       == 1 and not (seq.num_pending_tokens and self._ends_pending(seq))])
+                       if len(seq.token_ids) + seq.num_pending_tokens - seq.num_computed_tokens
+                       - seq.num_inflight_tokens == 1 and not (seq.num_pending_tokens and self._ends_pending(seq))])
         while queue:
             seq = queue.popleft()
             # Blocks the sequence needs for its tokens, the pending ones included.
@@ -246,35 +248,80 @@ class Scheduler:
         return tuple(drafts) if any(drafts) else ()
 
     def _schedule_prompt_chunks(self, budget: int, cap: int | None) -> tuple[list[Sequence], list[int], list[bool]]:
-        """Prompt chunks within `budget` tokens, each at most `cap` (None: no cap): prompts in
-        progress first, then waiting ones admitted in order. Returns the sequences, their token
-        counts and whether each got its block table now."""
+        """Prompt chunks within `budget` tokens. Returns the sequences, their token counts and
+        whether each got its block table now.
+
+        cap None (no sequence decodes, or no threshold): prompts in progress first, then waiting
+        ones admitted in order, as many as the budget holds. Else the step decodes, and its
+        prompt tokens are at most `cap` in all: so no step carries more than one cap of prompt
+        work beside the streams, however many prompts are under way (a cap a prompt let several
+        prompts' chunks share a step, each as costly as the last at a long context). The cap goes
+        to the prompts with the fewest tokens left first, a waiting prompt admitted when it is
+        shorter than those in progress: a short prompt arriving behind a long one is not held
+        up for the whole of it."""
+        if cap is not None:
+            return self._capped_prompt_chunks(min(budget, cap))
         seqs, counts, new_tables = [], [], []
         for seq in self.running:
             if budget <= 0:
                 break
             remaining = seq.num_uncomputed_tokens
             if remaining > 1:  # one left is a decode (`_schedule_decodes`)
-                n = min(remaining, budget, cap or remaining)
+                n = min(remaining, budget)
                 seqs.append(seq)
                 counts.append(n)
                 new_tables.append(False)
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.seq_limit:
-            seq = self.waiting[0]
-            if seq.in_launched_step or not self.block_manager.can_allocate(seq):
-                break
-            self.waiting.popleft()
-            self.block_manager.allocate(seq)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            remaining = seq.num_uncomputed_tokens
-            n = min(remaining, budget, cap or remaining)
+        while budget > 0 and (seq := self._admissible()) is not None:
+            self._admit(seq)
+            n = min(seq.num_uncomputed_tokens, budget)
             seqs.append(seq)
             counts.append(n)
             new_tables.append(True)
             budget -= n
         return seqs, counts, new_tables
+
+    def _capped_prompt_chunks(self, budget: int) -> tuple[list[Sequence], list[int], list[bool]]:
+        """`_schedule_prompt_chunks` while sequences decode: shortest remaining prompt first."""
+        seqs, counts, new_tables = [], [], []
+        in_progress = sorted((seq for seq in self.running if seq.num_uncomputed_tokens > 1),
+                             key=lambda seq: seq.num_uncomputed_tokens)
+        i = 0
+        while budget > 0:
+            head = self._admissible()
+            shortest = in_progress[i] if i < len(in_progress) else None
+            # A waiting prompt's length is at most what it has left (prefix-cache hits lower it).
+            if head is not None and (shortest is None or len(head.token_ids) < shortest.num_uncomputed_tokens):
+                self._admit(head)
+                seq, new = head, True
+            elif shortest is not None:
+                seq, new = shortest, False
+                i += 1
+            else:
+                break
+            n = min(seq.num_uncomputed_tokens, budget)
+            seqs.append(seq)
+            counts.append(n)
+            new_tables.append(new)
+            budget -= n
+        return seqs, counts, new_tables
+
+    def _admissible(self) -> Sequence | None:
+        """The first waiting sequence, if it may start now (a free place, blocks for all its
+        tokens, no launched step still working for it)."""
+        if not self.waiting or len(self.running) >= self.seq_limit:
+            return None
+        seq = self.waiting[0]
+        if seq.in_launched_step or not self.block_manager.can_allocate(seq):
+            return None
+        return seq
+
+    def _admit(self, seq: Sequence) -> None:
+        """Start the first waiting sequence: its blocks (prefix-cache hits included), running."""
+        self.waiting.popleft()
+        self.block_manager.allocate(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)

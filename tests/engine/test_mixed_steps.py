@@ -65,6 +65,33 @@ def test_a_stream_short_of_blocks_preempts_the_prompt_in_progress_beside_it():
     s.block_manager.check_invariants(s.running)
 
 
+def test_prompts_under_way_share_one_cap_beside_a_stream_and_the_shortest_goes_first():
+    """While a stream decodes, a step carries at most `long_prefill_token_threshold` prompt
+    tokens in all, however many prompts are under way; the prompt with the fewest tokens left
+    takes them first, and a waiting prompt shorter than those under way is admitted first."""
+    s = scheduler(budget=64, threshold=8)
+    stream = prompt(0, 5)
+    s.add(stream)
+    step(s)
+    step(s)  # the stream decodes
+
+    def prompt_chunks(out):
+        assert out.num_decodes >= 1 and out.num_prompt_tokens <= 8
+        return [(sq.seq_id, n) for sq, n in zip(out.seqs[out.num_decodes:], out.num_new_tokens[out.num_decodes:])]
+
+    long, other, short = prompt(1, 30), prompt(2, 20), prompt(3, 3)
+    s.add(long)
+    s.add(other)
+    assert prompt_chunks(step(s)) == [(1, 8)]  # the queue's head, alone under way
+    assert prompt_chunks(step(s)) == [(2, 8)]  # 20 tokens: fewer than long's 22 left
+    s.add(short)
+    assert prompt_chunks(step(s)) == [(3, 3), (2, 5)]  # short jumps both; other takes the rest
+    assert prompt_chunks(step(s)) == [(2, 7), (1, 1)]
+    assert [prompt_chunks(step(s)) for _ in range(3)] == [[(1, 8)], [(1, 8)], [(1, 5)]]
+    assert all(sq.num_uncomputed_tokens == 1 for sq in (long, other, short))
+    s.block_manager.check_invariants(s.running)
+
+
 def test_without_streams_a_long_prompt_takes_the_whole_budget():
     s = scheduler(budget=16, threshold=4)
     s.add(prompt(0, 40))
