@@ -229,3 +229,27 @@ def test_an_interrupt_while_the_previous_step_is_read_leaves_nothing_behind(tiny
     for request_id, p in zip(ids, prompts):
         assert finals[request_id].token_ids == reference(model, [p], 10)[0]
     check_books(engine)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_on_cuda_graphs_with_a_step_in_flight_equal_transformers(tiny_models, reference, overlap):
+    """The CUDA path with overlap: decode graphs whose greedy ids feed the next replay's inputs on
+    the device, the double token readback, logprobs taken before the next replay overwrites the
+    graph's logits, stop tokens read a step late, preemptions under few blocks."""
+    model = tiny_models["qwen3"]
+    llm = LLM(model, device="cuda", dtype="float32", block_size=4, num_kv_blocks=24, max_num_seqs=4,
+              max_model_len=64, cuda_graph_batch_sizes=[1, 2, 4], enforce_eager=False, overlap_scheduling=overlap)
+    engine = llm.engine
+    assert engine.overlap is overlap and engine.runner.graphs is not None
+    prompts = random_prompts([9, 14, 6, 11, 3], seed=8)
+    expected = [reference(model, [p], 16)[0] for p in prompts]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1))
+    assert [o.token_ids for o in greedy] == expected
+    assert all([next(iter(step)) for step in o.outputs[0].logprobs] == o.token_ids for o in greedy)
+    assert engine.scheduler.num_preemptions > 0
+    stops = [SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[ref[k]]) for ref, k in
+             zip(expected, (2, 5, 0, 9, 4))]
+    for out, ref in zip(llm.generate(prompts, stops), expected):
+        assert out.token_ids == ref[: ref.index(out.token_ids[-1]) + 1]
+    check_books(engine)
