@@ -209,12 +209,15 @@ def graph_vs_eager_logits(llm: LLM, batch: int, context: int) -> dict:
     seen: dict = {}
     execute = runner.execute
 
-    def compare(layout, on_span_logits=None):
-        logits, greedy = execute(layout, on_span_logits)
+    def compare(layout, on_span_logits=None, feed_pending=None):
+        logits, greedy = execute(layout, on_span_logits, feed_pending)
         if not layout.is_prefill and greedy is not None and "graph" not in seen:
             rows = len(layout.sample_rows)
             seen["graph"] = logits[:rows].float().clone()
-            seen["eager"] = runner.forward_logits(runner.inputs.upload(layout))[:rows].float()
+            inputs = runner.inputs.upload(layout)
+            if feed_pending is not None:  # the previous step's unread tokens (overlap scheduling)
+                feed_pending(layout, inputs)
+            seen["eager"] = runner.forward_logits(inputs)[:rows].float()
         return logits, greedy
 
     runner.execute = compare

@@ -101,6 +101,11 @@ class BlockManager:
         return hits
 
     # ---- allocation ----------------------------------------------------------------------
+    def tokens_to_compute(self, seq: Sequence) -> int:
+        """How many of a waiting sequence's tokens its admission would leave to compute (its
+        longest cached prefix served, its last token always computed)."""
+        return len(seq) - min(len(self._cached_prefix(seq)) * self.block_size, len(seq) - 1)
+
     def can_allocate(self, seq: Sequence) -> bool:
         hits = self._cached_prefix(seq)
         # A hit on a block that is in use costs nothing; a hit on a free block still takes it.

@@ -281,12 +281,12 @@ class LLMEngine:
                 if grammar is not None:
                     out = dataclasses.replace(out, grammar=grammar)
             handed_over = True  # from here `_advance` owns `out`, launched or not
-            made, num_sampled = self._advance(out, started)
+            made, num_sampled = self._advance(out, started, outputs)
         except EngineDeadError:
             raise
         except BaseException as exc:  # noqa: BLE001 - outside the model: the engine's own books failed
             if out is not None and not handed_over:  # scheduled, never launched
-                self.scheduler.abandon(out)
+                self._give_up(out)
             if not isinstance(exc, Exception):
                 raise
             logger.exception("engine step failed outside the model run; failing every request")
@@ -306,21 +306,38 @@ class LLMEngine:
         return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes,
                           out.num_draft_tokens)
 
-    def _advance(self, out: SchedulerOutput | None, started: float) -> tuple[list[RequestOutput], int]:
+    def _give_up(self, out: SchedulerOutput) -> None:
+        """A scheduled step will not be launched (an interrupt, a failure before the launch): it
+        and the step in flight are given up, and the runner trusts none of its per-sequence rows
+        (the step's block appends and facts never reach it)."""
+        step = self.in_flight
+        if step is not None and not step.settled:
+            self.scheduler.abandon(step.out)
+            step.settled = True
+        self.in_flight = None
+        self.scheduler.abandon(out)
+        self.runner.recover(out)
+
+    def _advance(self, out: SchedulerOutput | None, started: float, delivered: list[RequestOutput]
+                 ) -> tuple[list[RequestOutput], int]:
         """Launch `out` (if any), then read the step in flight before it, then `out` itself
         unless it may stay in flight; the outputs made (not yet delivered) and the tokens read.
 
         Whatever escapes (an interrupt, an error in the engine's own books): the outputs already
-        made are delivered and no launched step is left that nobody will read."""
+        made are delivered (and added to `delivered`), and no launched or scheduled step is left
+        that nobody will read or settle."""
         previous, self.in_flight = self.in_flight, None
         current, made = None, []
+        unlaunched = out  # scheduled, its counts taken up, neither launched nor given up yet
         try:
             if out is not None:
                 states = self.live.of((*out.seqs, *out.forked_seqs))
                 try:
                     current = InFlightStep(out, self.runner.launch(out), states, started)
+                    unlaunched = None
                 except BaseException as exc:
                     self.scheduler.abandon(out)
+                    unlaunched = None
                     if previous is not None:  # its tokens are on their way, whatever failed here
                         made += self._finish(previous)[0]
                         previous = None
@@ -354,15 +371,17 @@ class LLMEngine:
                     if step is not None and not step.settled:
                         self.scheduler.abandon(step.out)
                         step.settled = True
-                self.runner.recover(None)
-                self.live.deliver(made)
+                if unlaunched is not None:
+                    self.scheduler.abandon(unlaunched)
+                self.runner.recover(unlaunched)
+                delivered += self.live.deliver(made)
             raise
 
     def _finish(self, step: InFlightStep, also_lost: InFlightStep | None = None) -> tuple[list[RequestOutput], int]:
         """Read a launched step's tokens and post-process them; its requests' outputs (not yet
         delivered) and the number of tokens its sequences grew by. also_lost: the step launched
         after it, whose inputs came from its tokens: if reading them fails, that one is lost too
-        (its `out` set to None)."""
+        (marked settled)."""
         try:
             result = self.runner.collect(step.launched)
         except BaseException as exc:
@@ -387,8 +406,8 @@ class LLMEngine:
         live = [state.seq.status is not finished for state in states]
         drafts = result.num_accepted is not None
         lengths = [len(state.seq) for state in states] if drafts else None
+        step.settled = True  # before: whatever happens inside, it must not be given up as well
         self.scheduler.postprocess(out, sampled, result.num_accepted)
-        step.settled = True
         grown = 0
         if drafts:
             # Tokens the step added (a sequence that ended inside its kept drafts dropped the rest).

@@ -58,6 +58,10 @@ if TYPE_CHECKING:
     from fastgen.speculative.drafts import Drafter
 
 
+# Capped steps in a row that may pass over a prompt under way before it goes first.
+PASSED_OVER_LIMIT = 8
+
+
 class Scheduler:
     def __init__(
         self,
@@ -83,6 +87,8 @@ class Scheduler:
         self._finished: list[int] = []
         self.pending_forks = PendingForks()
         self.suspects: set[int] = set()  # seq_ids of sequences in a failed step (see `isolate`)
+        # Prompts under way that capped steps passed over, and for how many steps in a row.
+        self._passed_over: dict[int, int] = {}
         self.drafter = drafter
 
     def add(self, seq: Sequence) -> None:
@@ -132,9 +138,14 @@ class Scheduler:
             seq.num_pending_tokens -= 1
 
     def abandon(self, out: SchedulerOutput) -> None:
-        """A scheduled step failed before its results were read: nothing of it was applied (its
-        sequences are then isolated, see `isolate`, which recomputes them)."""
+        """A scheduled step failed or was given up before its results were read: nothing of it
+        was applied. Its sequences compute again what it would have (after a failure they are
+        isolated too, see `isolate`); children it forked, whose prompt it was to copy, go back to
+        the queue to compute their prompt themselves."""
         self._settle(out)
+        for seq in out.forked_seqs:
+            if seq.status is SequenceStatus.RUNNING:
+                self._preempt(seq)
 
     def pop_facts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The preempted and finished seq_ids not yet handed out, which the caller now owns."""
@@ -261,6 +272,7 @@ class Scheduler:
         up for the whole of it."""
         if cap is not None:
             return self._capped_prompt_chunks(min(budget, cap))
+        self._passed_over = {}
         seqs, counts, new_tables = [], [], []
         for seq in self.running:
             if budget <= 0:
@@ -282,16 +294,21 @@ class Scheduler:
         return seqs, counts, new_tables
 
     def _capped_prompt_chunks(self, budget: int) -> tuple[list[Sequence], list[int], list[bool]]:
-        """`_schedule_prompt_chunks` while sequences decode: shortest remaining prompt first."""
+        """`_schedule_prompt_chunks` while sequences decode: shortest remaining prompt first, but
+        a prompt under way that PASSED_OVER_LIMIT capped steps in a row gave nothing goes first
+        (so a stream of short arrivals cannot hold a long prompt back for good)."""
         seqs, counts, new_tables = [], [], []
+        passed = self._passed_over
         in_progress = sorted((seq for seq in self.running if seq.num_uncomputed_tokens > 1),
-                             key=lambda seq: seq.num_uncomputed_tokens)
+                             key=lambda seq: (passed.get(seq.seq_id, 0) < PASSED_OVER_LIMIT,
+                                              seq.num_uncomputed_tokens))
+        overdue = bool(in_progress) and passed.get(in_progress[0].seq_id, 0) >= PASSED_OVER_LIMIT
         i = 0
         while budget > 0:
-            head = self._admissible()
+            head = None if overdue and i == 0 else self._admissible()
             shortest = in_progress[i] if i < len(in_progress) else None
-            # A waiting prompt's length is at most what it has left (prefix-cache hits lower it).
-            if head is not None and (shortest is None or len(head.token_ids) < shortest.num_uncomputed_tokens):
+            if head is not None and (shortest is None or self.block_manager.tokens_to_compute(head)
+                                     < shortest.num_uncomputed_tokens):
                 self._admit(head)
                 seq, new = head, True
             elif shortest is not None:
@@ -304,6 +321,9 @@ class Scheduler:
             counts.append(n)
             new_tables.append(new)
             budget -= n
+        served = {seq.seq_id for seq in seqs}
+        self._passed_over = {seq.seq_id: passed.get(seq.seq_id, 0) + 1 for seq in in_progress
+                             if seq.seq_id not in served}
         return seqs, counts, new_tables
 
     def _admissible(self) -> Sequence | None:

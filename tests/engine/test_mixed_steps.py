@@ -92,6 +92,36 @@ def test_prompts_under_way_share_one_cap_beside_a_stream_and_the_shortest_goes_f
     s.block_manager.check_invariants(s.running)
 
 
+def test_a_long_prompt_is_not_held_back_for_good_by_short_arrivals():
+    """Shortest first, but a prompt under way that capped steps passed over PASSED_OVER_LIMIT
+    times in a row goes first; a preempted sequence whose blocks come back from the prefix cache
+    counts only what it has left to compute."""
+    from fastgen.engine.scheduler import PASSED_OVER_LIMIT
+
+    s = scheduler(budget=64, threshold=4, num_blocks=256)
+    stream = Sequence(0, [7, 8, 9], SamplingParams(max_tokens=200, ignore_eos=True))
+    s.add(stream)
+    step(s)
+    step(s)
+    long = prompt(1, 40)
+    s.add(long)
+    step(s)  # long admitted: 4 tokens
+    served_long = []
+    i = 0
+    while long.num_uncomputed_tokens > 1:
+        # A short arrival every step, taking the whole cap, done after its first token.
+        s.add(Sequence(100 + i, [10 + i % 50] * 4, SamplingParams(max_tokens=1, ignore_eos=True)))
+        out = step(s)
+        assert out.num_decodes >= 1  # the stream decodes throughout: every step is capped
+        served_long.append(long in out.seqs[out.num_decodes:])
+        i += 1
+    assert sum(served_long) >= 9  # 36 tokens left, at most 4 a step
+    assert served_long[: PASSED_OVER_LIMIT + 1] == [False] * PASSED_OVER_LIMIT + [True]  # short ones first...
+    for start in range(len(served_long) - PASSED_OVER_LIMIT):  # ...but never for longer than the limit
+        assert any(served_long[start : start + PASSED_OVER_LIMIT + 1])
+    s.block_manager.check_invariants(s.running)
+
+
 def test_without_streams_a_long_prompt_takes_the_whole_budget():
     s = scheduler(budget=16, threshold=4)
     s.add(prompt(0, 40))

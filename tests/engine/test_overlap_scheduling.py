@@ -202,32 +202,37 @@ def test_cpu_defaults_to_steps_in_turn_and_speculation_never_overlaps(tiny_model
     assert engine.config.overlap_scheduling and not engine.overlap
 
 
-def test_an_interrupt_while_the_previous_step_is_read_leaves_nothing_behind(tiny_models, reference):
-    """A KeyboardInterrupt in the host's post-processing of step N, while step N+1 is launched:
-    the interrupt reaches the caller, N+1 is given up (its sequences' counts restored), and the
-    engine carries on to transformers' output with balanced books."""
+@pytest.mark.parametrize("where", ["before the launch", "while reading the previous step"])
+def test_an_interrupt_with_a_step_in_flight_leaves_nothing_behind(tiny_models, reference, where):
+    """A KeyboardInterrupt after the next step was scheduled (before its launch), or in the host's
+    post-processing of step N while step N+1 is launched: it reaches the caller, the launched and
+    scheduled steps are given up (their sequences' counts restored, forks sent back to compute
+    their prompt), and the engine carries on to transformers' output with balanced books."""
     model = tiny_models["qwen3"]
     _, engine = engine_for(model, True)
     prompts = random_prompts([6, 9], seed=13)
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
+    ids.append(engine.add_request(prompts[0], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, n=2)))
     finals: dict = {}
-    for _ in range(3):
+    for _ in range(1 if where == "before the launch" else 3):
         finals.update({o.request_id: o for o in engine.step() if o.finished})
-    advance = engine.live.advance
+    owner, name = (engine.structured, "step_bitmask") if where == "before the launch" else (engine.live, "advance")
+    original = getattr(owner, name)
 
-    def interrupted(state, t):
-        engine.live.advance = advance
+    def interrupted(*args):
+        setattr(owner, name, original)
         raise KeyboardInterrupt
 
-    engine.live.advance = interrupted
+    setattr(owner, name, interrupted)
     with pytest.raises(KeyboardInterrupt):
         engine.step()
     assert engine.in_flight is None
     assert not any(state.seq.in_launched_step for state in engine.requests.values())
     drain(engine, ids, finals)
-    for request_id, p in zip(ids, prompts):
-        assert finals[request_id].token_ids == reference(model, [p], 10)[0]
+    expected = [reference(model, [p], 10)[0] for p in prompts]
+    assert [finals[i].token_ids for i in ids[:2]] == expected
+    assert [c.token_ids for c in finals[ids[2]].outputs] == [expected[0]] * 2
     check_books(engine)
 
 
