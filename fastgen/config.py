@@ -122,7 +122,8 @@ class EngineConfig:
     max_num_seqs: a budget that the decodes use up leaves prompts waiting until streams end."""
     long_prefill_token_threshold: int | None = _knob(None, optional(at_least(0)))
     """Most prompt tokens in a step that also decodes running sequences, all prompts together,
-    the prompts with the fewest tokens left first: a long prompt arriving beside the streams costs
+    the prompts with the fewest tokens left first (one that eight such steps in a row passed over
+    goes first): a long prompt arriving beside the streams costs
     each of them several short steps, not one long freeze, and however many prompts are under way
     a step carries one cap of prompt work (vLLM caps each prompt with an option of this name and
     limits the prompts in progress with max_num_partial_prefills). 0: no cap beyond the budget. Default: 64 on CPU (a prompt token
