@@ -232,6 +232,10 @@ class EngineDecodeBatch:
             num_kv_blocks=kv_blocks_for(block_size), max_num_seqs=NUM_SEQS,
             max_num_batched_tokens=MAX_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
             compile_mode="blocking",  # the model never runs here: no background compile either
+            # Set-up prefills all 256 prompts at once; capped mixed steps would stretch that over
+            # thousands of steps in which the first ones decode to the end. The measured steps
+            # are plain decode steps either way.
+            long_prefill_token_threshold=0,
         )
         self.engine = self.llm.engine
         self.block_size = block_size

@@ -65,26 +65,53 @@ def worst_prefill_step(config: EngineConfig) -> SchedulerOutput:
     return SchedulerOutput(seqs, chunks, True, [True] * count, [()] * count)
 
 
+def worst_verify_step(config: EngineConfig) -> SchedulerOutput | None:
+    """Speculative decoding's largest verify step (None without speculation): as many decoding
+    sequences as the token budget holds with num_speculative_tokens drafts each (fewer drafts
+    when the budget is smaller), every position a logits row that is sampled, the first sequence
+    drafting up to a max_model_len context. It can hold more logits rows than any prefill step,
+    which samples once a sequence."""
+    spec = config.speculative_config
+    if not spec:
+        return None
+    k = min(spec["num_speculative_tokens"], config.max_num_batched_tokens - 1, config.max_model_len - 1)
+    count = max(1, min(config.max_num_seqs, config.max_num_batched_tokens // (1 + k)))
+    seqs = []
+    for i in range(count):
+        length = config.max_model_len - k if i == 0 else 1
+        seq = Sequence(-2 - i, [0] * length, PROFILE_PARAMS)
+        seq.num_computed_tokens = length - 1
+        seq.block_table = [0] * config.max_blocks_per_seq
+        seqs.append(seq)
+    return SchedulerOutput(seqs, [1 + k] * count, True, [True] * count, [()] * count, num_decodes=count,
+                           draft_tokens=((0,) * k,) * count)
+
+
 def _activation_peaks(config: EngineConfig, run_step: RunStep, graph_batch_size: int | None,
                       prepare_meta: PrepareMeta) -> tuple[int, int]:
-    """(peak bytes of the worst prefill step, of the largest decode graph's step or 0)."""
+    """(peak bytes of the worst prefill or verify step, of the largest decode graph's step or 0)."""
     stand_in = KVCache(config, num_blocks=1)
+    verify = worst_verify_step(config)
+    max_drafts = len(verify.draft_tokens[0]) if verify is not None else 0
     # A builder of its own: the engine's keeps per-sequence rows that fake sequences must not touch.
     inputs = StepInputBuilder(config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq,
-                              config.block_size, config.torch_device, prepare_meta)
+                              config.block_size, config.torch_device, prepare_meta, max_drafts)
     prefill = worst_prefill_step(config)
 
-    def run_prefill():
-        step = inputs.build_prefill(prefill)
+    def run_prefill(out: SchedulerOutput):
+        step = inputs.build_prefill(out)
         step.meta.slot_mapping.fill_(-1)  # the stand-in cache has one block: write nothing
-        run_step(step, prefill.seqs, stand_in.layers)
+        # One sequence a sampled row: a drafted sequence samples at each of its positions.
+        run_step(step, [out.seqs[i] for i in step.sample_rows], stand_in.layers)
 
     def run_decode():
         padding = [Sequence(-1, [0], PROFILE_PARAMS)] * graph_batch_size
         run_step(inputs.build_decode(SchedulerOutput.empty_decode(), pad_to=graph_batch_size), padding,
                  stand_in.layers)
 
-    prefill_peak = _peak_bytes(run_prefill)
+    prefill_peak = _peak_bytes(lambda: run_prefill(prefill))
+    if verify is not None:
+        prefill_peak = max(prefill_peak, _peak_bytes(lambda: run_prefill(verify)))
     decode_peak = _peak_bytes(run_decode) if graph_batch_size is not None else 0
     return prefill_peak, decode_peak
 

@@ -94,3 +94,16 @@ def test_memory_profile_runs_the_worst_steps_through_the_model_and_sampler(tiny_
                                prepare_meta=runner.backend.prepare)
     assert steps == [(256, 8, 1024, True), (8, 8, 0, False)]
     assert budget == int(8 * gib * llm.config.gpu_memory_utilization) - 2 * gib - 100 - 200
+
+    # With speculative decoding, a verify step too: 8 sequences x (1 + 4) sampled rows, the first
+    # drafting up to the max_model_len context; the larger of its peak and the prefill's counts.
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    spec_llm = LLM(tiny_models["qwen3"], dtype="float32", block_size=16, num_kv_blocks=128, max_num_seqs=8,
+                   max_num_batched_tokens=256, max_model_len=1024, speculative_config=spec)
+    llm, runner = spec_llm, spec_llm.engine.runner
+    steps.clear()
+    peaks[:] = [0]
+    budget = measure_kv_budget(llm.config, recording_step, graph_batch_size=8,
+                               prepare_meta=runner.backend.prepare)
+    assert steps == [(256, 8, 1024, True), (40, 40, 1024, True), (8, 8, 0, False)]
+    assert budget == int(8 * gib * llm.config.gpu_memory_utilization) - 2 * gib - 200 - 300
