@@ -75,13 +75,12 @@ class RequestState:
             self.metrics.num_cached_tokens = self.seq.num_cached_tokens
 
     def note_token(self, now: float) -> None:
-        """A quiet request's token that did not finish it: the metrics only (no text, no output)."""
+        """A quiet request's token that did not finish it: its times only (no text, no output;
+        the token count is taken when an output is made, see `make_output`)."""
         m = self.metrics
         if m.first_token_time is None:
             m.first_token_time = now
         m.last_token_time = now
-        seq = self.seq
-        self.num_tokens_seen = m.num_output_tokens = len(seq.token_ids) - seq.num_prompt_tokens
 
     def on_new_tokens(self, now: float) -> bool:
         """Take the sequence's new tokens into the metrics and the text; True when a stop string
@@ -149,6 +148,7 @@ class RequestState:
             return None
         visible = len(self.text) if finished else max(self.sent_text_len, len(self.text) - self.hold_back)
         token_ids = seq.output_token_ids
+        self.metrics.num_output_tokens = len(token_ids)  # current even where `note_token` kept only times
         if not finished and visible == self.sent_text_len and len(token_ids) == self.sent_tokens:
             return None
         new_text = self.text[self.sent_text_len : visible]

@@ -146,6 +146,24 @@ def test_metrics_are_filled_and_ordered(llm):
     assert m.num_cached_tokens == 40  # 5 full blocks of 8 came from the prefix cache
 
 
+def test_a_request_reported_only_when_it_ends_has_its_metrics_when_aborted(llm):
+    """A final-only request without stop strings keeps only its token times per step; aborted
+    midway, its one output still counts its tokens and times its last one."""
+    engine = llm.engine
+    state = engine.prepare([5, 6, 7], GREEDY, final_only=True)
+    request_id = engine.enqueue(state, claimed=True)
+    for _ in range(6):
+        engine.step()
+    assert engine.take_output(request_id) is None
+    engine.abort(request_id)
+    out = engine.take_output(request_id)
+    engine.release(request_id)
+    m = out.metrics
+    assert out.finish_reason == "abort" and len(out.token_ids) >= 4
+    assert m.num_output_tokens == len(out.token_ids)
+    assert m.first_token_time is not None and m.last_token_time > m.first_token_time
+
+
 def test_background_engine_serves_many_threads(llm, reference, tiny_models):
     prompts = random_prompts([5, 17, 33, 8, 21, 40], seed=31)
     expected = reference(tiny_models["qwen3"], prompts, 24)
