@@ -16,8 +16,9 @@ one-token queries.
 
 Speculative decoding (a `Drafter`): once every decode has its slot, decoding sequences propose
 draft tokens in batch order while the budget lasts, each within its max_tokens and
-max_model_len; a draft gets blocks only from the free list (it never preempts anyone) and is cut
-to the room it has. After the step a sequence keeps the drafted tokens the samples accepted and
+max_model_len; a draft gets blocks only from the free list, leaving a block free for each
+decoding sequence (it never preempts anyone, now or in the next step), and is cut to the room
+it has. After the step a sequence keeps the drafted tokens the samples accepted and
 the sample after them; `num_computed_tokens` counts only those, so the cache slots of rejected
 drafts are simply written again later, and only blocks of kept tokens are ever keyed in the
 prefix cache.
@@ -250,8 +251,11 @@ class Scheduler:
             room = min(budget, seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1)
             draft = self.drafter.propose(seq, room, len(decodes)) if room > 0 else ()
             if draft:
-                # Positions len(seq) .. len(seq) + k - 1 hold the drafts' K/V.
-                slots = len(seq.block_table) * bm.block_size - len(seq) + bm.num_free_blocks * bm.block_size
+                # Positions len(seq) .. len(seq) + k - 1 hold the drafts' K/V. A free block for
+                # each decoding sequence stays free: the next step's decodes may each need one,
+                # and a draft that took it would make that step preempt someone.
+                spare = max(0, bm.num_free_blocks - len(decodes))
+                slots = len(seq.block_table) * bm.block_size - len(seq) + spare * bm.block_size
                 draft = draft[: max(0, slots)]
                 new_blocks[i] += bm.append_slots(seq, len(draft))
             budget -= len(draft)

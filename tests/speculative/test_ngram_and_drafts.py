@@ -141,3 +141,36 @@ def test_the_threshold_is_measured_once_steps_with_and_without_drafts_were_seen(
     drafter.observe_step(12, 0, 0.05)
     drafter.observe_step(16, 10, 0.15)  # a dear draft in the 16 bucket: never pays
     assert drafter.threshold(13) == 1.0
+
+
+class _AlwaysDrafts:
+    """A drafter that proposes three tokens for every sequence (scheduler tests)."""
+
+    class config:  # noqa: N801 - stands in for a SpeculativeConfig
+        disable_by_batch_size = None
+
+    def propose(self, seq, limit, batch_size=1):
+        return (5, 6, 7)[:limit]
+
+    def release(self, seq_ids):
+        pass
+
+
+@pytest.mark.parametrize(("num_blocks", "drafted"), [(4, [(), ()]), (5, [(5, 6, 7), ()]), (8, [(5, 6, 7)] * 2)])
+def test_drafts_leave_a_free_block_for_each_decode(num_blocks, drafted):
+    """Two sequences decode, each with its last block full after this step's token: a draft takes
+    a block only where one stays free for each of them, so the next step's decodes never have to
+    preempt anyone for a slot a draft took."""
+    from fastgen.engine.block_manager import BlockManager
+    from fastgen.engine.scheduler import Scheduler
+
+    s = Scheduler(BlockManager(num_blocks, 4), 8, 64, 64, eos_token_ids=[0], drafter=_AlwaysDrafts())
+    a = Sequence(0, [1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True))
+    b = Sequence(1, [4, 5, 6], SamplingParams(max_tokens=20, ignore_eos=True))
+    s.add(a)
+    s.add(b)
+    out = s.schedule()  # both prompts: a block each
+    s.postprocess(out, [9, 9])
+    out = s.schedule()  # both decode in their first block, which their next token fills
+    assert list(out.draft_tokens or [(), ()]) == drafted
+    assert s.block_manager.num_free_blocks >= 2
