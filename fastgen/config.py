@@ -123,13 +123,13 @@ class EngineConfig:
     long_prefill_token_threshold: int | None = _knob(None, optional(at_least(0)))
     """Most prompt tokens in a step that also decodes running sequences, all prompts together,
     the prompts with the fewest tokens left first (one that eight such steps in a row passed over
-    goes first): a long prompt arriving beside the streams costs
-    each of them several short steps, not one long freeze, and however many prompts are under way
-    a step carries one cap of prompt work (vLLM caps each prompt with an option of this name and
-    limits the prompts in progress with max_num_partial_prefills). 0: no cap beyond the budget. Default: 64 on CPU (a prompt token
-    at a 3,000-token context costs about 3 ms there, so a chunk stays within about ten decode
-    steps); none on CUDA, whose mixed steps run eagerly (tens of ms of host work each), so more
-    of them would cost a long prompt more than they save the streams."""
+    goes first): a long prompt arriving beside the streams costs each of them several short
+    steps, not one long freeze, and however many prompts are under way a step carries one cap of
+    prompt work (vLLM caps each prompt with an option of this name and limits the prompts in
+    progress with max_num_partial_prefills). 0: no cap beyond the budget. Default: 64 on CPU (a
+    prompt token at a 3,000-token context costs about 3 ms there, so a chunk stays within about
+    ten decode steps); none on CUDA, whose mixed steps run eagerly (tens of ms of host work
+    each), so more of them would cost a long prompt more than they save the streams."""
     overlap_scheduling: bool | None = _knob(None, optional(boolean))
     """Schedule and launch each step before reading the previous one's tokens: the device computes
     step N+1 while the host reads step N's tokens and makes its outputs (stop checks, text), and

@@ -35,26 +35,21 @@ class HostTime:
             from fastgen.worker.step_clock import StepClock
 
             runner.step_clock = self.clock = StepClock(runner.device)
-        self.idle: list[float] = []
-        self.busy: list[float] = []
 
     def restart(self) -> None:
         """Keep what was measured so far; the next step's wait is not counted."""
         if self.clock is not None:
-            times = self.clock.take()
-            self.idle += times.idle
-            self.busy += times.busy
-            self.clock.reset()
+            self.clock.pause()
 
     def report(self) -> dict | None:
         """The bench JSON's `host_time` (None without a clock); stops measuring."""
         if self.clock is None:
             return None
-        self.restart()
+        times = self.clock.take()
         self.engine.runner.step_clock = None
         return {"overlap_scheduling": self.engine.overlap,
                 "measured_with": "cuda events" if self.clock.on_cuda else "host clock",
-                "exposed_host_ms": summarize_ms(self.idle), "device_step_ms": summarize_ms(self.busy)}
+                "exposed_host_ms": summarize_ms(times.idle), "device_step_ms": summarize_ms(times.busy)}
 
 
 @dataclass

@@ -310,13 +310,18 @@ class LLMEngine:
         """A scheduled step will not be launched (an interrupt, a failure before the launch): it
         and the step in flight are given up, and the runner trusts none of its per-sequence rows
         (the step's block appends and facts never reach it)."""
-        step = self.in_flight
-        if step is not None and not step.settled:
-            self.scheduler.abandon(step.out)
-            step.settled = True
+        self._abandon(self.in_flight)
         self.in_flight = None
         self.scheduler.abandon(out)
         self.runner.recover(out)
+
+    def _abandon(self, *steps: InFlightStep | None) -> None:
+        """Give up launched steps whose results the scheduler has not taken (nothing of them is
+        applied; see `Scheduler.abandon`)."""
+        for step in steps:
+            if step is not None and not step.settled:
+                self.scheduler.abandon(step.out)
+                step.settled = True
 
     def _advance(self, out: SchedulerOutput | None, started: float, delivered: list[RequestOutput]
                  ) -> tuple[list[RequestOutput], int]:
@@ -367,10 +372,7 @@ class LLMEngine:
         except BaseException as exc:
             if not isinstance(exc, EngineDeadError):
                 self.in_flight = None
-                for step in (previous, current):
-                    if step is not None and not step.settled:
-                        self.scheduler.abandon(step.out)
-                        step.settled = True
+                self._abandon(previous, current)
                 if unlaunched is not None:
                     self.scheduler.abandon(unlaunched)
                 self.runner.recover(unlaunched)
@@ -386,9 +388,7 @@ class LLMEngine:
             result = self.runner.collect(step.launched)
         except BaseException as exc:
             lost = [step] if also_lost is None else [step, also_lost]
-            for failed in lost:
-                self.scheduler.abandon(failed.out)
-                failed.settled = True
+            self._abandon(*lost)
             self.runner.recover(step.out)
             if not isinstance(exc, Exception) or isinstance(exc, EngineDeadError):
                 raise

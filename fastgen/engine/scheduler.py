@@ -10,9 +10,9 @@ while `max_num_seqs` and free blocks allow. A prompt longer than the budget is c
 over several steps, and while the step also decodes, its prompt chunks are at most
 `long_prefill_token_threshold` tokens in all, the prompts with the fewest tokens left first: a
 long prompt then costs each running stream several short steps instead of one long freeze, and
-a short prompt arriving behind it is computed first. The step is a decode step when it has no prompt tokens
-(CUDA graphs, the compiled CPU decode graphs), else a prefill step whose decode rows are
-one-token queries.
+a short prompt arriving behind it is computed first. The step is a decode step when it has no
+prompt tokens (CUDA graphs, the compiled CPU decode graphs), else a prefill step whose decode
+rows are one-token queries.
 
 Speculative decoding (a `Drafter`): once every decode has its slot, decoding sequences propose
 draft tokens in batch order while the budget lasts, each within its max_tokens and

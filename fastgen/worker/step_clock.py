@@ -22,7 +22,7 @@ import torch
 @dataclass(frozen=True)
 class StepTimes:
     """Seconds, one entry per step: `idle` the device's wait before the step (the first step
-    after a `reset` has none), `busy` the step's own device time."""
+    after a `pause` has none), `busy` the step's own device time."""
 
     idle: list[float]
     busy: list[float]
@@ -49,15 +49,13 @@ class StepClock:
     def end(self) -> None:
         self._marks.append((self._pending_begin, self._mark()))
 
-    def reset(self) -> None:
-        """Forget the steps so far: the next step's wait is not counted (a pause in the work)."""
+    def pause(self) -> None:
+        """A pause in the work (peers run, an iteration ends): the next step's wait is not counted."""
         self.take()
         self._previous_end = None
-        self._idle.clear()
-        self._busy.clear()
 
     def take(self) -> StepTimes:
-        """Every step's times since the last `reset` (waits for the device on CUDA)."""
+        """Every step's times since the clock was made (waits for the device on CUDA)."""
         for begin, end in self._marks:
             if self._previous_end is not None:
                 self._idle.append(self._seconds(self._previous_end, begin))

@@ -124,6 +124,22 @@ events = st.lists(
 )
 
 
+def play(program, s: Scheduler, step, seqs: list[Sequence], rng, prefix: list[int], max_model_len: int) -> None:
+    """Run a generated program: arrivals (appended to `seqs`), steps (`step(fail)`) and aborts of
+    any sequence wherever it is, even already finished; the books balance after every event."""
+    for kind, n, params, pick in program:
+        if kind == "add":
+            n = max(1, min(n + len(prefix), max_model_len - params.max_tokens) - len(prefix))
+            sq = Sequence(len(seqs), prefix + [rng.randrange(1, 100) for _ in range(n)], params)
+            seqs.append(sq)
+            s.add(sq)
+        elif kind in ("step", "fail"):
+            step(fail=kind == "fail")
+        elif kind == "abort" and seqs:
+            s.finish(seqs[pick % len(seqs)], FinishReason.ABORT)
+        s.block_manager.check_invariants(s.running)
+
+
 @settings(max_examples=80, deadline=None)
 @given(program=events, block_size=st.integers(1, 8), extra_blocks=st.integers(0, 30), budget=st.integers(1, 64),
        max_num_seqs=st.integers(1, 6), shared=st.integers(0, 20), seed=st.integers(0, 1000))
@@ -156,17 +172,7 @@ def test_random_workloads_with_aborts_and_failed_steps_drain_with_balanced_books
         else:
             s.postprocess(out, [rng.randrange(0, 100) if out.samples(i) else None for i in range(len(out.seqs))])
 
-    for kind, n, params, pick in program:
-        if kind == "add":
-            n = max(1, min(n + shared, max_model_len - params.max_tokens) - shared)
-            sq = Sequence(len(seqs), prefix + [rng.randrange(1, 100) for _ in range(n)], params)
-            seqs.append(sq)
-            s.add(sq)
-        elif kind in ("step", "fail"):
-            step(fail=kind == "fail")
-        elif kind == "abort" and seqs:
-            s.finish(seqs[pick % len(seqs)], FinishReason.ABORT)  # anywhere, even if already finished
-        bm.check_invariants(s.running)
+    play(program, s, step, seqs, rng, prefix, max_model_len)
     steps = 0
     while s.has_unfinished():
         step(fail=False)
@@ -223,17 +229,7 @@ def test_one_step_ahead_every_input_token_is_the_one_the_sequence_ends_up_with(
         if previous is not None:
             s.postprocess(*previous)
 
-    for kind, n, params, pick in program:
-        if kind == "add":
-            n = max(1, min(n + shared, max_model_len - params.max_tokens) - shared)
-            sq = Sequence(len(seqs), prefix + [rng.randrange(1, 100) for _ in range(n)], params)
-            seqs.append(sq)
-            s.add(sq)
-        elif kind in ("step", "fail"):
-            step(fail=kind == "fail")
-        elif kind == "abort" and seqs:
-            s.finish(seqs[pick % len(seqs)], FinishReason.ABORT)
-        bm.check_invariants(s.running)
+    play(program, s, step, seqs, rng, prefix, max_model_len)
     steps = 0
     while s.has_unfinished() or in_flight is not None:
         step(fail=False)
