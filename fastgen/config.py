@@ -180,10 +180,15 @@ class EngineConfig:
     compile_mode: str = _knob("background", one_of(COMPILE_MODES))
     """How the CPU's compiled steps are built, where they are not yet in the cache. background: the
     engine serves at once, eagerly, while a child process compiles them, and switches to each
-    between two steps as it lands in the cache; blocking: each is compiled in this process the
-    first time a step needs it (what benchmarks want: no eager steps in the measurement); off:
-    none are built (eager steps). A graph already in the cache is loaded in seconds either way.
-    CUDA graphs are always captured at start-up."""
+    between two steps as it lands in the cache; blocking: the first step that needs a graph waits
+    until it and the engine's other graphs are built (`compile_processes`; what benchmarks want:
+    no eager steps in the measurement); off: none are built (eager steps). A graph already in the
+    cache is loaded in seconds either way. CUDA graphs are always captured at start-up."""
+    compile_processes: int | None = _knob(None, optional(at_least(1)))
+    """Blocking mode: how many processes compile the missing CPU graphs at once. The first step
+    that needs a graph compiles it in this process while helper processes compile the others,
+    and then waits for them. 1: this process alone, each graph when a step first needs it.
+    Default: one process per missing graph (three at most)."""
     cuda_graph_batch_sizes: list[int] | None = _knob(None, optional(batch_sizes))
     """Padded decode batch sizes to capture. Default: 1, 2, 4, 8, then steps of 8 up to 64 and of
     16 beyond, up to min(max_num_seqs, max_cuda_graph_batch_size)."""

@@ -163,11 +163,16 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
                                       self.device) if sizes else None
         self.compiled_decode = None
         if config.compiled_decode_enabled:  # CPU only: CUDA runs never load the CPU fast path
-            from fastgen.cpu.background_compile import background_compile
+            from fastgen.cpu.background_compile import CompileHelpers, background_compile
             from fastgen.cpu.compiled_decode import CompiledDecodeStep
 
-            background = background_compile(config, num_blocks) if config.compile_mode == "background" else None
-            self.compiled_decode = CompiledDecodeStep(self.model, self.kv_cache.layers, background)
+            background = helpers = None
+            if config.compile_mode == "background":
+                background = background_compile(config, num_blocks)
+            elif config.compile_processes != 1:
+                helpers = CompileHelpers(lambda graphs: background_compile(config, num_blocks, graphs),
+                                         config.compile_processes)
+            self.compiled_decode = CompiledDecodeStep(self.model, self.kv_cache.layers, background, helpers)
         self.step_sender = make_step_sender(self.inputs) if make_step_sender is not None else None
         self.in_collectives = False  # inside a step's broadcast and forward (tensor parallelism)
 

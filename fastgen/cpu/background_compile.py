@@ -11,6 +11,12 @@ A child, not a thread: Inductor's compile is mostly Python, and in this process 
 the GIL against the steps being served. The child lowers its own priority (nice 10), so the
 steps it competes with for the cores come first. It is stopped when the engine shuts down or
 its process exits; whatever it saved by then stays in the cache for the next engine.
+
+In blocking mode the same children are helpers (`CompileHelpers`): while the engine compiles the
+graph its first step needs, each helper compiles other missing graphs at normal priority, and
+the engine waits for them before it goes on. Compiling a graph is one core's work for most of its
+time (Python, then one C++ compiler process), so three graphs in three processes take about
+half the time on two cores that they take one after another.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,13 +45,15 @@ _engines = itertools.count()  # several engines of one process get logs of their
 
 class BackgroundCompile:
     """spec: what the child builds (`fastgen.engine.compile_worker`: model folder, engine fields,
-    thread count); log_path: where its output goes (kept for a failure's message)."""
+    thread count, optionally which graphs and whether at low priority); log_path: where its
+    output goes (kept for a failure's message)."""
 
     def __init__(self, spec: dict, log_path: Path):
         self.spec = spec
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self.started_at: float | None = None
+        self.ended_at: float | None = None  # when `wait` saw it end
         self.stopped = False  # stopped by this process (its exit is then no failure)
 
     def start(self) -> None:
@@ -63,13 +72,26 @@ class BackgroundCompile:
                 start_new_session=True,
             )
         atexit.register(self.stop)
-        logger.info("compiling the CPU step graphs in the background (process %d, log %s); steps run eagerly "
-                    "until each is ready", self.process.pid, self.log_path)
+        if graphs := self.spec.get("graphs"):
+            logger.info("compiling the CPU step graph %s in a helper process (%d, log %s)", " and ".join(graphs),
+                        self.process.pid, self.log_path)
+        else:
+            logger.info("compiling the CPU step graphs in the background (process %d, log %s); steps run eagerly "
+                        "until each is ready", self.process.pid, self.log_path)
 
     @property
     def seconds(self) -> float:
-        """Since the child started (0 before)."""
-        return 0.0 if self.started_at is None else time.perf_counter() - self.started_at
+        """Since the child started (0 before), until it ended where `wait` saw that."""
+        if self.started_at is None:
+            return 0.0
+        return (self.ended_at or time.perf_counter()) - self.started_at
+
+    def wait(self) -> int:
+        """Wait for the child (started) to end; its exit status."""
+        code = self.process.wait()
+        self.ended_at = self.ended_at or time.perf_counter()
+        atexit.unregister(self.stop)
+        return code
 
     @property
     def running(self) -> bool:
@@ -111,13 +133,59 @@ def prune_logs(folder: Path) -> None:
             pass
 
 
-def background_compile(config: EngineConfig, num_kv_blocks: int) -> BackgroundCompile:
+class CompileHelpers:
+    """Blocking mode's helper processes: `start(graphs, processes)` spreads the graphs over
+    helpers (`make_child(graphs)` makes one), `wait` waits until all have ended. A graph a helper
+    did not save is compiled by the engine itself when a step first needs it."""
+
+    def __init__(self, make_child: Callable[[list[str]], BackgroundCompile], processes: int | None):
+        self.make_child = make_child
+        self.processes = processes  # the engine's process and its helpers, at most (None: a helper a graph)
+        self.children: list[BackgroundCompile] = []
+        self.started = False
+        self.wait_seconds = 0.0  # the engine's wait for them, after its own compile
+        self.seconds: dict[str, float] = {}  # graph -> its helper's time from start to end
+
+    def start(self, graphs: list[str]) -> None:
+        """Start helpers for `graphs` (once; later calls do nothing)."""
+        if self.started:
+            return
+        self.started = True
+        count = len(graphs) if self.processes is None else min(len(graphs), self.processes - 1)
+        shares = [graphs[i::count] for i in range(count)]
+        for share in shares:
+            child = self.make_child(share)
+            child.start()
+            self.children.append(child)
+
+    def wait(self) -> None:
+        """Wait for every helper to end (a failed one's warning names its log)."""
+        begin = time.perf_counter()
+        for child in self.children:
+            if (code := child.wait()) != 0 and not child.stopped:
+                logger.warning("a helper compiling %s ended (%s); this process compiles what it left",
+                               " and ".join(child.spec["graphs"]), child.describe_exit(code))
+            for graph in child.spec["graphs"]:
+                self.seconds[graph] = child.seconds
+        self.wait_seconds += time.perf_counter() - begin
+        self.children = []
+
+    def stop(self) -> None:
+        for child in self.children:
+            child.stop()
+
+
+def background_compile(config: EngineConfig, num_kv_blocks: int, graphs: list[str] | None = None,
+                       ) -> BackgroundCompile:
     """The child for an engine of `config` whose cache has `num_kv_blocks` blocks: the same
     engine fields (the cache's size given as its block count, so its shape is the same), the
-    same thread count (written into the compiled code, so part of every graph's key)."""
+    same thread count (written into the compiled code, so part of every graph's key). `graphs`:
+    a blocking engine's helper, which builds those graphs only, at normal priority."""
     engine = {**config.init_values(), "num_kv_blocks": num_kv_blocks}
     del engine["model"]
     spec = {"model": str(config.model), "engine": engine, "threads": torch.get_num_threads()}
+    if graphs is not None:
+        spec.update(graphs=graphs, nice=False)
     return BackgroundCompile(spec, cache_dir() / "compiled" / f"background-{os.getpid()}-{next(_engines)}.log")
 
 

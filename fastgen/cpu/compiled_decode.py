@@ -18,9 +18,12 @@ Python in between. Three graphs serve every step:
   of 32 prompts (2,853 tokens, SmolLM2-135M, bf16, 2 threads), each op a pass over memory.
   A step that wants prompt logprobs, or a one-token step, runs eagerly.
 
-Every graph takes the model's weights as one flat buffer per dtype and forms each weight inside
-(`fastgen.cpu.flat_weights`), so a call hands over about 70 tensors, not 251: at batch 1 the
-Python and handle work around the compiled code went from about 0.5 to 0.2 ms a step.
+Every graph takes the model's weights as a flat buffer per dtype and layer and forms each weight
+inside (`fastgen.cpu.flat_weights`), so a call hands over about 100 tensors, not 251: at batch 1
+the Python and handle work around the compiled code went from about 0.5 to 0.2 ms a step. Each
+layer's weights lie at the same offsets of their buffer, and the compile cuts Inductor's kernels
+at the layers (`fastgen.cpu.layer_kernels`), so every middle layer runs the same C++ kernels and
+the C++ compiler sees one layer's, not thirty.
 
 Shapes are symbolic in the batch and in the longest context L, so neither grows into new
 compiles as the step changes. Nothing is padded: each step runs exactly its rows, and a step
@@ -28,8 +31,9 @@ with a slot of -1 runs eagerly, so every slot a graph stores is a real one (the 
 `every_slot_valid`); only the prefill graph's LM head gets a repeated row when a step samples
 fewer than two.
 
-The first use of each graph compiles it (not start-up): one to three minutes on two cores. The
-compiled graph is saved under fastgen's cache folder (`fastgen.cpu.saved_graphs`), keyed by
+The first use of a graph compiles it (not start-up): about 40 seconds each on two cores, the
+other missing graphs meanwhile in helper processes (`compile_processes`). The compiled graph is
+saved under fastgen's cache folder (`fastgen.cpu.saved_graphs`), keyed by
 everything its trace depends on, so a later process with the same model and fastgen loads it in
 a few seconds and neither traces nor compiles.
 """
@@ -46,8 +50,9 @@ from torch import nn
 
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_paged import CausalRows, TorchStepPlan, plan_of
-from fastgen.cpu.background_compile import BackgroundCompile
+from fastgen.cpu.background_compile import BackgroundCompile, CompileHelpers
 from fastgen.cpu.flat_weights import flatten_weights, weight_views
+from fastgen.cpu.layer_kernels import kernels_per_layer, layer_inputs_realized
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
 from fastgen.cpu.native.gemv import linears_as_gemv
 from fastgen.cpu.native.packed_linear import linears_as_packed, pack_linear_weights, packable_weights
@@ -77,7 +82,8 @@ def inductor_backend(gemv: bool):
         # Precision casts emulated in the GEMM graph: a fused kernel then rounds each
         # intermediate to bf16 where eager torch (and so transformers) does. The GEMV graph
         # goes without: emulation there stopped the reductions streaming (30 ms a step, not 10).
-        with config.patch(cpp_wrapper=True, emulate_precision_casts=not gemv), warnings.catch_warnings():
+        with config.patch(cpp_wrapper=True, cpp_wrapper_build_separate=True, emulate_precision_casts=not gemv), \
+                kernels_per_layer(), warnings.catch_warnings():
             # A quantized embedding's lookup reads float16 scales into bf16 rows in one loop:
             # Inductor notes the mix on every compile, and it is what the lookup means.
             warnings.filterwarnings("ignore", message="bf16 and fp16 are mixed in the scheduler node")
@@ -151,7 +157,9 @@ class CompiledDecodeStep:
     (`fastgen.worker.kv_cache.KVCache.layers`).
 
     background: the child process that compiles missing graphs while steps run eagerly
-    (`fastgen.cpu.background_compile`); None: a missing graph is compiled here, at its first use.
+    (`fastgen.cpu.background_compile`); None: a missing graph is compiled here, at its first use,
+    while `helpers` (if given) compile the other missing graphs in processes of their own, and
+    that first use waits for them.
 
     `step(inputs)` runs uploaded decode inputs (their metadata prepared by the torch backend)
     and returns the logits of every row and their argmax, or None where that graph is not ready
@@ -161,12 +169,14 @@ class CompiledDecodeStep:
     GRAPHS = ("one_row", "many_rows", "prefill")
 
     def __init__(self, model, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
-                 background: BackgroundCompile | None = None):
+                 background: BackgroundCompile | None = None, helpers: CompileHelpers | None = None):
         self.model = model
         self.background = background
+        self.helpers = helpers
+        self.only: set[str] | None = None  # a helper's: the graphs it builds (the others' steps run eagerly)
         self.kv_caches = [cache for layer in kv_layers for cache in layer]
-        # The graphs take the weights as one flat buffer per dtype (the model's parameters become
-        # views of them), not as hundreds of inputs: see `fastgen.cpu.flat_weights`.
+        # The graphs take the weights as a flat buffer per dtype and layer (the model's parameters
+        # become views of them), not as hundreds of inputs: see `fastgen.cpu.flat_weights`.
         self.step_model = StepModel(model)
         self.weights = flatten_weights(self.step_model)
         # One cache and one weight layout for the engine's life: their sizes are constants.
@@ -228,6 +238,8 @@ class CompiledDecodeStep:
         background compile; with one, only once the graph's file is in the cache. Never compiled
         here in background mode (minutes of work in the serving process): a child that ended
         without the file leaves that graph's steps eager, with a warning."""
+        if self.only is not None and name not in self.only:
+            return False
         if self.background is None:
             return True
         if self.paths[name].exists():
@@ -242,9 +254,11 @@ class CompiledDecodeStep:
         return False
 
     def close(self) -> None:
-        """Stop a background compile that still runs."""
+        """Stop a background compile or helpers that still run."""
         if self.background is not None:
             self.background.stop()
+        if self.helpers is not None:
+            self.helpers.stop()
 
     def _pack_weights(self) -> None:
         """Pack the weights for the many-row and prefill graphs' GEMMs, once, where the copies
@@ -269,6 +283,8 @@ class CompiledDecodeStep:
             return graph(self.step_model, *args)
         if name in self.failed or not self._ready_to_build(name):
             return None
+        if self.helpers is not None and self.only is None:
+            self.helpers.start([other for other in self.needed if other != name and not self.paths[other].exists()])
         if name != "one_row":
             self._pack_weights()
         # Each graph is symbolic in every size that changes (rows >= 2 or exactly 1, contexts
@@ -277,17 +293,20 @@ class CompiledDecodeStep:
         try:
             step = (make_prefill_step(self.weights.slots) if name == "prefill"
                     else make_decode_step(self.weights.slots, fused_attention=name == "one_row"))
-            graph, loaded = load_or_compile(step, inductor_backend(gemv=name == "one_row"),
-                                            args, self.step_model, self.paths[name])
+            with layer_inputs_realized(self.model):
+                graph, loaded = load_or_compile(step, inductor_backend(gemv=name == "one_row"),
+                                                args, self.step_model, self.paths[name])
             out = graph(self.step_model, *args)
         except Exception:  # a compiler bug or a missing C++ toolchain must not stop serving
             # A graph that raised part-way may have stored some of this step's K/V; the eager
             # forward the caller runs stores them again.
             logger.exception("could not build the CPU step graph %s; running those steps eagerly", name)
             self.failed.add(name)
+            self._await_helpers()
             return None
         self._graphs[name] = graph
         self.first_call_seconds[name] = time.perf_counter() - start
+        self._await_helpers()
         if loaded:
             self.loaded.add(name)
         logger.info("%s the CPU step graph %s in %.1fs (%s)%s", "loaded" if loaded else "compiled",
@@ -295,3 +314,10 @@ class CompiledDecodeStep:
                     f", {self.background_seconds[name]:.0f}s after the background compile started"
                     if name in self.background_seconds else "")
         return out
+
+    def _await_helpers(self) -> None:
+        """Wait for the helpers still compiling (blocking mode: every graph ready after this step)."""
+        if self.helpers is not None and self.helpers.children:
+            self.helpers.wait()
+            logger.info("waited %.1fs for the helper processes (%s)", self.helpers.wait_seconds,
+                        ", ".join(f"{graph} {seconds:.0f}s" for graph, seconds in self.helpers.seconds.items()))

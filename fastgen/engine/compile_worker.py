@@ -3,13 +3,16 @@ serves (`EngineConfig.compile_mode = "background"`, `fastgen.cpu.background_comp
 
     python -m fastgen.engine.compile_worker SPEC_JSON
 
-SPEC_JSON: {"model": folder, "engine": {EngineConfig field: value}, "threads": n}. The child
-builds the same engine on random weights (a graph depends on the weights' shapes, never their
+SPEC_JSON: {"model": folder, "engine": {EngineConfig field: value}, "threads": n, and for a
+blocking engine's helper "graphs": [names], "nice": false}. The child builds the same engine on
+random weights (a graph depends on the weights' shapes, never their
 values, and its cache key says so), compiling in this process (`compile_mode="blocking"`), and
 runs requests that reach each graph once: a prompt alone (the prefill graph, then the one-row
 decode graph) and two together (the many-row decode graph). Each graph is saved to the cache as
 it is built, so the parent can switch to it before the child finishes. Exit status 0 when every
-graph was built, 1 when one could not be (the child's log says why).
+graph was built, 1 when one could not be (the child's log says why). A helper builds only
+the graphs it was given (the others' steps run eagerly here) and keeps its priority: its engine
+waits for it.
 """
 
 from __future__ import annotations
@@ -44,16 +47,18 @@ def build_every_graph(engine: LLMEngine) -> set[str]:
         while engine.has_unfinished_requests():
             engine.step()
     compiled = engine.runner.compiled_decode
-    return {name for name in compiled.needed if not compiled.paths[name].exists()}
+    wanted = compiled.needed if compiled.only is None else compiled.only
+    return {name for name in wanted if not compiled.paths[name].exists()}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # Below the parent, whose steps it competes with for the cores (`fastgen.cpu.background_compile`).
-    os.nice(NICENESS)
+    spec = json.loads(argv[0])
+    if spec.get("nice", True):
+        # Below the parent, whose steps it competes with for the cores (`fastgen.cpu.background_compile`).
+        os.nice(NICENESS)
     exit_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spec = json.loads(argv[0])
     import torch
 
     # The thread count is part of every graph's key: the parent's, so the parent finds them.
@@ -62,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                    "enable_prefix_caching": False}
     config = EngineConfig(model=spec["model"], **engine_args)
     engine = LLMEngine(config, load_format="dummy", skip_tokenizer_init=True)
+    if spec.get("graphs") is not None:
+        engine.runner.compiled_decode.only = set(spec["graphs"])
     try:
         failed = build_every_graph(engine)
     finally:

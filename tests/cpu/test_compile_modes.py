@@ -23,8 +23,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
 def cpu_llm(model: str, compile_mode: str, **kwargs) -> LLM:
+    """A blocking engine compiles every graph in its own process unless a test asks for helpers."""
     settings = {"dtype": "float32", "block_size": 4, "num_kv_blocks": 256, "max_num_seqs": 8,
-                "max_num_batched_tokens": 64, **kwargs}
+                "max_num_batched_tokens": 64, "compile_processes": 1, **kwargs}
     return LLM(model, enforce_eager=False, compile_mode=compile_mode, **settings)
 
 
@@ -134,6 +135,52 @@ def test_a_failed_background_compile_leaves_the_engine_eager_and_correct(tiny_mo
         assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
     assert compiled.failed == {"prefill", "many_rows"} and compiled.first_call_seconds == {}
     assert "the background compile ended (exit status 1" in caplog.text and "background.log" in caplog.text
+
+
+def test_a_blocking_engine_compiles_its_other_graphs_in_helper_processes(tiny_models, reference, private_cache):
+    """The first step that needs a graph compiles it here while helpers compile the two others,
+    one each, and waits for them: the steps after it load what the helpers saved. Every output
+    equals transformers', and the bench's report counts the wait."""
+    from fastgen.bench.environment import compile_times
+
+    model = tiny_models["qwen3"]
+    llm = cpu_llm(model, "blocking", compile_processes=None)
+    compiled = llm.engine.runner.compiled_decode
+    alone = random_prompts([9], seed=76)
+    assert_equal_transformers(reference, model, alone, llm.generate(alone, GREEDY))  # prefill here, one_row loaded
+    assert all(path.is_file() for path in compiled.paths.values())  # all three, after that first request
+    assert set(compiled.helpers.seconds) == {"one_row", "many_rows"} and compiled.helpers.children == []
+    prompts = random_prompts([5, 12], seed=77)
+    assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
+    assert compiled.loaded == {"one_row", "many_rows"} and not compiled.failed
+    graphs = compile_times(llm.engine.runner)["compiled_graphs"]
+    assert graphs["many_rows"]["helper_s"] > 0 and graphs["prefill"]["from_cache"] is False
+    assert compile_times(llm.engine.runner)["compile_s"] >= (compiled.first_call_seconds["prefill"]
+                                                             + compiled.helpers.wait_seconds)
+
+
+class FakeChild:
+    def __init__(self, graphs):
+        self.spec, self.seconds, self.stopped, self.started = {"graphs": graphs}, 1.5, False, False
+
+    def start(self):
+        self.started = True
+
+    def wait(self):
+        return 0
+
+
+@pytest.mark.parametrize(("processes", "shares"), [
+    (None, [["a"], ["b"], ["c"]]), (2, [["a", "b", "c"]]), (3, [["a", "c"], ["b"]]), (8, [["a"], ["b"], ["c"]]),
+])
+def test_helpers_share_the_graphs_among_the_processes_allowed(processes, shares):
+    made = []
+    helpers = background_compile.CompileHelpers(lambda graphs: made.append(FakeChild(graphs)) or made[-1], processes)
+    helpers.start(["a", "b", "c"])
+    helpers.start(["d"])  # once only
+    assert [child.spec["graphs"] for child in made] == shares and all(child.started for child in made)
+    helpers.wait()
+    assert helpers.seconds == {"a": 1.5, "b": 1.5, "c": 1.5} and helpers.children == []
 
 
 def test_compile_mode_off_builds_no_compiled_steps(tiny_models):

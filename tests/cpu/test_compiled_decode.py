@@ -54,8 +54,9 @@ def assert_each_equals_transformers(reference, model: str, prompts, max_tokens, 
 
 
 def compiled_llm(model: str) -> LLM:
-    return LLM(model, enforce_eager=False, compile_mode="blocking", dtype="float32", block_size=4,
-               num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=64)
+    """Every graph compiled in this process (no helpers), so each test sees what it built or loaded."""
+    return LLM(model, enforce_eager=False, compile_mode="blocking", compile_processes=1, dtype="float32",
+               block_size=4, num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=64)
 
 
 def check_family(model, reference):
@@ -113,8 +114,8 @@ def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, 
     for loaded in (set(), {"prefill", "many_rows"}):
         packed_products.clear()
         native_before = packed_linear.products_served_natively()
-        llm = LLM(model, enforce_eager=False, compile_mode="blocking", dtype="bfloat16", block_size=16,
-                  num_kv_blocks=64)
+        llm = LLM(model, enforce_eager=False, compile_mode="blocking", compile_processes=1, dtype="bfloat16",
+                  block_size=16, num_kv_blocks=64)
         outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
         assert [o.outputs[0].token_ids[:2] for o in outputs] == [e[:2] for e in expected]
         compiled = llm.engine.runner.compiled_decode
