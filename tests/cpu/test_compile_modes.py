@@ -53,17 +53,32 @@ def test_a_new_max_model_len_or_max_num_seqs_reuses_the_compiled_graphs(tiny_mod
 def test_engines_of_other_lengths_run_the_same_graphs_correctly(tiny_models, reference, private_cache):
     """An engine whose block tables are one block wide (max_model_len <= block_size) compiles the
     graphs; one with wider tables loads and runs them: the width is a size of the graphs, not a
-    constant of the first engine's. Both equal transformers."""
+    constant of the first engine's. Both equal transformers.
+
+    The first engine compiles as blocking engines do by default: its first step compiles the
+    prefill graph here while helper processes compile the two others, one each, and waits for
+    them, so its later steps load what the helpers saved; the bench's report counts the wait."""
+    from fastgen.bench.environment import compile_times
+
     model = tiny_models["qwen3"]
     prompts = random_prompts([9], seed=91) + random_prompts([5, 12], seed=92)
-    engines = []
-    for max_model_len in (64, 1000):
-        llm = cpu_llm(model, "blocking", block_size=256, num_kv_blocks=8, max_model_len=max_model_len)
+    runners = []
+    for max_model_len, processes in ((64, None), (1000, 1)):
+        llm = cpu_llm(model, "blocking", block_size=256, num_kv_blocks=8, max_model_len=max_model_len,
+                      compile_processes=processes)
+        compiled = llm.engine.runner.compiled_decode
         assert_equal_transformers(reference, model, prompts[:1], llm.generate(prompts[:1], GREEDY))
+        assert all(path.is_file() for path in compiled.paths.values())  # all three after one request
         assert_equal_transformers(reference, model, prompts[1:], llm.generate(prompts[1:], GREEDY))
-        engines.append(llm.engine.runner.compiled_decode)
-    assert engines[0].paths == engines[1].paths and engines[0].loaded == set()
-    assert engines[1].loaded == {"one_row", "many_rows", "prefill"} and not engines[1].failed
+        runners.append(llm.engine.runner)
+    first, second = (runner.compiled_decode for runner in runners)
+    assert set(first.helpers.seconds) == {"one_row", "many_rows"} and first.helpers.children == []
+    assert first.paths == second.paths and first.loaded == {"one_row", "many_rows"} and not first.failed
+    times = compile_times(runners[0])
+    graphs = times["compiled_graphs"]
+    assert graphs["many_rows"]["helper_s"] > 0 and not graphs["prefill"]["from_cache"]
+    assert times["compile_s"] >= first.first_call_seconds["prefill"] + first.helpers.wait_seconds
+    assert second.loaded == {"one_row", "many_rows", "prefill"} and not second.failed and second.helpers is None
 
 
 def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cache, monkeypatch):
@@ -135,28 +150,6 @@ def test_a_failed_background_compile_leaves_the_engine_eager_and_correct(tiny_mo
         assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
     assert compiled.failed == {"prefill", "many_rows"} and compiled.first_call_seconds == {}
     assert "the background compile ended (exit status 1" in caplog.text and "background.log" in caplog.text
-
-
-def test_a_blocking_engine_compiles_its_other_graphs_in_helper_processes(tiny_models, reference, private_cache):
-    """The first step that needs a graph compiles it here while helpers compile the two others,
-    one each, and waits for them: the steps after it load what the helpers saved. Every output
-    equals transformers', and the bench's report counts the wait."""
-    from fastgen.bench.environment import compile_times
-
-    model = tiny_models["qwen3"]
-    llm = cpu_llm(model, "blocking", compile_processes=None)
-    compiled = llm.engine.runner.compiled_decode
-    alone = random_prompts([9], seed=76)
-    assert_equal_transformers(reference, model, alone, llm.generate(alone, GREEDY))  # prefill here, one_row loaded
-    assert all(path.is_file() for path in compiled.paths.values())  # all three, after that first request
-    assert set(compiled.helpers.seconds) == {"one_row", "many_rows"} and compiled.helpers.children == []
-    prompts = random_prompts([5, 12], seed=77)
-    assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
-    assert compiled.loaded == {"one_row", "many_rows"} and not compiled.failed
-    graphs = compile_times(llm.engine.runner)["compiled_graphs"]
-    assert graphs["many_rows"]["helper_s"] > 0 and graphs["prefill"]["from_cache"] is False
-    assert compile_times(llm.engine.runner)["compile_s"] >= (compiled.first_call_seconds["prefill"]
-                                                             + compiled.helpers.wait_seconds)
 
 
 class FakeChild:

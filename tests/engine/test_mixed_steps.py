@@ -151,7 +151,7 @@ def test_prompts_arriving_while_others_decode_equal_transformers(tiny_models, re
     model = tiny_models["qwen3"]
     llm = LLM(model, dtype="float32", block_size=4, num_kv_blocks=256, max_num_seqs=8,
               max_num_batched_tokens=budget, long_prefill_token_threshold=threshold, max_model_len=128,
-              enforce_eager=not compiled, compile_mode="blocking")
+              enforce_eager=not compiled, compile_mode="blocking", compile_processes=1)
     engine = llm.engine
     prompts = random_prompts([7, 40, 3, 25, 1, 12], seed=33)
     kinds: set[str] = set()

@@ -68,7 +68,8 @@ def test_quantization_settings_are_checked(tiny_models):
 def test_compiled_cpu_graphs_run_the_quantized_kernel(tiny_models, fake_quantized, private_cache, method):
     """One request alone (the one-row graph) and a batch (the many-row and prefill graphs)."""
     llm = LLM(tiny_models["llama"], dtype="float32", quantization=method, enforce_eager=False,
-              compile_mode="blocking", block_size=4, num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=64)
+              compile_mode="blocking", compile_processes=1, block_size=4, num_kv_blocks=256, max_num_seqs=8,
+              max_num_batched_tokens=64)
     prompts = random_prompts([11], seed=61) + random_prompts([3, 30, 100, 6], seed=64)
     alone = llm.generate(prompts[:1], GREEDY)[0].token_ids
     batch = [out.token_ids for out in llm.generate(prompts[1:], GREEDY)]
@@ -87,7 +88,8 @@ def test_compiled_bf16_batches_use_the_gemm_over_packed_twins(tiny_models, priva
     if not gemm_available() or not kernel_available():
         pytest.skip("fastgen's bf16 GEMM needs AVX-512 BF16")
     llm = LLM(tiny_models["llama"], dtype="bfloat16", quantization="int4", enforce_eager=False,
-              compile_mode="blocking", block_size=16, num_kv_blocks=64, max_num_seqs=8, max_model_len=256)
+              compile_mode="blocking", compile_processes=1, block_size=16, num_kv_blocks=64, max_num_seqs=8,
+              max_model_len=256)
     prompts = random_prompts([7, 12, 20, 33], seed=5)
     by_gemm = products_served_natively(by_gemm=True)
     batch = [out.token_ids for out in llm.generate(prompts, GREEDY)]

@@ -228,7 +228,7 @@ def test_verify_steps_through_the_compiled_cpu_graphs(tiny_models, reference):
     prompts = random_prompts([9, 20, 6], seed=16)
     want = reference(model, prompts, MAX_TOKENS)
     llm = LLM(model, dtype="float32", block_size=8, max_model_len=64, num_kv_blocks=64, enforce_eager=False,
-              compile_mode="blocking", speculative_config=NGRAM)
+              compile_mode="blocking", compile_processes=1, speculative_config=NGRAM)
     compiled = llm.engine.runner.compiled_decode
     assert compiled is not None
     outs = llm.generate(prompts, [greedy(prediction=want[0]), greedy(prediction=corrupted(want[1])), greedy()])
