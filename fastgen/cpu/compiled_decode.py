@@ -82,8 +82,11 @@ def inductor_backend(gemv: bool):
         # Precision casts emulated in the GEMM graph: a fused kernel then rounds each
         # intermediate to bf16 where eager torch (and so transformers) does. The GEMV graph
         # goes without: emulation there stopped the reductions streaming (30 ms a step, not 10).
+        # The one-row graph fuses across layers: its loops are all Inductor's, and the per-layer
+        # RoPE rows and realized inputs as loops of their own cost about 1% of its step (their
+        # barriers), where its C++ gains little (one layer's kernel comes out unlike the others).
         with config.patch(cpp_wrapper=True, cpp_wrapper_build_separate=True, emulate_precision_casts=not gemv), \
-                kernels_per_layer(), warnings.catch_warnings():
+                kernels_per_layer(fuse_across_layers=gemv), warnings.catch_warnings():
             # A quantized embedding's lookup reads float16 scales into bf16 rows in one loop:
             # Inductor notes the mix on every compile, and it is what the lookup means.
             warnings.filterwarnings("ignore", message="bf16 and fp16 are mixed in the scheduler node")

@@ -73,11 +73,12 @@ def layer_of_node(node) -> int | None:
 
 
 @contextlib.contextmanager
-def kernels_per_layer() -> Iterator[bool]:
-    """While inside, Inductor's scheduler fuses no two nodes of different layers (it would fuse
-    the same position's RoPE rows of every layer into one loop, in the middle of some layer), and
-    its C++ backend ends a kernel where the layer of the nodes it writes changes. Yields whether
-    it could (False: this torch's scheduling lacks what it patches)."""
+def kernels_per_layer(fuse_across_layers: bool = False) -> Iterator[bool]:
+    """While inside, Inductor's C++ backend ends a kernel where the layer of the nodes it writes
+    changes, and unless `fuse_across_layers`, its scheduler fuses no two nodes of different
+    layers (it would fuse the same position's RoPE rows of every layer into one loop, in the
+    middle of some layer, whose kernels then differ from the others'). Yields whether it could
+    (False: this torch's scheduling lacks what it patches)."""
     try:
         from torch._inductor.codegen.cpp import CppScheduling
         from torch._inductor.scheduler import Scheduler
@@ -103,7 +104,8 @@ def kernels_per_layer() -> Iterator[bool]:
         return codegen_node(self, node)
 
     CppScheduling.codegen_node = codegen_node_per_layer
-    Scheduler.can_fuse = can_fuse_within_a_layer
+    if not fuse_across_layers:
+        Scheduler.can_fuse = can_fuse_within_a_layer
     try:
         yield True
     finally:
