@@ -30,10 +30,7 @@ steps above use the model:
                         slot of -1, prompt logprobs, a failed build) runs eagerly.
     saved_graphs.py     compiled graphs packaged on disk, so a later process loads instead of
                         tracing and compiling again.
-    flat_weights.py     the weights as a buffer per dtype and layer, so a compiled call takes few
-                        inputs and every layer reads its weights at the same offsets.
-    layer_kernels.py    Inductor's kernels cut at the layers, so the middle layers share one
-                        layer's C++ (compiled once, not thirty times).
+    flat_weights.py     the weights as one buffer per dtype, so a compiled call takes few inputs.
     background_compile.py  the child processes that compile graphs: in the background while
                         the engine serves eagerly, or as helpers of a blocking engine.
     allocator.py        glibc kept from handing freed activation memory back between ops.

@@ -18,12 +18,9 @@ Python in between. Three graphs serve every step:
   of 32 prompts (2,853 tokens, SmolLM2-135M, bf16, 2 threads), each op a pass over memory.
   A step that wants prompt logprobs, or a one-token step, runs eagerly.
 
-Every graph takes the model's weights as a flat buffer per dtype and layer and forms each weight
-inside (`fastgen.cpu.flat_weights`), so a call hands over about 100 tensors, not 251: at batch 1
-the Python and handle work around the compiled code went from about 0.5 to 0.2 ms a step. Each
-layer's weights lie at the same offsets of their buffer, and the compile cuts Inductor's kernels
-at the layers (`fastgen.cpu.layer_kernels`), so every middle layer runs the same C++ kernels and
-the C++ compiler sees one layer's, not thirty.
+Every graph takes the model's weights as one flat buffer per dtype and forms each weight inside
+(`fastgen.cpu.flat_weights`), so a call hands over about 70 tensors, not 251: at batch 1 the
+Python and handle work around the compiled code went from about 0.5 to 0.2 ms a step.
 
 Shapes are symbolic in the batch and in the longest context L, so neither grows into new
 compiles as the step changes. Nothing is padded: each step runs exactly its rows, and a step
@@ -31,7 +28,7 @@ with a slot of -1 runs eagerly, so every slot a graph stores is a real one (the 
 `every_slot_valid`); only the prefill graph's LM head gets a repeated row when a step samples
 fewer than two.
 
-The first use of a graph compiles it (not start-up): about 40 seconds each on two cores, the
+The first use of a graph compiles it (not start-up): about 45 seconds each on two cores, the
 other missing graphs meanwhile in helper processes (`compile_processes`). The compiled graph is
 saved under fastgen's cache folder (`fastgen.cpu.saved_graphs`), keyed by
 everything its trace depends on, so a later process with the same model and fastgen loads it in
@@ -52,7 +49,6 @@ from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_paged import CausalRows, TorchStepPlan, plan_of
 from fastgen.cpu.background_compile import BackgroundCompile, CompileHelpers
 from fastgen.cpu.flat_weights import flatten_weights, weight_views
-from fastgen.cpu.layer_kernels import kernels_per_layer, layer_inputs_realized
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
 from fastgen.cpu.native.gemv import linears_as_gemv
 from fastgen.cpu.native.packed_linear import linears_as_packed, pack_linear_weights, packable_weights
@@ -82,11 +78,10 @@ def inductor_backend(gemv: bool):
         # Precision casts emulated in the GEMM graph: a fused kernel then rounds each
         # intermediate to bf16 where eager torch (and so transformers) does. The GEMV graph
         # goes without: emulation there stopped the reductions streaming (30 ms a step, not 10).
-        # The one-row graph fuses across layers: its loops are all Inductor's, and the per-layer
-        # RoPE rows and realized inputs as loops of their own cost about 1% of its step (their
-        # barriers), where its C++ gains little (one layer's kernel comes out unlike the others).
+        # The C++ wrapper (calls and allocations, thousands of lines for 30 layers) is built
+        # apart from the kernels, at -O1 where the kernels get -O3.
         with config.patch(cpp_wrapper=True, cpp_wrapper_build_separate=True, emulate_precision_casts=not gemv), \
-                kernels_per_layer(fuse_across_layers=gemv), warnings.catch_warnings():
+                warnings.catch_warnings():
             # A quantized embedding's lookup reads float16 scales into bf16 rows in one loop:
             # Inductor notes the mix on every compile, and it is what the lookup means.
             warnings.filterwarnings("ignore", message="bf16 and fp16 are mixed in the scheduler node")
@@ -178,8 +173,8 @@ class CompiledDecodeStep:
         self.helpers = helpers
         self.only: set[str] | None = None  # a helper's: the graphs it builds (the others' steps run eagerly)
         self.kv_caches = [cache for layer in kv_layers for cache in layer]
-        # The graphs take the weights as a flat buffer per dtype and layer (the model's parameters
-        # become views of them), not as hundreds of inputs: see `fastgen.cpu.flat_weights`.
+        # The graphs take the weights as one flat buffer per dtype (the model's parameters become
+        # views of them), not as hundreds of inputs: see `fastgen.cpu.flat_weights`.
         self.step_model = StepModel(model)
         self.weights = flatten_weights(self.step_model)
         # One cache and one weight layout for the engine's life: their sizes are constants.
@@ -296,9 +291,8 @@ class CompiledDecodeStep:
         try:
             step = (make_prefill_step(self.weights.slots) if name == "prefill"
                     else make_decode_step(self.weights.slots, fused_attention=name == "one_row"))
-            with layer_inputs_realized(self.model):
-                graph, loaded = load_or_compile(step, inductor_backend(gemv=name == "one_row"),
-                                                args, self.step_model, self.paths[name])
+            graph, loaded = load_or_compile(step, inductor_backend(gemv=name == "one_row"),
+                                            args, self.step_model, self.paths[name])
             out = graph(self.step_model, *args)
         except Exception:  # a compiler bug or a missing C++ toolchain must not stop serving
             # A graph that raised part-way may have stored some of this step's K/V; the eager

@@ -38,69 +38,40 @@ HUGE_PAGE_BYTES = 2 << 20
 
 @dataclass(frozen=True)
 class FlatWeights:
-    """buffers: one flat tensor per dtype and layer (`weight_group`), every parameter a view of
-    one of them; slots: per parameter, (name, buffer index, offset in elements, shape): plain
-    tuples, so that a traced function closing over them sees constants."""
+    """buffers: one flat tensor per dtype, every parameter a view of one of them; slots: per
+    parameter, (name, buffer index, offset in elements, shape): plain tuples, so that a traced
+    function closing over them sees constants."""
 
     buffers: tuple[torch.Tensor, ...]
     slots: tuple[tuple[str, int, int, tuple[int, ...]], ...]
 
 
-def weight_group(name: str) -> str:
-    """The layer a parameter belongs to: its name up to its first numeric part
-    ("model.layers.7.mlp.up_proj.weight" -> "model.layers.7"), or "" outside the stack of layers."""
-    parts = name.split(".")
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
-    return ""
-
-
 def flatten_weights(module: nn.Module) -> FlatWeights:
-    """Move every parameter of `module` into flat buffers (tied parameters once): one buffer per
-    dtype, device and layer (`weight_group`), each parameter at its offset within its layer's
-    buffer, so every layer's weights lie at the same offsets of their own buffer. A compiled
-    step forms each weight at a constant offset of a buffer it takes as an input, so with equal
-    offsets every layer's code is the same code over other pointers, and Inductor compiles one
-    copy of each layer's kernels instead of one per layer (it shares kernels whose source is
-    equal). The buffers of one dtype and device are slices of one allocation. Each parameter
-    object stays and becomes a view of its buffer; the parameters' old storages are freed one by
-    one as they are copied, so memory grows by the alignment padding only."""
+    """Move every parameter of `module` into one flat buffer of its dtype and device (tied
+    parameters once); each parameter object stays and becomes a view of its buffer. The
+    parameters' old storages are freed one by one as they are copied, so memory grows by the
+    alignment padding only."""
     params = list(module.named_parameters())  # tied parameters appear once
-    groups: list[tuple[torch.dtype, torch.device, str]] = []
-    places: list[tuple[int, int]] = []  # per parameter: (group index, offset in its group)
-    sizes: list[int] = []
-    for name, p in params:
-        group = (p.dtype, p.device, weight_group(name))
-        if group not in groups:
-            groups.append(group)
-            sizes.append(0)
-        index = groups.index(group)
-        places.append((index, sizes[index]))
-        sizes[index] += _aligned(p.numel(), p.element_size())
-    # One allocation per dtype and device, each group's buffer an aligned slice of it.
-    starts: list[int] = []
-    totals: dict[tuple[torch.dtype, torch.device], int] = {}
-    for (dtype, device, _), size in zip(groups, sizes):
-        starts.append(totals.get((dtype, device), 0))
-        totals[(dtype, device)] = starts[-1] + size
-    regions = {kind: _empty_buffer(total, *kind) for kind, total in totals.items()}
-    buffers = tuple(regions[(dtype, device)][start : start + size]
-                    for (dtype, device, _), start, size in zip(groups, starts, sizes))
+    kinds: list[tuple[torch.dtype, torch.device]] = []
+    for _, p in params:
+        if (p.dtype, p.device) not in kinds:
+            kinds.append((p.dtype, p.device))
+    places: list[tuple[int, int]] = []  # per parameter: (buffer index, offset)
+    sizes = [0] * len(kinds)
+    for _, p in params:
+        kind = kinds.index((p.dtype, p.device))
+        align = max(1, ALIGN_BYTES // p.element_size())
+        places.append((kind, sizes[kind]))
+        sizes[kind] += math.ceil(p.numel() / align) * align
+    buffers = tuple(_empty_buffer(size, dtype, device) for size, (dtype, device) in zip(sizes, kinds))
     slots = []
     with torch.no_grad():
-        for (name, p), (index, offset) in zip(params, places):
-            view = buffers[index][offset : offset + p.numel()].view(p.shape)
+        for (name, p), (kind, offset) in zip(params, places):
+            view = buffers[kind][offset : offset + p.numel()].view(p.shape)
             view.copy_(p)
             p.data = view
-            slots.append((name, index, offset, tuple(p.shape)))
+            slots.append((name, kind, offset, tuple(p.shape)))
     return FlatWeights(buffers, tuple(slots))
-
-
-def _aligned(numel: int, element_size: int) -> int:
-    """`numel` rounded up to a whole number of `ALIGN_BYTES`."""
-    align = max(1, ALIGN_BYTES // element_size)
-    return math.ceil(numel / align) * align
 
 
 def weight_views(buffers: tuple[torch.Tensor, ...] | list[torch.Tensor],
