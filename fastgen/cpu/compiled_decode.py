@@ -28,7 +28,7 @@ with a slot of -1 runs eagerly, so every slot a graph stores is a real one (the 
 `every_slot_valid`); only the prefill graph's LM head gets a repeated row when a step samples
 fewer than two.
 
-The first use of a graph compiles it (not start-up): about 45 seconds each on two cores, the
+The first use of a graph compiles it (not start-up): about 50 seconds each on two cores, the
 other missing graphs meanwhile in helper processes (`compile_processes`). The compiled graph is
 saved under fastgen's cache folder (`fastgen.cpu.saved_graphs`), keyed by
 everything its trace depends on, so a later process with the same model and fastgen loads it in
@@ -78,10 +78,7 @@ def inductor_backend(gemv: bool):
         # Precision casts emulated in the GEMM graph: a fused kernel then rounds each
         # intermediate to bf16 where eager torch (and so transformers) does. The GEMV graph
         # goes without: emulation there stopped the reductions streaming (30 ms a step, not 10).
-        # The C++ wrapper (calls and allocations, thousands of lines for 30 layers) is built
-        # apart from the kernels, at -O1 where the kernels get -O3.
-        with config.patch(cpp_wrapper=True, cpp_wrapper_build_separate=True, emulate_precision_casts=not gemv), \
-                warnings.catch_warnings():
+        with config.patch(cpp_wrapper=True, emulate_precision_casts=not gemv), warnings.catch_warnings():
             # A quantized embedding's lookup reads float16 scales into bf16 rows in one loop:
             # Inductor notes the mix on every compile, and it is what the lookup means.
             warnings.filterwarnings("ignore", message="bf16 and fp16 are mixed in the scheduler node")
