@@ -15,8 +15,8 @@ its process exits; whatever it saved by then stays in the cache for the next eng
 In blocking mode the same children are helpers (`CompileHelpers`): while the engine compiles the
 graph its first step needs, each helper compiles other missing graphs at normal priority, and
 the engine waits for them before it goes on. Compiling a graph is one core's work for most of its
-time (Python, then one C++ compiler process), so three graphs in three processes take about
-half the time on two cores that they take one after another.
+time (Python, then one C++ compiler process), so by default there is one process a core: on two
+cores the engine compiles the prefill graph while one helper compiles the two decode graphs.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class CompileHelpers:
 
     def __init__(self, make_child: Callable[[list[str]], BackgroundCompile], processes: int | None):
         self.make_child = make_child
-        self.processes = processes  # the engine's process and its helpers, at most (None: a helper a graph)
+        self.processes = processes  # the engine's process and its helpers, at most (None: one a core)
         self.children: list[BackgroundCompile] = []
         self.started = False
         self.wait_seconds = 0.0  # the engine's wait for them, after its own compile
@@ -151,7 +151,10 @@ class CompileHelpers:
         if self.started:
             return
         self.started = True
-        count = len(graphs) if self.processes is None else min(len(graphs), self.processes - 1)
+        # One process a core by default: three compiles on two cores took longer than two (each
+        # compile's Python, its C++ compiler and Inductor's worker pool then fight for them).
+        processes = self.processes if self.processes is not None else max(1, os.cpu_count() or 1)
+        count = min(len(graphs), processes - 1)
         shares = [graphs[i::count] for i in range(count)]
         for share in shares:
             child = self.make_child(share)

@@ -163,17 +163,20 @@ class FakeChild:
         return 0
 
 
-@pytest.mark.parametrize(("processes", "shares"), [
-    (None, [["a"], ["b"], ["c"]]), (2, [["a", "b", "c"]]), (3, [["a", "c"], ["b"]]), (8, [["a"], ["b"], ["c"]]),
+@pytest.mark.parametrize(("processes", "cores", "shares"), [
+    (None, 2, [["a", "b", "c"]]), (None, 16, [["a"], ["b"], ["c"]]), (None, 1, []), (2, 16, [["a", "b", "c"]]),
+    (3, 2, [["a", "c"], ["b"]]), (8, 2, [["a"], ["b"], ["c"]]),
 ])
-def test_helpers_share_the_graphs_among_the_processes_allowed(processes, shares):
+def test_helpers_share_the_graphs_among_the_processes_allowed(processes, cores, shares, monkeypatch):
+    """One process a core by default (this one included); never more helpers than graphs."""
+    monkeypatch.setattr(background_compile.os, "cpu_count", lambda: cores)
     made = []
     helpers = background_compile.CompileHelpers(lambda graphs: made.append(FakeChild(graphs)) or made[-1], processes)
     helpers.start(["a", "b", "c"])
     helpers.start(["d"])  # once only
     assert [child.spec["graphs"] for child in made] == shares and all(child.started for child in made)
     helpers.wait()
-    assert helpers.seconds == {"a": 1.5, "b": 1.5, "c": 1.5} and helpers.children == []
+    assert helpers.seconds == ({"a": 1.5, "b": 1.5, "c": 1.5} if shares else {}) and helpers.children == []
 
 
 def test_compile_mode_off_builds_no_compiled_steps(tiny_models):
