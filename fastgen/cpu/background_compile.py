@@ -134,8 +134,8 @@ def prune_logs(folder: Path) -> None:
 
 
 class CompileHelpers:
-    """Blocking mode's helper processes: `start(graphs, processes)` spreads the graphs over
-    helpers (`make_child(graphs)` makes one), `wait` waits until all have ended. A graph a helper
+    """Blocking mode's helper processes: `start(graphs)` spreads the graphs over at most
+    `processes` - 1 helpers (`make_child(graphs)` makes one), `wait` waits until all have ended. A graph a helper
     did not save is compiled by the engine itself when a step first needs it."""
 
     def __init__(self, make_child: Callable[[list[str]], BackgroundCompile], processes: int | None):

@@ -278,7 +278,7 @@ class CompiledDecodeStep:
             return graph(self.step_model, *args)
         if name in self.failed or not self._ready_to_build(name):
             return None
-        if self.helpers is not None and self.only is None:
+        if self.helpers is not None and not self.helpers.started and self.only is None:
             self.helpers.start([other for other in self.needed if other != name and not self.paths[other].exists()])
         if name != "one_row":
             self._pack_weights()
