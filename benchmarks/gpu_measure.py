@@ -210,13 +210,19 @@ def graph_vs_eager_logits(llm: LLM, batch: int, context: int) -> dict:
     execute = runner.execute
 
     def compare(layout, on_span_logits=None, feed_pending=None):
-        logits, greedy = execute(layout, on_span_logits, feed_pending)
+        def feed_and_keep(layout, inputs):
+            if feed_pending is not None:  # the previous step's unread tokens (overlap scheduling)
+                feed_pending(layout, inputs)
+            seen["fed_ids"] = inputs.input_ids.clone()
+
+        logits, greedy = execute(layout, on_span_logits, feed_and_keep)
         if not layout.is_prefill and greedy is not None and "graph" not in seen:
             rows = len(layout.sample_rows)
             seen["graph"] = logits[:rows].float().clone()
             inputs = runner.inputs.upload(layout)
-            if feed_pending is not None:  # the previous step's unread tokens (overlap scheduling)
-                feed_pending(layout, inputs)
+            # The ids the graph was fed, not feed_pending again: the previous step's sampled ids
+            # were the graph's own argmax buffer, which this replay has overwritten.
+            inputs.input_ids.copy_(seen["fed_ids"])
             seen["eager"] = runner.forward_logits(inputs)[:rows].float()
         return logits, greedy
 

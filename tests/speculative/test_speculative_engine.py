@@ -235,3 +235,24 @@ def test_verify_steps_through_the_compiled_cpu_graphs(tiny_models, reference):
     assert [o.token_ids for o in outs] == want
     assert outs[0].metrics.num_accepted_draft_tokens > 0
     assert {"prefill", "one_row"} <= set(compiled.first_call_seconds)
+
+
+@pytest.mark.cuda
+def test_verify_steps_on_cuda_beside_the_decode_graphs(tiny_models, reference):
+    """On CUDA, drafted steps are verified eagerly while plain decode steps replay the graphs:
+    the same tokens as transformers, drafts kept and rejected."""
+    model = tiny_models["qwen3"]
+    prompts = random_prompts([9, 20, 6], seed=16)
+    want = reference(model, prompts, MAX_TOKENS)
+    llm = LLM(model, device="cuda", dtype="float32", block_size=8, max_model_len=64, num_kv_blocks=64,
+              max_num_seqs=4, cuda_graph_batch_sizes=[1, 2, 4], enforce_eager=False, speculative_config=NGRAM)
+    engine = llm.engine
+    assert engine.runner.graphs is not None
+    # Eager verify steps cost many graph replays, so the drafter would rarely draft: make every
+    # draft pay, so that verify and replayed steps alternate.
+    engine.drafter.threshold = lambda batch_size: 0.0
+    outs = llm.generate(prompts, [greedy(prediction=want[0]), greedy(prediction=corrupted(want[1])), greedy()])
+    assert [o.token_ids for o in outs] == want
+    assert outs[0].metrics.num_accepted_draft_tokens > 0
+    assert outs[1].metrics.num_draft_tokens > outs[1].metrics.num_accepted_draft_tokens > 0
+    engine.check_invariants()
