@@ -10,7 +10,8 @@ from torch import nn
 
 from fastgen.cpu.native.gemm import gemm_available
 from fastgen.cpu.native.quantized_linear import (kernel_available, load_kernel, pack_quantized_weights,
-                                                 products_served_natively, twin_bytes)
+                                                 products_served_natively, rounds_inputs, set_rounded_inputs,
+                                                 twin_bytes)
 from fastgen.layers.quantizable import QuantizableWeight
 from fastgen.quantization.formats import QuantFormat, linear_format
 from fastgen.quantization.ops import quantized_embedding, quantized_linear, quantized_linear_reference
@@ -71,10 +72,14 @@ def test_cpu_kernel_equals_dequantize_then_multiply(dtype, fmt, rows, width):
     variants = [(mins, bias)]
     if fmt.bits == 4:  # with minimums (GGUF's Q4_1 form): code * scale + min
         variants.append(((torch.rand_like(scales.float()) - 0.5).half(), None))
+    # bf16 rows that the integer kernels round to int8 (their own test is below): against the
+    # product of the rounded rows.
+    rows_in = rounded_rows(x) if dtype == torch.bfloat16 and kernel_rounds(fmt) else x.float()
     for group_mins, b in variants:
-        want = F.linear(x.float(), dequantize(codes, scales, group_mins, QuantFormat(fmt.bits, fmt.group_size,
-                                                                                       group_mins is not None),
-                                              torch.float32), None if b is None else b.float())
+        group_fmt = QuantFormat(fmt.bits, fmt.group_size, group_mins is not None)
+        dequantized = dequantize(codes, scales, group_mins, group_fmt, torch.float32)
+        bias32 = None if b is None else b.float()
+        want = F.linear(rows_in, dequantized, bias32)
         served = products_served_natively()
         got = quantized_linear(x, codes, scales, group_mins, b, fmt.bits, fmt.group_size)
         assert products_served_natively() == served + 1
@@ -84,7 +89,53 @@ def test_cpu_kernel_equals_dequantize_then_multiply(dtype, fmt, rows, width):
         tolerance = dict(rtol=1e-5, atol=2e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=0.6)
         torch.testing.assert_close(got.float(), want, **tolerance)
         reference = quantized_linear_reference(x, codes, scales, group_mins, b, fmt.bits, fmt.group_size)
-        torch.testing.assert_close(reference.float(), want, **tolerance)
+        torch.testing.assert_close(reference.float(), F.linear(x.float(), dequantized, bias32), **tolerance)
+
+
+def kernel_rounds(fmt: QuantFormat) -> bool:
+    """Whether the C++ GEMV rounds bf16 rows to int8 for this format (quantized_linear_op.cpp)."""
+    served = fmt.group_size % 64 == 0 or fmt.group_size == 32 if fmt.bits == 8 else fmt.group_size == 32
+    return served and rounds_inputs()
+
+
+def rounded_rows(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as the integer kernels round it: int8 in blocks of 32 inputs, each block's scale
+    its largest magnitude / 127, halves to even; back in float32."""
+    blocks = x.float().reshape(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inverse) * (amax / 127)).reshape(x.shape)
+
+
+@pytest.mark.parametrize("fmt", [QuantFormat(8, 192), QuantFormat(8, 64), QuantFormat(8, 32), QuantFormat(4, 32),
+                                 QuantFormat(4, 32, has_mins=True)], ids=str)
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("width", [96, 576, 1536])  # 96: a chunk of 64 inputs and half of one
+def test_bf16_rows_rounded_to_int8_give_the_product_of_the_rounded_rows(fmt, rows, width):
+    """The integer dot-product kernels (AVX-512 VNNI): bf16 rows rounded to int8 in blocks of 32,
+    as llama.cpp rounds its activations; the product is the rounded rows' (closer to it than to
+    the product of the rows as they are), and switched off the rows go in as they are."""
+    load_kernel()
+    if not rounds_inputs():
+        pytest.skip("rounding the inputs needs AVX-512 VNNI")
+    if width % fmt.group_size:
+        pytest.skip("the group does not divide the width")
+    torch.manual_seed(width + rows)
+    weight, x = torch.randn(45, width) * 0.05, torch.randn(rows, width).to(torch.bfloat16)
+    x[:, :32] *= 20  # blocks of other magnitudes: one scale a block, not a row
+    codes, scales, mins = quantize_weight(weight, fmt)
+    dequantized = dequantize(codes, scales, mins, fmt, torch.float32)
+    rounded_product = rounded_rows(x) @ dequantized.T
+    plain_product = x.float() @ dequantized.T
+    got = quantized_linear(x, codes, scales, mins, None, fmt.bits, fmt.group_size).float()
+    torch.testing.assert_close(got, rounded_product, rtol=8e-3, atol=2e-2)
+    assert (got - rounded_product).abs().mean() < 0.5 * (got - plain_product).abs().mean()
+    set_rounded_inputs(False)
+    try:
+        plain = quantized_linear(x, codes, scales, mins, None, fmt.bits, fmt.group_size).float()
+    finally:
+        set_rounded_inputs(True)
+    assert (plain - plain_product).abs().mean() < 0.5 * (plain - rounded_product).abs().mean()
 
 
 def test_products_the_kernel_cannot_serve_go_to_the_reference():
@@ -147,6 +198,10 @@ def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
     assert products_served_natively(by_gemm=True) == by_gemm + 1
     torch.testing.assert_close(got, F.linear(x, weight, layer.bias), rtol=1e-2, atol=1e-2)
     assert products_served_natively(by_gemm=True) == by_gemm + 1
-    alone = layer(x[:1])  # one row: the GEMV
+    alone = layer(x[:1])  # one row: the GEMV (over the row rounded to int8 where the kernel rounds)
     assert products_served_natively(by_gemm=True) == by_gemm + 1
-    torch.testing.assert_close(alone, got[:1], rtol=1e-2, atol=1e-2)
+    if kernel_rounds(fmt):
+        want = F.linear(rounded_rows(x[:1]), weight.float(), layer.bias.float())
+        torch.testing.assert_close(alone.float(), want, rtol=1e-2, atol=2e-2)
+    else:
+        torch.testing.assert_close(alone, got[:1], rtol=1e-2, atol=1e-2)

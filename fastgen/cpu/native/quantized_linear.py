@@ -54,6 +54,8 @@ def load_kernel() -> ctypes.CDLL | None:
     library.fastgen_quantized_linear_set_gemm.argtypes = [pointer]
     library.fastgen_quantized_linear_add_twin.argtypes = [pointer, pointer, pointer, pointer, i64, i64, i64, i64]
     library.fastgen_quantized_linear_drop_twin.argtypes = [pointer, pointer]
+    library.fastgen_quantized_linear_has_rounded_inputs.restype = ctypes.c_int
+    library.fastgen_quantized_linear_set_rounded_inputs.argtypes = [ctypes.c_int]
     gemm = cpu_gemm._library()
     if gemm is not None:
         library.fastgen_quantized_linear_set_gemm(ctypes.cast(gemm.fastgen_gemm_quantized, pointer))
@@ -75,6 +77,25 @@ def products_served_natively(by_gemm: bool = False) -> int:
     if library is None:
         return 0
     return library.fastgen_quantized_linear_served_by_gemm() if by_gemm else library.fastgen_quantized_linear_served()
+
+
+def rounds_inputs() -> bool:
+    """Whether the GEMV rounds bf16 rows to int8 for integer dot products (AVX-512 VNNI): True
+    by default where the CPU has them."""
+    library = load_kernel()
+    return library is not None and bool(library.fastgen_quantized_linear_has_rounded_inputs()) and _rounding[0]
+
+
+_rounding = [True]
+
+
+def set_rounded_inputs(on: bool) -> None:
+    """Round bf16 rows to int8 in the GEMV where the CPU can (the default), or multiply them as
+    they are: tests and benchmarks compare the two."""
+    library = load_kernel()
+    if library is not None:
+        library.fastgen_quantized_linear_set_rounded_inputs(int(on))
+    _rounding[0] = on
 
 
 class QuantizedTwin(NamedTuple):

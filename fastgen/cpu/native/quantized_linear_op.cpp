@@ -45,6 +45,9 @@ namespace {
 using torch::stable::Tensor;
 
 std::atomic<int64_t> served_count{0}, gemm_count{0};
+// Whether bf16 rows are rounded to int8 for the integer dot-product kernels (where the CPU has
+// them); off, they are multiplied as they are (fastgen_quantized_linear_set_rounded_inputs).
+std::atomic<int> rounded_inputs{1};
 
 // fastgen_gemm_quantized of gemm.cpp (handed over by fastgen_quantized_linear_set_gemm), and the
 // quantized twins it reads (fastgen_quantized_linear_add_twin), by the address of the codes.
@@ -117,6 +120,7 @@ inline void dot8(const int8_t* q, int64_t stride, const float* x, const uint16_t
         for (int64_t j = start; j < start + g; j += 16) {
             const __m512 xs = _mm512_loadu_ps(x + j);
             for (int c = 0; c < C; ++c) {
+                if (j % 64 == 0) _mm_prefetch((const char*)(q + (C + c) * stride + j), _MM_HINT_T0);
                 const __m128i bytes = _mm_loadu_si128((const __m128i*)(q + c * stride + j));
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), xs, acc[c]);
             }
@@ -143,6 +147,8 @@ inline void dot4(const uint8_t* q, int64_t stride, const float* x, const float* 
         for (int64_t j = 0; j < half; j += 16) {
             const __m512 x_low = _mm512_loadu_ps(xs + j), x_high = _mm512_loadu_ps(xs + half + j);
             for (int c = 0; c < C; ++c) {
+                if ((group * half + j) % 64 == 0)
+                    _mm_prefetch((const char*)(q + (C + c) * stride + group * half + j), _MM_HINT_T0);
                 const __m128i bytes = _mm_loadu_si128((const __m128i*)(q + c * stride + group * half + j));
                 const __m512i b = _mm512_cvtepu8_epi32(bytes);
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, low_nibble)), x_low, acc[c]);
@@ -188,6 +194,7 @@ inline void dot4_bf16(const uint8_t* q, int64_t stride, const uint16_t* low, con
                                                      _mm512_set1_epi32(int(second - loaded)));
         const __m512bh x_low = (__m512bh)_mm512_loadu_si512(low + b), x_high = (__m512bh)_mm512_loadu_si512(high + b);
         for (int c = 0; c < C; ++c) {
+            if (b % 64 == 0) _mm_prefetch((const char*)(q + (C + c) * stride + b), _MM_HINT_T0);
             const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(q + c * stride + b)));
             const __m512bh w_low = (__m512bh)_mm512_or_si512(_mm512_and_si512(w, nibble), exponent);
             const __m512bh w_high = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(w, 4), exponent);
@@ -211,6 +218,176 @@ inline void dot4_bf16(const uint8_t* q, int64_t stride, const uint16_t* low, con
 }
 #else
 #define FASTGEN_HAVE_BF16_DOT 0
+#endif
+
+#if defined(__AVX512VNNI__)
+#define FASTGEN_HAVE_VNNI 1
+
+// bf16 rows against codes, as llama.cpp multiplies its Q8_0 / Q4_0 / Q4_1 blocks: each row's inputs
+// rounded to int8 in blocks of 32 (a float scale a block: its largest magnitude / 127), so that
+// codes times inputs are exact integer dot products, 64 byte pairs an instruction (vpdpbusd), and
+// only a block's sum is converted to float. Rounding the inputs costs about a quarter of a bf16
+// step's precision (8 bits against bf16's 8 significant bits, but one scale for 32 inputs).
+// vpdpbusd multiplies unsigned by signed bytes: int8 codes go in with their sign bit flipped
+// (code + 128), and 128 times each block's input sum is taken off at the end; 4-bit codes are
+// unsigned already.
+constexpr int64_t kInputBlock = 32;
+
+// One row's inputs rounded for the kernels below. q: the int8 inputs, in the codes' order (for
+// 4-bit codes: each group's first halves, then each group's second halves, as the nibbles hold
+// them); lane_scale: for each 64 inputs, the 16 vpdpbusd lanes' block scales (int8 codes);
+// block_scale and block_sum: each block's scale, and its scale times the sum of its inputs.
+struct RoundedRow {
+    const int8_t* q;
+    const float* lane_scale;
+    const float* block_scale;
+    const float* block_sum;
+    const float* group_sum;  // int8 codes: each group's blocks' block_sum added up
+};
+
+inline __m512 bf16x16_to_float(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// Rounds the k bf16 inputs at x (k a multiple of 32) into q (natural order), block_scale,
+// block_sum and lane_scale (k / 4 floats).
+inline void round_inputs(const uint16_t* x, int64_t k, int8_t* q, float* block_scale, float* block_sum,
+                         float* lane_scale) {
+    for (int64_t b = 0; b < k / kInputBlock; ++b) {
+        const __m512 lo = bf16x16_to_float(x + b * kInputBlock), hi = bf16x16_to_float(x + b * kInputBlock + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inverse)));
+        const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inverse)));
+        _mm_storeu_si128((__m128i*)(q + b * kInputBlock), _mm512_cvtsepi32_epi8(qlo));
+        _mm_storeu_si128((__m128i*)(q + b * kInputBlock + 16), _mm512_cvtsepi32_epi8(qhi));
+        block_scale[b] = scale;
+        block_sum[b] = scale * float(_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
+        for (int lane = 0; lane < 8; ++lane) lane_scale[(b / 2) * 16 + (b % 2) * 8 + lane] = scale;
+    }
+    if ((k / kInputBlock) % 2)  // a last chunk of one block: its other lanes' dot products are 0, scaled by 0
+        for (int lane = 8; lane < 16; ++lane) lane_scale[(k / 64) * 16 + lane] = 0.0f;
+}
+
+inline __mmask64 byte_mask(int64_t left) { return left >= 64 ? ~__mmask64(0) : (__mmask64(1) << left) - 1; }
+
+// Σ over groups of a channel's group scales times `per_group` (16 groups a vector).
+inline float scaled_sum(const uint16_t* scales, const float* per_group, int64_t groups) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t group = 0; group < groups; group += 16) {
+        const __mmask16 mask = groups - group >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - group)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + group)),
+                              _mm512_maskz_loadu_ps(mask, per_group + group), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+// C outputs of one row over int8 codes (groups of g inputs: g a multiple of 64, or 32).
+// group_sum: for each group, its blocks' scales times input sums.
+template <int C>
+inline void dot8_vnni(const int8_t* w, int64_t stride, const RoundedRow& x, const float* group_sum,
+                      const uint16_t* scales, int64_t groups, int64_t k, int64_t g, float* out) {
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    __m512 total[C];
+    for (int c = 0; c < C; ++c) total[c] = _mm512_setzero_ps();
+    if (g % 64 == 0) {  // a group's chunks share its scale: applied once a group
+        for (int64_t start = 0; start < k; start += g) {
+            __m512 acc[C];
+            for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+            for (int64_t j = start; j < start + g; j += 64) {
+                const __m512i xs = _mm512_loadu_si512(x.q + j);
+                const __m512 lane = _mm512_loadu_ps(x.lane_scale + j / 4);
+                for (int c = 0; c < C; ++c) {
+                    _mm_prefetch((const char*)(w + (C + c) * stride + j), _MM_HINT_T0);
+                    const __m512i codes = _mm512_xor_si512(_mm512_loadu_si512(w + c * stride + j), flip);
+                    const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xs);
+                    acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), lane, acc[c]);
+                }
+            }
+            for (int c = 0; c < C; ++c)
+                total[c] = _mm512_fmadd_ps(acc[c], _mm512_set1_ps(half_to_float(scales[c * groups + start / g])),
+                                           total[c]);
+        }
+    } else {  // groups of 32, a group a block: lanes 0-7 of a chunk are one group, 8-15 the next
+        __m512 group_scale[C];
+        for (int64_t j = 0; j < k; j += 64) {
+            const int64_t chunk = j / 64;
+            if (chunk % 8 == 0) {  // the next 16 groups' scales times their inputs' scales
+                const int64_t first = chunk * 2;
+                const __mmask16 mask = groups - first >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - first)) - 1);
+                const __m512 input_scale = _mm512_maskz_loadu_ps(mask, x.block_scale + first);
+                for (int c = 0; c < C; ++c)
+                    group_scale[c] = _mm512_mul_ps(
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + c * groups + first)), input_scale);
+            }
+            const __m512i pick = _mm512_mask_blend_epi32(__mmask16(0xFF00), _mm512_set1_epi32(int(2 * (chunk % 8))),
+                                                         _mm512_set1_epi32(int(2 * (chunk % 8) + 1)));
+            const __mmask64 mask = byte_mask(k - j);
+            const __m512i xs = _mm512_maskz_loadu_epi8(mask, x.q + j);
+            for (int c = 0; c < C; ++c) {
+                _mm_prefetch((const char*)(w + (C + c) * stride + j), _MM_HINT_T0);
+                const __m512i codes = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + c * stride + j), flip);
+                const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xs);
+                total[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pick, group_scale[c]),
+                                           total[c]);
+            }
+        }
+    }
+    // Take off the flipped sign bits: 128 times each group's scale times its inputs' (scaled) sum.
+    for (int c = 0; c < C; ++c)
+        out[c] = _mm512_reduce_add_ps(total[c]) - 128.0f * scaled_sum(scales + c * groups, group_sum, groups);
+}
+
+// C outputs of one row over 4-bit codes in groups of 32 (16 bytes a group, so a 64-byte chunk
+// holds four groups, each vpdpbusd lane four bytes of one group). x.q: the low nibbles' inputs
+// (k / 2), then the high nibbles'.
+template <int C>
+inline void dot4_vnni(const uint8_t* w, int64_t stride, const RoundedRow& x, int64_t k, const uint16_t* scales,
+                      const uint16_t* mins, int64_t groups, float* out) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const int64_t bytes = k / 2;
+    __m512 total[C], group_scale[C];
+    for (int c = 0; c < C; ++c) total[c] = _mm512_setzero_ps(), group_scale[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < bytes; b += 64) {
+        const int64_t chunk = b / 64;
+        if (chunk % 4 == 0) {  // the next 16 groups' scales times their inputs' scales
+            const int64_t first = chunk * 4;
+            const __mmask16 mask = groups - first >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - first)) - 1);
+            const __m512 input_scale = _mm512_maskz_loadu_ps(mask, x.block_scale + first);
+            for (int c = 0; c < C; ++c)
+                group_scale[c] = _mm512_mul_ps(
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + c * groups + first)), input_scale);
+        }
+        // lane l holds bytes 4l..4l+3 of the chunk: group 4 * (chunk % 4) + l / 4 of the 16
+        const __m512i pick = _mm512_add_epi32(_mm512_set1_epi32(int(4 * (chunk % 4))),
+                                              _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                                                  11, 12, 13, 14, 15), 2));
+        const __mmask64 mask = byte_mask(bytes - b);
+        const __m512i x_low = _mm512_maskz_loadu_epi8(mask, x.q + b);
+        const __m512i x_high = _mm512_maskz_loadu_epi8(mask, x.q + bytes + b);
+        for (int c = 0; c < C; ++c) {
+            _mm_prefetch((const char*)(w + (C + c) * stride + b), _MM_HINT_T0);
+            const __m512i codes = _mm512_maskz_loadu_epi8(mask, w + c * stride + b);
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(codes, low), x_low);
+            dot = _mm512_dpbusd_epi32(dot, _mm512_and_si512(_mm512_srli_epi16(codes, 4), low), x_high);
+            total[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pick, group_scale[c]), total[c]);
+        }
+    }
+    // Each group's offset (its minimum, or -8 times its scale) times its inputs' sum.
+    for (int c = 0; c < C; ++c) {
+        __m512 offsets = _mm512_setzero_ps();
+        for (int64_t group = 0; group < groups; group += 16) {
+            const __mmask16 mask = groups - group >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - group)) - 1);
+            const __m512 scale = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + c * groups + group));
+            const __m512 offset = mins ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, mins + c * groups + group))
+                                       : _mm512_mul_ps(scale, _mm512_set1_ps(-8.0f));
+            offsets = _mm512_fmadd_ps(offset, _mm512_maskz_loadu_ps(mask, x.block_sum + group), offsets);
+        }
+        out[c] = _mm512_reduce_add_ps(_mm512_add_ps(total[c], offsets));
+    }
+}
+#else
+#define FASTGEN_HAVE_VNNI 0
 #endif
 
 #endif  // FASTGEN_HAVE_AVX512
@@ -269,20 +446,62 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
         }
     }
 
+#if FASTGEN_HAVE_VNNI
+    const bool vnni = rounded_inputs.load(std::memory_order_relaxed) && x_dtype == bf16 &&
+        (bits == 8 ? group_size % 64 == 0 || group_size == 32 : group_size == 32);
+#else
+    const bool vnni = false;
+#endif
     // The rows in float32 (and, for 4-bit codes, each group's input sum), once for all channels.
     // bf16 inputs against 4-bit codes: the dot-product kernel, its inputs in nibble order (each
     // group's first half, then each group's second half), and no float32 copy of them.
-    const bool bf16_dot = FASTGEN_HAVE_BF16_DOT && bits == 4 && x_dtype == bf16 && (k / 2) % 32 == 0;
+    const bool bf16_dot = !vnni && FASTGEN_HAVE_BF16_DOT && bits == 4 && x_dtype == bf16 && (k / 2) % 32 == 0;
     const uint16_t* xb = static_cast<const uint16_t*>(x.data_ptr());
     thread_local std::vector<float> rows, sums;
     thread_local std::vector<uint16_t> nibble_order;
+#if FASTGEN_HAVE_VNNI
+    // Each row rounded to int8 once for all channels (4-bit codes: in the nibbles' order).
+    thread_local std::vector<int8_t> rounded, rounded_natural;
+    thread_local std::vector<float> lane_scales, block_scales, block_sums, group_sums;
+    std::vector<RoundedRow> rounded_rows;
+    if (vnni) {
+        const int64_t blocks = k / kInputBlock, lanes = (k + 63) / 64 * 16;
+        rounded.resize(m * k);
+        rounded_natural.resize(k);
+        lane_scales.resize(m * lanes);
+        block_scales.resize(m * blocks);
+        block_sums.resize(m * blocks);
+        group_sums.resize(m * groups);
+        for (int64_t r = 0; r < m; ++r) {
+            int8_t* q = bits == 8 ? rounded.data() + r * k : rounded_natural.data();
+            round_inputs(xb + r * k, k, q, block_scales.data() + r * blocks, block_sums.data() + r * blocks,
+                         lane_scales.data() + r * lanes);
+            if (bits == 4)
+                for (int64_t group = 0; group < blocks; ++group) {
+                    std::memcpy(rounded.data() + r * k + group * 16, q + group * 32, 16);
+                    std::memcpy(rounded.data() + r * k + k / 2 + group * 16, q + group * 32 + 16, 16);
+                }
+            if (bits == 8) {  // each group's blocks' scaled input sums, for the sign bits' correction
+                const int64_t per_group = group_size / kInputBlock;
+                for (int64_t group = 0; group < groups; ++group) {
+                    float sum = 0.0f;
+                    for (int64_t b = group * per_group; b < (group + 1) * per_group; ++b) sum += block_sums[r * blocks + b];
+                    group_sums[r * groups + group] = sum;
+                }
+            }
+            rounded_rows.push_back(RoundedRow{rounded.data() + r * k, lane_scales.data() + r * lanes,
+                                              block_scales.data() + r * blocks, block_sums.data() + r * blocks,
+                                              group_sums.data() + r * groups});
+        }
+    }
+#endif
     const float* xf = static_cast<const float*>(x.data_ptr());
-    if (x_dtype == bf16 && !bf16_dot) {
+    if (x_dtype == bf16 && !bf16_dot && !vnni) {
         rows.resize(m * k);
         for (int64_t i = 0; i < m * k; ++i) rows[i] = bf16_to_float(xb[i]);
         xf = rows.data();
     }
-    if (bits == 4) {  // each group's input sum, 16 inputs a vector (group_size is a multiple of 32)
+    if (bits == 4 && !vnni) {  // each group's input sum, 16 inputs a vector (group_size is a multiple of 32)
         sums.resize(m * groups);
         for (int64_t r = 0; r < m; ++r)
             for (int64_t group = 0; group < groups; ++group) {
@@ -316,7 +535,7 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
     const float* xsums = sums.data();
     const int8_t* q8 = static_cast<const int8_t*>(codes.data_ptr());
     const uint8_t* q4 = static_cast<const uint8_t*>(codes.data_ptr());
-    constexpr int64_t kBlock = 4;  // channels computed together (see dot8)
+    constexpr int64_t kBlock = 8;  // channels computed together (see dot8)
     const int64_t blocks = (n + kBlock - 1) / kBlock;
     const int64_t row_bytes = bits == 8 ? k : k / 2;
     #pragma omp parallel for schedule(static) num_threads(omp_get_max_threads())
@@ -327,7 +546,19 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
             for (int64_t c0 = 0; c0 < count; c0 += (count - c0 >= kBlock ? kBlock : 1)) {
                 const int64_t col = first + c0;
                 const bool four = count - c0 >= kBlock;
-                if (bits == 8) {
+                if (vnni) {
+#if FASTGEN_HAVE_VNNI
+                    const RoundedRow& row = rounded_rows[r];
+                    if (bits == 8) {
+                        if (four) dot8_vnni<kBlock>(q8 + col * k, row_bytes, row, row.group_sum, sc + col * groups, groups, k, group_size, v + c0);
+                        else dot8_vnni<1>(q8 + col * k, row_bytes, row, row.group_sum, sc + col * groups, groups, k, group_size, v + c0);
+                    } else {
+                        const uint16_t* mc = mn ? mn + col * groups : nullptr;
+                        if (four) dot4_vnni<kBlock>(q4 + col * row_bytes, row_bytes, row, k, sc + col * groups, mc, groups, v + c0);
+                        else dot4_vnni<1>(q4 + col * row_bytes, row_bytes, row, k, sc + col * groups, mc, groups, v + c0);
+                    }
+#endif
+                } else if (bits == 8) {
                     if (four) dot8<kBlock>(q8 + col * k, row_bytes, xf + r * k, sc + col * groups, groups, k, group_size, v + c0);
                     else dot8<1>(q8 + col * k, row_bytes, xf + r * k, sc + col * groups, groups, k, group_size, v + c0);
                 } else if (bf16_dot) {
@@ -370,6 +601,18 @@ int64_t fastgen_quantized_linear_served() { return served_count.load(); }
 int fastgen_quantized_linear_supported() { return FASTGEN_HAVE_AVX512; }
 
 int64_t fastgen_quantized_linear_served_by_gemm() { return gemm_count.load(); }
+
+// 1 where bf16 rows can be rounded to int8 for the integer dot-product kernels (AVX-512 VNNI).
+int fastgen_quantized_linear_has_rounded_inputs() {
+#if FASTGEN_HAVE_AVX512
+    return FASTGEN_HAVE_VNNI;
+#else
+    return 0;
+#endif
+}
+
+// Round bf16 rows to int8 (1, the default where the CPU can) or multiply them as they are (0).
+void fastgen_quantized_linear_set_rounded_inputs(int on) { rounded_inputs.store(on); }
 
 void fastgen_quantized_linear_set_gemm(void* fn) { gemm.store(reinterpret_cast<QuantizedGemmFn>(fn)); }
 
