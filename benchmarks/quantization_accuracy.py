@@ -8,8 +8,13 @@
   rank 1). Each position is judged in the same context, so one early difference does not count
   against every position after it.
 
+Both go through prompt passes, whose products take many rows at once (the CPU's GEMM, rows as
+they are). `--rows-per-step 2` cuts the passes into steps of 2 tokens, so that every product
+takes the few rows a decode step's does (on a CPU: the GEMV, which rounds bf16 rows to int8 in
+blocks of 32 where the processor has VNNI; `--plain-rows` switches that rounding off).
+
 Usage: python benchmarks/quantization_accuracy.py [--text FILE] [--tokens N] [--formats ...]
-       [--json PATH]
+       [--rows-per-step R] [--plain-rows] [--json PATH]
 The default text is the GNU GPL version 3 as Debian ships it (/usr/share/common-licenses/GPL-3):
 plain English prose, fixed, and present on every Debian machine.
 """
@@ -62,13 +67,21 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1500)
     parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
     parser.add_argument("--formats", nargs="+", default=["none", "int8", "int4", "gguf"])
+    parser.add_argument("--rows-per-step", type=int, default=None,
+                        help="prompt tokens a step (default: the engine's budget): 2 for the decode steps' products")
+    parser.add_argument("--plain-rows", action="store_true", help="CPU GEMV: bf16 rows as they are, not rounded")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.plain_rows:
+        from fastgen.cpu.native.quantized_linear import set_rounded_inputs
+
+        set_rounded_inputs(False)
+    chunks = {} if args.rows_per_step is None else dict(max_num_seqs=1, max_num_batched_tokens=args.rows_per_step)
     results, baseline = {}, None
     for fmt in args.formats:
         start = time.perf_counter()
         llm = LLM(args.model, quantization=None if fmt == "none" else fmt, max_model_len=args.tokens + 8,
-                  enforce_eager=True)
+                  enforce_eager=True, **chunks)
         ids = llm.tokenizer.encode(open(args.text).read())[: args.tokens]
         row = {"perplexity": perplexity(llm, ids), "tokens": len(ids)}
         if baseline is None:
