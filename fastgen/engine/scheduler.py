@@ -164,7 +164,9 @@ class Scheduler:
         """A step over `seqs` failed (nothing of it was applied): make them suspects and preempt
         every running sequence, the suspects to the front of the queue in batch order, so that
         each runs alone until it finishes."""
-        seqs = list(seqs)
+        # A sequence that ended meanwhile (the step before, read after this one was scheduled,
+        # finished it) is no suspect: nothing would ever clear it.
+        seqs = [seq for seq in seqs if seq.status is not SequenceStatus.FINISHED]
         self.suspects.update(seq.seq_id for seq in seqs)
         others = [seq for seq in self.running if seq.seq_id not in self.suspects]
         for seq in reversed(seqs + others):  # each goes to the front: the first ends up first

@@ -11,7 +11,7 @@ import pytest
 # file instead of failing the whole collection.
 pytest.importorskip("hypothesis")
 
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from fastgen.engine.block_manager import BlockManager
@@ -186,9 +186,24 @@ def test_random_workloads_with_aborts_and_failed_steps_drain_with_balanced_books
             assert sq.num_output_tokens == sq.params.max_tokens or len(sq) == max_model_len
 
 
+def _greedy(max_tokens: int = 1, stop: tuple[int, ...] = ()) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=list(stop))
+
+
+# Found by the search: a step fails to launch while the step before it, read first, ends the
+# one sequence both hold; that sequence must not stay a suspect.
+_FINISHED_BEFORE_ITS_FAILED_STEP = [
+    ("add", 23, _greedy(), 0), ("step", 1, _greedy(), 0), ("abort", 1, _greedy(), 0),
+    ("add", 13, _greedy(2, (84,)), 0), ("add", 1, _greedy(), 0), ("add", 1, _greedy(), 0),
+    ("add", 1, _greedy(), 0), ("step", 1, _greedy(), 0), ("add", 1, _greedy(), 0), ("add", 1, _greedy(), 0),
+    ("fail", 1, _greedy(), 0)]
+
+
 @settings(max_examples=80, deadline=None)
 @given(program=events, block_size=st.integers(1, 8), extra_blocks=st.integers(0, 30), budget=st.integers(1, 64),
        max_num_seqs=st.integers(1, 6), shared=st.integers(0, 20), seed=st.integers(0, 1000))
+@example(program=_FINISHED_BEFORE_ITS_FAILED_STEP, block_size=1, extra_blocks=0, budget=13, max_num_seqs=1, shared=0,
+         seed=218)
 def test_one_step_ahead_every_input_token_is_the_one_the_sequence_ends_up_with(
     program, block_size, extra_blocks, budget, max_num_seqs, shared, seed
 ):
