@@ -19,8 +19,9 @@ steps above use the model:
                         `packed_linear_op.cpp`, on torch's stable C ABI; a Python kernel otherwise).
     gemv.py             one-row linears as Inductor reductions that stream weights at bandwidth.
     quantized_linear    the `fastgen::quantized_linear` op's CPU kernels (`quantized_linear_op.cpp`:
-                        a GEMV over int8 / 4-bit codes; from four rows `gemm.cpp`'s quantized
-                        GEMM over panels dequantized into cache, from twins packed here).
+                        a GEMV over int8 / 4-bit codes, bf16 rows rounded to int8 where the CPU
+                        has VNNI; from 4 rows (16 where it rounds) `gemm.cpp`'s quantized GEMM
+                        over panels dequantized into cache, from twins packed here).
     features.py         what the CPU can do (/proc/cpuinfo, read once): native bf16, AMX.
 
 `fastgen.cpu` (above `worker`: whole steps over the model)

@@ -5,9 +5,13 @@ Loading the op's library registers it for the CPU dispatch key, so every quantiz
 CPU (eager steps and the compiled graphs, which call the op as an extern kernel) runs it instead
 of the op's dequantize-then-multiply Python kernel:
 
-- a few rows (the decode steps of a few requests): a GEMV that converts each code in registers
-  and streams the codes at the memory bandwidth;
-- four rows or more, bf16, where the weight has a twin packed by `pack_quantized_weights`: the
+- a few rows (the decode steps of a few requests): a GEMV that streams the codes at the memory
+  bandwidth (the next channels' codes prefetched). bf16 rows, on a CPU with AVX-512 VNNI, are
+  rounded to int8 in blocks of 32 inputs, as llama.cpp rounds its activations, so that codes
+  times inputs are integer dot products (`set_rounded_inputs` switches this off); otherwise each
+  code is converted to float in registers;
+- four rows or more (16 where the GEMV rounds its rows: its integer products keep it ahead up
+  to there), bf16, where the weight has a twin packed by `pack_quantized_weights`: the
   bf16 GEMM's register tile over panels that each thread dequantizes one at a time into its
   cache, so each weight is converted once a call rather than once a row.
 

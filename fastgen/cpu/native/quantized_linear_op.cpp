@@ -76,6 +76,10 @@ bool lookup(const void* codes, Twin* out) {
 // From this many rows a product goes through the GEMM over the weight's twin, where it has one:
 // the GEMV below converts every code once per row, the GEMM once per call.
 constexpr int64_t kGemmRows = 4;
+// The same where the GEMV rounds its rows to int8: its integer dot products keep it ahead up to
+// about 16 rows (a step of SmolLM2-135M's products at 8 rows: int8 19.8 ms against the GEMM's
+// 23.9, int4 20.0 against 22.8; at 16 within 8% either way; at 32 the GEMM's 62.6 / 60.0 against 65.8 / 72.6).
+constexpr int64_t kGemmRowsRounded = 16;
 
 float bf16_to_float(uint16_t v) {
     const uint32_t bits = uint32_t(v) << 16;
@@ -430,7 +434,13 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
 
     Twin twin;
     const QuantizedGemmFn kernel = gemm.load();
-    if (m >= kGemmRows && x_dtype == bf16 && kernel != nullptr && lookup(codes.data_ptr(), &twin) && twin.n == n &&
+#if FASTGEN_HAVE_VNNI
+    const bool vnni = rounded_inputs.load(std::memory_order_relaxed) && x_dtype == bf16 &&
+        (bits == 8 ? group_size % 64 == 0 || group_size == 32 : group_size == 32);
+#else
+    const bool vnni = false;
+#endif
+    if (m >= (vnni ? kGemmRowsRounded : kGemmRows) && x_dtype == bf16 && kernel != nullptr && lookup(codes.data_ptr(), &twin) && twin.n == n &&
         twin.k == k && twin.bits == bits && twin.group_size == group_size) {
         thread_local std::vector<float> bias32;  // the GEMM adds a float32 bias
         if (bias.has_value()) {
@@ -446,12 +456,6 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
         }
     }
 
-#if FASTGEN_HAVE_VNNI
-    const bool vnni = rounded_inputs.load(std::memory_order_relaxed) && x_dtype == bf16 &&
-        (bits == 8 ? group_size % 64 == 0 || group_size == 32 : group_size == 32);
-#else
-    const bool vnni = false;
-#endif
     // The rows in float32 (and, for 4-bit codes, each group's input sum), once for all channels.
     // bf16 inputs against 4-bit codes: the dot-product kernel, its inputs in nibble order (each
     // group's first half, then each group's second half), and no float32 copy of them.
