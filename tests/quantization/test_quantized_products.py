@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastgen.cpu.native.gemm import gemm_available
-from fastgen.cpu.native.quantized_linear import (kernel_available, load_kernel, pack_quantized_weights,
+from fastgen.cpu.native.quantized_linear import (gemm_rows, kernel_available, load_kernel, pack_quantized_weights,
                                                  products_served_natively, rounds_inputs, set_rounded_inputs,
                                                  twin_bytes)
 from fastgen.layers.quantizable import QuantizableWeight
@@ -177,11 +177,11 @@ class QuantizedLinear(QuantizableWeight, nn.Linear):
 
 
 @pytest.mark.parametrize("fmt", FORMATS + [QuantFormat(4, 32, has_mins=True)], ids=str)
-@pytest.mark.parametrize("rows", [4, 9, 16, 40, 300])  # 300: more than one chunk of rows
+@pytest.mark.parametrize("rows", [4, 9, 40, 64, 300])  # 300: more than one chunk of rows
 def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
-    """Four rows or more in bf16 (16 where the GEMV rounds its rows), with a twin: the bf16 GEMM
-    over dequantized panels (the weight rounded to bf16 first, as the reference does). 100
-    outputs: two whole panels and a part."""
+    """Four rows or more in bf16 (where the GEMV rounds its rows: 64 for 4-bit codes, never for
+    int8), with a twin: the bf16 GEMM over dequantized panels (the weight rounded to bf16 first,
+    as the reference does). 100 outputs: two whole panels and a part."""
     if not gemm_available() or not kernel_available():
         pytest.skip("fastgen's bf16 GEMM needs AVX-512 BF16")
     torch.manual_seed(rows)
@@ -191,11 +191,15 @@ def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
         # Q4_1's minimums: each group's lowest weight, some 4 to 12 steps below zero
         tensors = tensors._replace(mins=(-tensors.scales.float() * (4 + 8 * torch.rand(tensors.scales.shape))).half())
     layer.quantize_(fmt, tensors)
-    assert pack_quantized_weights(layer) == 1 and twin_bytes(layer) > 0
+    # Where the GEMV rounds its rows to int8 it stays ahead of the GEMM: up to 64 rows for 4-bit
+    # codes, always for int8 ones, which then get no twin.
+    threshold = gemm_rows(fmt)
+    assert threshold == (4 if not kernel_rounds(fmt) else 64 if fmt.bits == 4 else None)
+    assert pack_quantized_weights(layer) == (threshold is not None)
+    assert (twin_bytes(layer) > 0) == (threshold is not None)
     x = torch.randn(rows, 576, dtype=torch.bfloat16)
     weight = dequantize(layer.weight_codes, layer.weight_scales, layer.weight_mins, fmt, torch.bfloat16)
-    # The GEMV, rounding its rows to int8, stays ahead of the GEMM up to 16 rows.
-    to_gemm = rows >= (16 if kernel_rounds(fmt) else 4)
+    to_gemm = threshold is not None and rows >= threshold
     by_gemm = products_served_natively(by_gemm=True)
     got = layer(x)
     assert products_served_natively(by_gemm=True) == by_gemm + to_gemm

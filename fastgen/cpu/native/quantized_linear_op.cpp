@@ -19,6 +19,7 @@
 // against torch's stable C ABI only, so it compiles in about a second.
 
 #include <algorithm>
+#include <climits>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -76,10 +77,11 @@ bool lookup(const void* codes, Twin* out) {
 // From this many rows a product goes through the GEMM over the weight's twin, where it has one:
 // the GEMV below converts every code once per row, the GEMM once per call.
 constexpr int64_t kGemmRows = 4;
-// The same where the GEMV rounds its rows to int8: its integer dot products keep it ahead up to
-// about 16 rows (a step of SmolLM2-135M's products at 8 rows: int8 19.8 ms against the GEMM's
-// 23.9, int4 20.0 against 22.8; at 16 within 8% either way; at 32 the GEMM's 62.6 / 60.0 against 65.8 / 72.6).
-constexpr int64_t kGemmRowsRounded = 16;
+// Where the GEMV rounds its rows to int8, its integer products (each chunk of codes loaded once
+// for four rows) beat the GEMM over dequantized panels at every row count measured for int8 codes
+// (a step of SmolLM2-135M's products: 1.25x at 32 rows, 1.11x at 256), so int8 codes never go to
+// the GEMM; 4-bit codes from 64 rows (the two within 3% of each other from 32 rows on).
+constexpr int64_t kGemmRowsRounded4 = 64;
 
 float bf16_to_float(uint16_t v) {
     const uint32_t bits = uint32_t(v) << 16;
@@ -286,109 +288,110 @@ inline float scaled_sum(const uint16_t* scales, const float* per_group, int64_t 
     return _mm512_reduce_add_ps(acc);
 }
 
-// C outputs of one row over int8 codes (groups of g inputs: g a multiple of 64, or 32).
-// group_sum: for each group, its blocks' scales times input sums.
-template <int C>
-inline void dot8_vnni(const int8_t* w, int64_t stride, const RoundedRow& x, const float* group_sum,
-                      const uint16_t* scales, int64_t groups, int64_t k, int64_t g, float* out) {
+// The outputs of C channels (codes `stride` bytes apart) for R rows at once, out[r * C + c]: each
+// chunk of codes is loaded once for all R rows. int8 codes, groups of g inputs (g a multiple of
+// 64, or 32); a lane of a vpdpbusd sums 4 products of one block of 32 inputs.
+template <int C, int R>
+inline void dot8_vnni(const int8_t* w, int64_t stride, const RoundedRow* x, const uint16_t* scales, int64_t groups,
+                      int64_t k, int64_t g, float* out) {
     const __m512i flip = _mm512_set1_epi8(char(0x80));
-    __m512 total[C];
-    for (int c = 0; c < C; ++c) total[c] = _mm512_setzero_ps();
-    if (g % 64 == 0) {  // a group's chunks share its scale: applied once a group
-        for (int64_t start = 0; start < k; start += g) {
-            __m512 acc[C];
-            for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-            for (int64_t j = start; j < start + g; j += 64) {
-                const __m512i xs = _mm512_loadu_si512(x.q + j);
-                const __m512 lane = _mm512_loadu_ps(x.lane_scale + j / 4);
-                for (int c = 0; c < C; ++c) {
-                    _mm_prefetch((const char*)(w + (C + c) * stride + j), _MM_HINT_T0);
-                    const __m512i codes = _mm512_xor_si512(_mm512_loadu_si512(w + c * stride + j), flip);
-                    const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xs);
-                    acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), lane, acc[c]);
-                }
-            }
+    __m512 total[C][R];
+    for (int c = 0; c < C; ++c)
+        for (int r = 0; r < R; ++r) total[c][r] = _mm512_setzero_ps();
+    __m512 window[C];  // groups of 32: 16 groups' scales, refreshed every 8 chunks
+    for (int64_t j = 0; j < k; j += 64) {
+        const int64_t chunk = j / 64;
+        const __mmask64 mask = byte_mask(k - j);
+        __m512i codes[C];
+        __m512 weight_scale[C];
+        if (g == 32 && chunk % 8 == 0) {
+            const int64_t first = chunk * 2;
+            const __mmask16 m16 = groups - first >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - first)) - 1);
             for (int c = 0; c < C; ++c)
-                total[c] = _mm512_fmadd_ps(acc[c], _mm512_set1_ps(half_to_float(scales[c * groups + start / g])),
-                                           total[c]);
+                window[c] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m16, scales + c * groups + first));
         }
-    } else {  // groups of 32, a group a block: lanes 0-7 of a chunk are one group, 8-15 the next
-        __m512 group_scale[C];
-        for (int64_t j = 0; j < k; j += 64) {
-            const int64_t chunk = j / 64;
-            if (chunk % 8 == 0) {  // the next 16 groups' scales times their inputs' scales
-                const int64_t first = chunk * 2;
-                const __mmask16 mask = groups - first >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - first)) - 1);
-                const __m512 input_scale = _mm512_maskz_loadu_ps(mask, x.block_scale + first);
-                for (int c = 0; c < C; ++c)
-                    group_scale[c] = _mm512_mul_ps(
-                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + c * groups + first)), input_scale);
-            }
-            const __m512i pick = _mm512_mask_blend_epi32(__mmask16(0xFF00), _mm512_set1_epi32(int(2 * (chunk % 8))),
-                                                         _mm512_set1_epi32(int(2 * (chunk % 8) + 1)));
-            const __mmask64 mask = byte_mask(k - j);
-            const __m512i xs = _mm512_maskz_loadu_epi8(mask, x.q + j);
+        const __m512i pick = _mm512_mask_blend_epi32(__mmask16(0xFF00), _mm512_set1_epi32(int(2 * (chunk % 8))),
+                                                     _mm512_set1_epi32(int(2 * (chunk % 8) + 1)));
+        for (int c = 0; c < C; ++c) {
+            _mm_prefetch((const char*)(w + (C + c) * stride + j), _MM_HINT_T0);
+            codes[c] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + c * stride + j), flip);
+            if (groups > 1)
+                weight_scale[c] = g == 32 ? _mm512_permutexvar_ps(pick, window[c])
+                                          : _mm512_set1_ps(half_to_float(scales[c * groups + j / g]));
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m512i xs = _mm512_maskz_loadu_epi8(mask, x[r].q + j);
+            const __m512 lane = _mm512_loadu_ps(x[r].lane_scale + j / 4);
             for (int c = 0; c < C; ++c) {
-                _mm_prefetch((const char*)(w + (C + c) * stride + j), _MM_HINT_T0);
-                const __m512i codes = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + c * stride + j), flip);
-                const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xs);
-                total[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pick, group_scale[c]),
-                                           total[c]);
+                const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[c], xs));
+                total[c][r] = groups > 1 ? _mm512_fmadd_ps(_mm512_mul_ps(dot, lane), weight_scale[c], total[c][r])
+                                         : _mm512_fmadd_ps(dot, lane, total[c][r]);
             }
         }
     }
-    // Take off the flipped sign bits: 128 times each group's scale times its inputs' (scaled) sum.
+    // One scale a channel is applied once; and the flipped sign bits are taken off: 128 times each
+    // group's scale times its inputs' (scaled) sum.
     for (int c = 0; c < C; ++c)
-        out[c] = _mm512_reduce_add_ps(total[c]) - 128.0f * scaled_sum(scales + c * groups, group_sum, groups);
+        for (int r = 0; r < R; ++r) {
+            const float sum = _mm512_reduce_add_ps(total[c][r]);
+            out[r * C + c] = groups > 1
+                ? sum - 128.0f * scaled_sum(scales + c * groups, x[r].group_sum, groups)
+                : half_to_float(scales[c]) * (sum - 128.0f * x[r].group_sum[0]);
+        }
 }
 
-// C outputs of one row over 4-bit codes in groups of 32 (16 bytes a group, so a 64-byte chunk
-// holds four groups, each vpdpbusd lane four bytes of one group). x.q: the low nibbles' inputs
-// (k / 2), then the high nibbles'.
-template <int C>
-inline void dot4_vnni(const uint8_t* w, int64_t stride, const RoundedRow& x, int64_t k, const uint16_t* scales,
+// The same over 4-bit codes in groups of 32 (16 bytes a group: a 64-byte chunk holds four
+// groups, each lane four bytes of one). x[r].q: the low nibbles' inputs (k / 2), then the high
+// nibbles'; x[r].lane_scale: each chunk's 16 lanes' input scales.
+template <int C, int R>
+inline void dot4_vnni(const uint8_t* w, int64_t stride, const RoundedRow* x, int64_t k, const uint16_t* scales,
                       const uint16_t* mins, int64_t groups, float* out) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     const int64_t bytes = k / 2;
-    __m512 total[C], group_scale[C];
-    for (int c = 0; c < C; ++c) total[c] = _mm512_setzero_ps(), group_scale[c] = _mm512_setzero_ps();
+    __m512 total[C][R], window[C];
+    for (int c = 0; c < C; ++c)
+        for (int r = 0; r < R; ++r) total[c][r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < bytes; b += 64) {
         const int64_t chunk = b / 64;
-        if (chunk % 4 == 0) {  // the next 16 groups' scales times their inputs' scales
+        if (chunk % 4 == 0) {  // the next 16 groups' scales
             const int64_t first = chunk * 4;
-            const __mmask16 mask = groups - first >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - first)) - 1);
-            const __m512 input_scale = _mm512_maskz_loadu_ps(mask, x.block_scale + first);
+            const __mmask16 m16 = groups - first >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - first)) - 1);
             for (int c = 0; c < C; ++c)
-                group_scale[c] = _mm512_mul_ps(
-                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + c * groups + first)), input_scale);
+                window[c] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m16, scales + c * groups + first));
         }
         // lane l holds bytes 4l..4l+3 of the chunk: group 4 * (chunk % 4) + l / 4 of the 16
         const __m512i pick = _mm512_add_epi32(_mm512_set1_epi32(int(4 * (chunk % 4))),
                                               _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                                                   11, 12, 13, 14, 15), 2));
         const __mmask64 mask = byte_mask(bytes - b);
-        const __m512i x_low = _mm512_maskz_loadu_epi8(mask, x.q + b);
-        const __m512i x_high = _mm512_maskz_loadu_epi8(mask, x.q + bytes + b);
+        __m512i code_low[C], code_high[C];
+        __m512 weight_scale[C];
         for (int c = 0; c < C; ++c) {
             _mm_prefetch((const char*)(w + (C + c) * stride + b), _MM_HINT_T0);
             const __m512i codes = _mm512_maskz_loadu_epi8(mask, w + c * stride + b);
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(codes, low), x_low);
-            dot = _mm512_dpbusd_epi32(dot, _mm512_and_si512(_mm512_srli_epi16(codes, 4), low), x_high);
-            total[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pick, group_scale[c]), total[c]);
+            code_low[c] = _mm512_and_si512(codes, low);
+            code_high[c] = _mm512_and_si512(_mm512_srli_epi16(codes, 4), low);
+            weight_scale[c] = _mm512_permutexvar_ps(pick, window[c]);
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m512i x_low = _mm512_maskz_loadu_epi8(mask, x[r].q + b);
+            const __m512i x_high = _mm512_maskz_loadu_epi8(mask, x[r].q + bytes + b);
+            const __m512 lane = _mm512_loadu_ps(x[r].lane_scale + chunk * 16);
+            for (int c = 0; c < C; ++c) {
+                __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), code_low[c], x_low);
+                dot = _mm512_dpbusd_epi32(dot, code_high[c], x_high);
+                total[c][r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), lane), weight_scale[c],
+                                              total[c][r]);
+            }
         }
     }
     // Each group's offset (its minimum, or -8 times its scale) times its inputs' sum.
-    for (int c = 0; c < C; ++c) {
-        __m512 offsets = _mm512_setzero_ps();
-        for (int64_t group = 0; group < groups; group += 16) {
-            const __mmask16 mask = groups - group >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - group)) - 1);
-            const __m512 scale = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + c * groups + group));
-            const __m512 offset = mins ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, mins + c * groups + group))
-                                       : _mm512_mul_ps(scale, _mm512_set1_ps(-8.0f));
-            offsets = _mm512_fmadd_ps(offset, _mm512_maskz_loadu_ps(mask, x.block_sum + group), offsets);
+    for (int c = 0; c < C; ++c)
+        for (int r = 0; r < R; ++r) {
+            const float offsets = mins ? scaled_sum(mins + c * groups, x[r].block_sum, groups)
+                                       : -8.0f * scaled_sum(scales + c * groups, x[r].block_sum, groups);
+            out[r * C + c] = _mm512_reduce_add_ps(total[c][r]) + offsets;
         }
-        out[c] = _mm512_reduce_add_ps(_mm512_add_ps(total[c], offsets));
-    }
 }
 #else
 #define FASTGEN_HAVE_VNNI 0
@@ -440,7 +443,8 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
 #else
     const bool vnni = false;
 #endif
-    if (m >= (vnni ? kGemmRowsRounded : kGemmRows) && x_dtype == bf16 && kernel != nullptr && lookup(codes.data_ptr(), &twin) && twin.n == n &&
+    const int64_t gemm_rows = !vnni ? kGemmRows : bits == 8 ? INT64_MAX : kGemmRowsRounded4;
+    if (m >= gemm_rows && x_dtype == bf16 && kernel != nullptr && lookup(codes.data_ptr(), &twin) && twin.n == n &&
         twin.k == k && twin.bits == bits && twin.group_size == group_size) {
         thread_local std::vector<float> bias32;  // the GEMM adds a float32 bias
         if (bias.has_value()) {
@@ -480,11 +484,16 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
             int8_t* q = bits == 8 ? rounded.data() + r * k : rounded_natural.data();
             round_inputs(xb + r * k, k, q, block_scales.data() + r * blocks, block_sums.data() + r * blocks,
                          lane_scales.data() + r * lanes);
-            if (bits == 4)
+            if (bits == 4) {  // the nibbles' order, and each 64-byte chunk's lanes' scales (4 lanes a group)
                 for (int64_t group = 0; group < blocks; ++group) {
                     std::memcpy(rounded.data() + r * k + group * 16, q + group * 32, 16);
                     std::memcpy(rounded.data() + r * k + k / 2 + group * 16, q + group * 32 + 16, 16);
                 }
+                float* lane = lane_scales.data() + r * lanes;
+                for (int64_t i = 0; i < lanes; ++i)
+                    lane[i] = (i / 16) * 4 + (i % 16) / 4 < blocks ? block_scales[r * blocks + (i / 16) * 4 + (i % 16) / 4]
+                                                                 : 0.0f;
+            }
             if (bits == 8) {  // each group's blocks' scaled input sums, for the sign bits' correction
                 const int64_t per_group = group_size / kInputBlock;
                 for (int64_t group = 0; group < groups; ++group) {
@@ -542,6 +551,59 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
     constexpr int64_t kBlock = 8;  // channels computed together (see dot8)
     const int64_t blocks = (n + kBlock - 1) / kBlock;
     const int64_t row_bytes = bits == 8 ? k : k / 2;
+#if FASTGEN_HAVE_VNNI
+    if (vnni) {
+        // Blocks of kVnniChannels channels; rows kVnniRows at a time (then one at a time), each
+        // chunk of codes loaded once for all of them.
+        constexpr int kVnniChannels = 4, kVnniRows = 4;
+        const int64_t vnni_blocks = (n + kVnniChannels - 1) / kVnniChannels;
+        const RoundedRow* xr = rounded_rows.data();
+        #pragma omp parallel for schedule(static) num_threads(omp_get_max_threads())
+        for (int64_t block = 0; block < vnni_blocks; ++block) {
+            const int64_t first = block * kVnniChannels, count = std::min<int64_t>(kVnniChannels, n - first);
+            float v[kVnniRows * kVnniChannels];
+            for (int64_t r = 0; r < m;) {
+                const int rows_now = m - r >= kVnniRows ? kVnniRows : 1;
+                for (int64_t c0 = 0; c0 < count;) {
+                    const int64_t col = first + c0;
+                    const int cols_now = count - c0 >= kVnniChannels ? kVnniChannels : 1;
+                    float* dst = v + c0;  // v[row * kVnniChannels + channel]
+                    float one[kVnniRows * kVnniChannels];
+                    float* res = cols_now == kVnniChannels ? dst : one;
+                    if (bits == 8) {
+                        const int8_t* codes8 = q8 + col * k;
+                        const uint16_t* s8 = sc + col * groups;
+                        if (rows_now == kVnniRows && cols_now == kVnniChannels)
+                            dot8_vnni<kVnniChannels, kVnniRows>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res);
+                        else if (rows_now == kVnniRows) dot8_vnni<1, kVnniRows>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res);
+                        else if (cols_now == kVnniChannels) dot8_vnni<kVnniChannels, 1>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res);
+                        else dot8_vnni<1, 1>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res);
+                    } else {
+                        const uint8_t* codes4 = q4 + col * row_bytes;
+                        const uint16_t* s4 = sc + col * groups;
+                        const uint16_t* m4 = mn ? mn + col * groups : nullptr;
+                        if (rows_now == kVnniRows && cols_now == kVnniChannels)
+                            dot4_vnni<kVnniChannels, kVnniRows>(codes4, row_bytes, xr + r, k, s4, m4, groups, res);
+                        else if (rows_now == kVnniRows) dot4_vnni<1, kVnniRows>(codes4, row_bytes, xr + r, k, s4, m4, groups, res);
+                        else if (cols_now == kVnniChannels) dot4_vnni<kVnniChannels, 1>(codes4, row_bytes, xr + r, k, s4, m4, groups, res);
+                        else dot4_vnni<1, 1>(codes4, row_bytes, xr + r, k, s4, m4, groups, res);
+                    }
+                    if (cols_now == 1)  // res = one[row * 1 + 0]
+                        for (int i = 0; i < rows_now; ++i) dst[i * kVnniChannels] = one[i];
+                    c0 += cols_now;
+                }
+                for (int i = 0; i < rows_now; ++i)
+                    for (int64_t c = 0; c < count; ++c) {
+                        const int64_t col = first + c;
+                        const float add = b == nullptr ? 0.0f : bf16_to_float(static_cast<const uint16_t*>(b)[col]);
+                        static_cast<uint16_t*>(o)[(r + i) * n + col] = float_to_bf16(v[i * kVnniChannels + c] + add);
+                    }
+                r += rows_now;
+            }
+        }
+        return out;
+    }
+#endif
     #pragma omp parallel for schedule(static) num_threads(omp_get_max_threads())
     for (int64_t block = 0; block < blocks; ++block) {
         const int64_t first = block * kBlock, count = std::min(kBlock, n - first);
@@ -550,19 +612,7 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
             for (int64_t c0 = 0; c0 < count; c0 += (count - c0 >= kBlock ? kBlock : 1)) {
                 const int64_t col = first + c0;
                 const bool four = count - c0 >= kBlock;
-                if (vnni) {
-#if FASTGEN_HAVE_VNNI
-                    const RoundedRow& row = rounded_rows[r];
-                    if (bits == 8) {
-                        if (four) dot8_vnni<kBlock>(q8 + col * k, row_bytes, row, row.group_sum, sc + col * groups, groups, k, group_size, v + c0);
-                        else dot8_vnni<1>(q8 + col * k, row_bytes, row, row.group_sum, sc + col * groups, groups, k, group_size, v + c0);
-                    } else {
-                        const uint16_t* mc = mn ? mn + col * groups : nullptr;
-                        if (four) dot4_vnni<kBlock>(q4 + col * row_bytes, row_bytes, row, k, sc + col * groups, mc, groups, v + c0);
-                        else dot4_vnni<1>(q4 + col * row_bytes, row_bytes, row, k, sc + col * groups, mc, groups, v + c0);
-                    }
-#endif
-                } else if (bits == 8) {
+                if (bits == 8) {
                     if (four) dot8<kBlock>(q8 + col * k, row_bytes, xf + r * k, sc + col * groups, groups, k, group_size, v + c0);
                     else dot8<1>(q8 + col * k, row_bytes, xf + r * k, sc + col * groups, groups, k, group_size, v + c0);
                 } else if (bf16_dot) {
@@ -613,6 +663,18 @@ int fastgen_quantized_linear_has_rounded_inputs() {
 #else
     return 0;
 #endif
+}
+
+// From how many bf16 rows a product over codes of `bits` bits in groups of `group_size` goes to
+// the GEMM over its twin (-1: never, so no twin is worth its memory).
+int64_t fastgen_quantized_linear_gemm_rows(int64_t bits, int64_t group_size) {
+#if FASTGEN_HAVE_VNNI
+    const bool vnni = rounded_inputs.load() && (bits == 8 ? group_size % 64 == 0 || group_size == 32 : group_size == 32);
+#else
+    const bool vnni = false;
+    (void)group_size;
+#endif
+    return !vnni ? kGemmRows : bits == 8 ? -1 : kGemmRowsRounded4;
 }
 
 // Round bf16 rows to int8 (1, the default where the CPU can) or multiply them as they are (0).
