@@ -138,6 +138,24 @@ def test_bf16_rows_rounded_to_int8_give_the_product_of_the_rounded_rows(fmt, row
     assert (plain - plain_product).abs().mean() < 0.5 * (plain - rounded_product).abs().mean()
 
 
+def test_a_nan_in_a_rounded_row_reaches_its_outputs():
+    """Rounding a row must not drop a NaN (max ignores it), nor turn a block of tiny values into
+    NaNs: the float kernels' answers."""
+    load_kernel()
+    if not rounds_inputs():
+        pytest.skip("rounding the inputs needs AVX-512 VNNI")
+    fmt = QuantFormat(8, 64)
+    codes, scales, _ = quantize_weight(torch.randn(8, 64), fmt)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    x[0, 5] = float("nan")
+    x[1, :32] = 1e-38  # 127 / amax is not finite
+    got = quantized_linear(x, codes, scales, None, None, 8, 64).float()
+    assert got[0].isnan().all() and not got[1:].isnan().any()
+    want = rounded_rows(x[1:2].clone().index_fill_(1, torch.arange(32), 0)) @ dequantize(codes, scales, None, fmt,
+                                                                                          torch.float32).T
+    torch.testing.assert_close(got[1:2], want, rtol=8e-3, atol=2e-2)
+
+
 def test_products_the_kernel_cannot_serve_go_to_the_reference():
     """A group of 16 (not a multiple of 32) and a half-precision input: the Python kernel answers."""
     load_kernel()
@@ -177,11 +195,11 @@ class QuantizedLinear(QuantizableWeight, nn.Linear):
 
 
 @pytest.mark.parametrize("fmt", FORMATS + [QuantFormat(4, 32, has_mins=True)], ids=str)
-@pytest.mark.parametrize("rows", [4, 9, 40, 64, 300])  # 300: more than one chunk of rows
+@pytest.mark.parametrize("rows", [4, 9, 40, 64, 300, 1000])  # 300: more than one chunk of rows
 def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
-    """Four rows or more in bf16 (where the GEMV rounds its rows: 64 for 4-bit codes, never for
-    int8), with a twin: the bf16 GEMM over dequantized panels (the weight rounded to bf16 first,
-    as the reference does). 100 outputs: two whole panels and a part."""
+    """Four rows or more in bf16 (where the GEMV rounds its rows: 64 for 4-bit codes, 512 KiB of
+    rounded rows for int8), with a twin: the bf16 GEMM over dequantized panels (the weight rounded
+    to bf16 first, as the reference does). 100 outputs: two whole panels and a part."""
     if not gemm_available() or not kernel_available():
         pytest.skip("fastgen's bf16 GEMM needs AVX-512 BF16")
     torch.manual_seed(rows)
@@ -192,14 +210,13 @@ def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
         tensors = tensors._replace(mins=(-tensors.scales.float() * (4 + 8 * torch.rand(tensors.scales.shape))).half())
     layer.quantize_(fmt, tensors)
     # Where the GEMV rounds its rows to int8 it stays ahead of the GEMM: up to 64 rows for 4-bit
-    # codes, always for int8 ones, which then get no twin.
-    threshold = gemm_rows(fmt)
-    assert threshold == (4 if not kernel_rounds(fmt) else 64 if fmt.bits == 4 else None)
-    assert pack_quantized_weights(layer) == (threshold is not None)
-    assert (twin_bytes(layer) > 0) == (threshold is not None)
+    # codes, for int8 ones up to 512 KiB of rounded rows (910 rows of 576 inputs).
+    threshold = gemm_rows(fmt, 576)
+    assert threshold == (4 if not kernel_rounds(fmt) else 64 if fmt.bits == 4 else 512 * 1024 // 576)
+    assert pack_quantized_weights(layer) == 1 and twin_bytes(layer) > 0
     x = torch.randn(rows, 576, dtype=torch.bfloat16)
     weight = dequantize(layer.weight_codes, layer.weight_scales, layer.weight_mins, fmt, torch.bfloat16)
-    to_gemm = threshold is not None and rows >= threshold
+    to_gemm = rows >= threshold
     by_gemm = products_served_natively(by_gemm=True)
     got = layer(x)
     assert products_served_natively(by_gemm=True) == by_gemm + to_gemm

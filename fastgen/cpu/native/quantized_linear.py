@@ -11,8 +11,9 @@ of the op's dequantize-then-multiply Python kernel:
   times inputs are integer dot products (`set_rounded_inputs` switches this off); otherwise each
   code is converted to float in registers;
 - four rows or more (where the GEMV rounds its rows, whose integer products load each chunk
-  of codes once for four rows: 64 for 4-bit codes, never for int8, `gemm_rows`), bf16, where the
-  weight has a twin packed by `pack_quantized_weights`: the
+  of codes once for four rows: 64 for 4-bit codes, for int8 past 512 KiB of rounded rows, a
+  long prompt's chunk; `gemm_rows`), bf16, where the weight has a twin packed by
+  `pack_quantized_weights`: the
   bf16 GEMM's register tile over panels that each thread dequantizes one at a time into its
   cache, so each weight is converted once a call rather than once a row.
 
@@ -62,7 +63,7 @@ def load_kernel() -> ctypes.CDLL | None:
     library.fastgen_quantized_linear_has_rounded_inputs.restype = ctypes.c_int
     library.fastgen_quantized_linear_set_rounded_inputs.argtypes = [ctypes.c_int]
     library.fastgen_quantized_linear_gemm_rows.restype = i64
-    library.fastgen_quantized_linear_gemm_rows.argtypes = [i64, i64]
+    library.fastgen_quantized_linear_gemm_rows.argtypes = [i64, i64, i64]
     gemm = cpu_gemm._library()
     if gemm is not None:
         library.fastgen_quantized_linear_set_gemm(ctypes.cast(gemm.fastgen_gemm_quantized, pointer))
@@ -96,14 +97,13 @@ def rounds_inputs() -> bool:
 _rounding = [True]
 
 
-def gemm_rows(fmt: QuantFormat) -> int | None:
-    """From how many bf16 rows a product in `fmt` goes to the GEMM over its twin; None: never
-    (the GEMV's integer products are faster at every size, so no twin is packed)."""
+def gemm_rows(fmt: QuantFormat, in_features: int) -> int | None:
+    """From how many bf16 rows a product in `fmt` over `in_features` inputs goes to the GEMM over
+    its twin (None where the kernel is not built)."""
     library = load_kernel()
     if library is None:
         return None
-    rows = library.fastgen_quantized_linear_gemm_rows(fmt.bits, fmt.group_size)
-    return None if rows < 0 else rows
+    return library.fastgen_quantized_linear_gemm_rows(fmt.bits, fmt.group_size, in_features)
 
 
 def set_rounded_inputs(on: bool) -> None:
@@ -162,16 +162,16 @@ def _forget(key: int, twin: QuantizedTwin) -> None:
 
 def twin_layers(model: nn.Module) -> list[nn.Module]:
     """The quantized linear layers of `model` (`fastgen.layers.quantizable`) whose products the
-    GEMM can serve and would (`gemm_rows`): on the CPU, bf16 activations, groups a multiple of
-    32 (what the op's kernel takes); each matrix once (a tied LM head shares its embedding's
-    codes; an embedding itself only looks rows up)."""
+    GEMM can serve: on the CPU, bf16 activations, groups a multiple of 32 (what the op's kernel
+    takes); each matrix once (a tied LM head shares its embedding's codes; an embedding itself
+    only looks rows up)."""
     seen: set[int] = set()
     layers = []
     for module in model.modules():
         fmt = getattr(module, "quant_format", None)
         if (fmt is None or not isinstance(module, nn.Linear) or id(module.weight_codes) in seen
                 or module.weight_codes.device.type != "cpu" or module.activation_dtype != torch.bfloat16
-                or fmt.group_size % 32 or gemm_rows(fmt) is None):
+                or fmt.group_size % 32):
             continue
         seen.add(id(module.weight_codes))
         layers.append(module)

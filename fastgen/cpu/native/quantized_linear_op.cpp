@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -78,10 +79,19 @@ bool lookup(const void* codes, Twin* out) {
 // the GEMV below converts every code once per row, the GEMM once per call.
 constexpr int64_t kGemmRows = 4;
 // Where the GEMV rounds its rows to int8, its integer products (each chunk of codes loaded once
-// for four rows) beat the GEMM over dequantized panels at every row count measured for int8 codes
-// (a step of SmolLM2-135M's products: 1.25x at 32 rows, 1.11x at 256), so int8 codes never go to
-// the GEMM; 4-bit codes from 64 rows (the two within 3% of each other from 32 rows on).
+// for four rows) beat the GEMM over dequantized panels for int8 codes at every batch measured (a
+// step of SmolLM2-135M's products: 1.25x at 32 rows, 1.11x at 256); but each block of channels
+// reads all the rounded rows again, so past kRoundedRowsBytes of them (a long prompt's chunk) the
+// GEMM, which converts each panel once for every row, takes over. 4-bit codes go to the GEMM
+// from 64 rows (the two within 3% of each other from 32 rows on).
+constexpr int64_t kRoundedRowsBytes = 512 * 1024;
 constexpr int64_t kGemmRowsRounded4 = 64;
+
+int64_t gemm_rows_for(bool rounding, int64_t bits, int64_t k) {
+    if (!rounding) return kGemmRows;
+    return bits == 8 ? std::max<int64_t>(kGemmRowsRounded4, kRoundedRowsBytes / std::max<int64_t>(k, 1))
+                     : kGemmRowsRounded4;
+}
 
 float bf16_to_float(uint16_t v) {
     const uint32_t bits = uint32_t(v) << 16;
@@ -261,8 +271,12 @@ inline void round_inputs(const uint16_t* x, int64_t k, int8_t* q, float* block_s
                          float* lane_scale) {
     for (int64_t b = 0; b < k / kInputBlock; ++b) {
         const __m512 lo = bf16x16_to_float(x + b * kInputBlock), hi = bf16x16_to_float(x + b * kInputBlock + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-        const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        // A NaN (which max would drop) makes the block's scale NaN, so it reaches the outputs as
+        // in the float kernels; a block too small for 127 / amax to be finite rounds to zeros.
+        if (_mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q)) amax = NAN;
+        const float scale = amax / 127.0f;
+        const float inverse = amax > 0.0f && std::isfinite(127.0f / amax) ? 127.0f / amax : 0.0f;
         const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inverse)));
         const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inverse)));
         _mm_storeu_si128((__m128i*)(q + b * kInputBlock), _mm512_cvtsepi32_epi8(qlo));
@@ -443,8 +457,7 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
 #else
     const bool vnni = false;
 #endif
-    const int64_t gemm_rows = !vnni ? kGemmRows : bits == 8 ? INT64_MAX : kGemmRowsRounded4;
-    if (m >= gemm_rows && x_dtype == bf16 && kernel != nullptr && lookup(codes.data_ptr(), &twin) && twin.n == n &&
+    if (m >= gemm_rows_for(vnni, bits, k) && x_dtype == bf16 && kernel != nullptr && lookup(codes.data_ptr(), &twin) && twin.n == n &&
         twin.k == k && twin.bits == bits && twin.group_size == group_size) {
         thread_local std::vector<float> bias32;  // the GEMM adds a float32 bias
         if (bias.has_value()) {
@@ -548,7 +561,7 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
     const float* xsums = sums.data();
     const int8_t* q8 = static_cast<const int8_t*>(codes.data_ptr());
     const uint8_t* q4 = static_cast<const uint8_t*>(codes.data_ptr());
-    constexpr int64_t kBlock = 8;  // channels computed together (see dot8)
+    constexpr int64_t kBlock = 4;  // channels computed together (see dot8)
     const int64_t blocks = (n + kBlock - 1) / kBlock;
     const int64_t row_bytes = bits == 8 ? k : k / 2;
 #if FASTGEN_HAVE_VNNI
@@ -665,16 +678,16 @@ int fastgen_quantized_linear_has_rounded_inputs() {
 #endif
 }
 
-// From how many bf16 rows a product over codes of `bits` bits in groups of `group_size` goes to
-// the GEMM over its twin (-1: never, so no twin is worth its memory).
-int64_t fastgen_quantized_linear_gemm_rows(int64_t bits, int64_t group_size) {
+// From how many bf16 rows of `k` inputs a product over codes of `bits` bits in groups of
+// `group_size` goes to the GEMM over its twin.
+int64_t fastgen_quantized_linear_gemm_rows(int64_t bits, int64_t group_size, int64_t k) {
 #if FASTGEN_HAVE_VNNI
     const bool vnni = rounded_inputs.load() && (bits == 8 ? group_size % 64 == 0 || group_size == 32 : group_size == 32);
 #else
     const bool vnni = false;
     (void)group_size;
 #endif
-    return !vnni ? kGemmRows : bits == 8 ? -1 : kGemmRowsRounded4;
+    return gemm_rows_for(vnni, bits, k);
 }
 
 // Round bf16 rows to int8 (1, the default where the CPU can) or multiply them as they are (0).
