@@ -271,7 +271,14 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
             return
         assert self.last_sampled is not None, "a pending input id without a launched step that samples it"
         tokens, row_of = self.last_sampled
-        src = torch.tensor([row_of[seq_id] for seq_id in layout.pending_seq_ids], dtype=torch.int64)
+        rows = tuple(row_of[seq_id] for seq_id in layout.pending_seq_ids)
+        first = layout.pending_rows[0]
+        if rows == tuple(layout.pending_rows) == tuple(range(first, first + len(rows))):
+            # The steady decode batch: row i takes the token row i sampled, one device copy (no
+            # index tensors to upload).
+            inputs.input_ids[first:first + len(rows)].copy_(tokens[first:first + len(rows)])
+            return
+        src = torch.tensor(rows, dtype=torch.int64)
         dst = torch.tensor(layout.pending_rows, dtype=torch.int64)
         inputs.input_ids.index_copy_(0, dst.to(self.device, non_blocking=True),
                                      tokens.index_select(0, src.to(self.device, non_blocking=True)))
