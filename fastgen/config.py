@@ -154,8 +154,9 @@ class EngineConfig:
     file the model was converted from, as they are (model: a .gguf file, or the default model,
     whose file is Q4_1). Activations and the KV cache stay in dtype, but for the CPU's products
     of a few bf16 rows, which round each row to int8 in blocks of 32 inputs (as llama.cpp does;
-    README, "Quantized weights"). Kernels: C++ on the CPU, Triton on CUDA. Default: gguf for a .gguf model whose blocks are all of those types (on one
-    rank), else the weights as the checkpoint has them."""
+    README, "Quantized weights"). Kernels: C++ on the CPU, Triton on CUDA. Default: gguf for a
+    .gguf model whose blocks are all of those types (on one rank), else the weights as the
+    checkpoint has them."""
     quantization_group_size: int | None = _knob(None, optional(at_least(2)))
     """Inputs that share one scale under quantization. Default: 32 for int4, a whole row for
     int8. Must divide every linear layer's input width (and be even for int4)."""

@@ -20,8 +20,8 @@ steps above use the model:
     gemv.py             one-row linears as Inductor reductions that stream weights at bandwidth.
     quantized_linear    the `fastgen::quantized_linear` op's CPU kernels (`quantized_linear_op.cpp`:
                         a GEMV over int8 / 4-bit codes, bf16 rows rounded to int8 where the CPU
-                        has VNNI; from 4 rows (16 where it rounds) `gemm.cpp`'s quantized GEMM
-                        over panels dequantized into cache, from twins packed here).
+                        has VNNI; for many rows (`gemm_rows`) `gemm.cpp`'s quantized GEMM over
+                        panels dequantized into cache, from twins packed here).
     features.py         what the CPU can do (/proc/cpuinfo, read once): native bf16, AMX.
 
 `fastgen.cpu` (above `worker`: whole steps over the model)

@@ -10,12 +10,12 @@ of the op's dequantize-then-multiply Python kernel:
   rounded to int8 in blocks of 32 inputs, as llama.cpp rounds its activations, so that codes
   times inputs are integer dot products (`set_rounded_inputs` switches this off); otherwise each
   code is converted to float in registers;
-- four rows or more (where the GEMV rounds its rows, whose integer products load each chunk
-  of codes once for four rows: 64 for 4-bit codes, for int8 past 512 KiB of rounded rows, a
+- four rows or more (where the GEMV rounds its rows, whose integer products load each chunk of
+  codes once for four rows: 64 for 4-bit codes, and for int8 past 512 KiB of rounded rows, a
   long prompt's chunk; `gemm_rows`), bf16, where the weight has a twin packed by
-  `pack_quantized_weights`: the
-  bf16 GEMM's register tile over panels that each thread dequantizes one at a time into its
-  cache, so each weight is converted once a call rather than once a row.
+  `pack_quantized_weights`: the bf16 GEMM's register tile over panels that each thread
+  dequantizes one at a time into its cache, so each weight is converted once a call rather than
+  once a row.
 
 A twin is the codes again, in the GEMM's panel order, with its scales (and offsets) per group and
 panel column in float16: about as large as the codes (1 byte a weight for int8, 0.625 for int4 in
@@ -88,13 +88,10 @@ def products_served_natively(by_gemm: bool = False) -> int:
 
 
 def rounds_inputs() -> bool:
-    """Whether the GEMV rounds bf16 rows to int8 for integer dot products (AVX-512 VNNI): True
-    by default where the CPU has them."""
+    """Whether the GEMV rounds bf16 rows to int8 for integer dot products: where the CPU has
+    AVX-512 VNNI, unless `set_rounded_inputs(False)`."""
     library = load_kernel()
-    return library is not None and bool(library.fastgen_quantized_linear_has_rounded_inputs()) and _rounding[0]
-
-
-_rounding = [True]
+    return library is not None and bool(library.fastgen_quantized_linear_has_rounded_inputs())
 
 
 def gemm_rows(fmt: QuantFormat, in_features: int) -> int | None:
@@ -112,7 +109,6 @@ def set_rounded_inputs(on: bool) -> None:
     library = load_kernel()
     if library is not None:
         library.fastgen_quantized_linear_set_rounded_inputs(int(on))
-    _rounding[0] = on
 
 
 class QuantizedTwin(NamedTuple):

@@ -19,7 +19,6 @@
 // against torch's stable C ABI only, so it compiles in about a second.
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <array>
 #include <atomic>
@@ -251,7 +250,7 @@ constexpr int64_t kInputBlock = 32;
 
 // One row's inputs rounded for the kernels below. q: the int8 inputs, in the codes' order (for
 // 4-bit codes: each group's first halves, then each group's second halves, as the nibbles hold
-// them); lane_scale: for each 64 inputs, the 16 vpdpbusd lanes' block scales (int8 codes);
+// them); lane_scale: for each 64-byte chunk of codes, its 16 vpdpbusd lanes' input scales;
 // block_scale and block_sum: each block's scale, and its scale times the sum of its inputs.
 struct RoundedRow {
     const int8_t* q;
@@ -302,12 +301,12 @@ inline float scaled_sum(const uint16_t* scales, const float* per_group, int64_t 
     return _mm512_reduce_add_ps(acc);
 }
 
-// The outputs of C channels (codes `stride` bytes apart) for R rows at once, out[r * C + c]: each
+// The outputs of C channels (codes `stride` bytes apart) for R rows at once, out[r * out_stride + c]: each
 // chunk of codes is loaded once for all R rows. int8 codes, groups of g inputs (g a multiple of
 // 64, or 32); a lane of a vpdpbusd sums 4 products of one block of 32 inputs.
 template <int C, int R>
 inline void dot8_vnni(const int8_t* w, int64_t stride, const RoundedRow* x, const uint16_t* scales, int64_t groups,
-                      int64_t k, int64_t g, float* out) {
+                      int64_t k, int64_t g, float* out, int64_t out_stride) {
     const __m512i flip = _mm512_set1_epi8(char(0x80));
     __m512 total[C][R];
     for (int c = 0; c < C; ++c)
@@ -348,7 +347,7 @@ inline void dot8_vnni(const int8_t* w, int64_t stride, const RoundedRow* x, cons
     for (int c = 0; c < C; ++c)
         for (int r = 0; r < R; ++r) {
             const float sum = _mm512_reduce_add_ps(total[c][r]);
-            out[r * C + c] = groups > 1
+            out[r * out_stride + c] = groups > 1
                 ? sum - 128.0f * scaled_sum(scales + c * groups, x[r].group_sum, groups)
                 : half_to_float(scales[c]) * (sum - 128.0f * x[r].group_sum[0]);
         }
@@ -359,7 +358,7 @@ inline void dot8_vnni(const int8_t* w, int64_t stride, const RoundedRow* x, cons
 // nibbles'; x[r].lane_scale: each chunk's 16 lanes' input scales.
 template <int C, int R>
 inline void dot4_vnni(const uint8_t* w, int64_t stride, const RoundedRow* x, int64_t k, const uint16_t* scales,
-                      const uint16_t* mins, int64_t groups, float* out) {
+                      const uint16_t* mins, int64_t groups, float* out, int64_t out_stride) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     const int64_t bytes = k / 2;
     __m512 total[C][R], window[C];
@@ -404,7 +403,7 @@ inline void dot4_vnni(const uint8_t* w, int64_t stride, const RoundedRow* x, int
         for (int r = 0; r < R; ++r) {
             const float offsets = mins ? scaled_sum(mins + c * groups, x[r].block_sum, groups)
                                        : -8.0f * scaled_sum(scales + c * groups, x[r].block_sum, groups);
-            out[r * C + c] = _mm512_reduce_add_ps(total[c][r]) + offsets;
+            out[r * out_stride + c] = _mm512_reduce_add_ps(total[c][r]) + offsets;
         }
 }
 #else
@@ -412,6 +411,18 @@ inline void dot4_vnni(const uint8_t* w, int64_t stride, const RoundedRow* x, int
 #endif
 
 #endif  // FASTGEN_HAVE_AVX512
+
+// Whether a product over `bits`-bit codes in groups of `group_size` rounds its bf16 rows to int8
+// for the integer kernels (dot8_vnni / dot4_vnni).
+bool rounds_rows(int64_t bits, int64_t group_size) {
+#if FASTGEN_HAVE_AVX512 && FASTGEN_HAVE_VNNI
+    return rounded_inputs.load(std::memory_order_relaxed) &&
+           (bits == 8 ? group_size % 64 == 0 || group_size == 32 : group_size == 32);
+#else
+    (void)bits, (void)group_size;
+    return false;
+#endif
+}
 
 Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Tensor> mins, std::optional<Tensor> bias,
                         int64_t bits, int64_t group_size) {
@@ -451,12 +462,7 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
 
     Twin twin;
     const QuantizedGemmFn kernel = gemm.load();
-#if FASTGEN_HAVE_VNNI
-    const bool vnni = rounded_inputs.load(std::memory_order_relaxed) && x_dtype == bf16 &&
-        (bits == 8 ? group_size % 64 == 0 || group_size == 32 : group_size == 32);
-#else
-    const bool vnni = false;
-#endif
+    const bool vnni = x_dtype == bf16 && rounds_rows(bits, group_size);
     if (m >= gemm_rows_for(vnni, bits, k) && x_dtype == bf16 && kernel != nullptr && lookup(codes.data_ptr(), &twin) && twin.n == n &&
         twin.k == k && twin.bits == bits && twin.group_size == group_size) {
         thread_local std::vector<float> bias32;  // the GEMM adds a float32 bias
@@ -580,29 +586,25 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
                 for (int64_t c0 = 0; c0 < count;) {
                     const int64_t col = first + c0;
                     const int cols_now = count - c0 >= kVnniChannels ? kVnniChannels : 1;
-                    float* dst = v + c0;  // v[row * kVnniChannels + channel]
-                    float one[kVnniRows * kVnniChannels];
-                    float* res = cols_now == kVnniChannels ? dst : one;
+                    float* res = v + c0;  // v[row * kVnniChannels + channel]
                     if (bits == 8) {
                         const int8_t* codes8 = q8 + col * k;
                         const uint16_t* s8 = sc + col * groups;
                         if (rows_now == kVnniRows && cols_now == kVnniChannels)
-                            dot8_vnni<kVnniChannels, kVnniRows>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res);
-                        else if (rows_now == kVnniRows) dot8_vnni<1, kVnniRows>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res);
-                        else if (cols_now == kVnniChannels) dot8_vnni<kVnniChannels, 1>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res);
-                        else dot8_vnni<1, 1>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res);
+                            dot8_vnni<kVnniChannels, kVnniRows>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res, kVnniChannels);
+                        else if (rows_now == kVnniRows) dot8_vnni<1, kVnniRows>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res, kVnniChannels);
+                        else if (cols_now == kVnniChannels) dot8_vnni<kVnniChannels, 1>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res, kVnniChannels);
+                        else dot8_vnni<1, 1>(codes8, row_bytes, xr + r, s8, groups, k, group_size, res, kVnniChannels);
                     } else {
                         const uint8_t* codes4 = q4 + col * row_bytes;
                         const uint16_t* s4 = sc + col * groups;
                         const uint16_t* m4 = mn ? mn + col * groups : nullptr;
                         if (rows_now == kVnniRows && cols_now == kVnniChannels)
-                            dot4_vnni<kVnniChannels, kVnniRows>(codes4, row_bytes, xr + r, k, s4, m4, groups, res);
-                        else if (rows_now == kVnniRows) dot4_vnni<1, kVnniRows>(codes4, row_bytes, xr + r, k, s4, m4, groups, res);
-                        else if (cols_now == kVnniChannels) dot4_vnni<kVnniChannels, 1>(codes4, row_bytes, xr + r, k, s4, m4, groups, res);
-                        else dot4_vnni<1, 1>(codes4, row_bytes, xr + r, k, s4, m4, groups, res);
+                            dot4_vnni<kVnniChannels, kVnniRows>(codes4, row_bytes, xr + r, k, s4, m4, groups, res, kVnniChannels);
+                        else if (rows_now == kVnniRows) dot4_vnni<1, kVnniRows>(codes4, row_bytes, xr + r, k, s4, m4, groups, res, kVnniChannels);
+                        else if (cols_now == kVnniChannels) dot4_vnni<kVnniChannels, 1>(codes4, row_bytes, xr + r, k, s4, m4, groups, res, kVnniChannels);
+                        else dot4_vnni<1, 1>(codes4, row_bytes, xr + r, k, s4, m4, groups, res, kVnniChannels);
                     }
-                    if (cols_now == 1)  // res = one[row * 1 + 0]
-                        for (int i = 0; i < rows_now; ++i) dst[i * kVnniChannels] = one[i];
                     c0 += cols_now;
                 }
                 for (int i = 0; i < rows_now; ++i)
@@ -669,25 +671,14 @@ int fastgen_quantized_linear_supported() { return FASTGEN_HAVE_AVX512; }
 
 int64_t fastgen_quantized_linear_served_by_gemm() { return gemm_count.load(); }
 
-// 1 where bf16 rows can be rounded to int8 for the integer dot-product kernels (AVX-512 VNNI).
-int fastgen_quantized_linear_has_rounded_inputs() {
-#if FASTGEN_HAVE_AVX512
-    return FASTGEN_HAVE_VNNI;
-#else
-    return 0;
-#endif
-}
+// 1 where bf16 rows are rounded to int8 for the integer dot-product kernels: the CPU has AVX-512
+// VNNI and the rounding is on (fastgen_quantized_linear_set_rounded_inputs).
+int fastgen_quantized_linear_has_rounded_inputs() { return rounds_rows(8, 64); }
 
 // From how many bf16 rows of `k` inputs a product over codes of `bits` bits in groups of
 // `group_size` goes to the GEMM over its twin.
 int64_t fastgen_quantized_linear_gemm_rows(int64_t bits, int64_t group_size, int64_t k) {
-#if FASTGEN_HAVE_VNNI
-    const bool vnni = rounded_inputs.load() && (bits == 8 ? group_size % 64 == 0 || group_size == 32 : group_size == 32);
-#else
-    const bool vnni = false;
-    (void)group_size;
-#endif
-    return gemm_rows_for(vnni, bits, k);
+    return gemm_rows_for(rounds_rows(bits, group_size), bits, k);
 }
 
 // Round bf16 rows to int8 (1, the default where the CPU can) or multiply them as they are (0).
