@@ -153,7 +153,6 @@ class TorchPagedBackend:
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         index = plan_of(meta).decode_kv
         assert index is not None, "a decode step's plan holds its K/V index"
-        # The step's builder says whether its graph fuses attention into its own loops.
-        if not index.fused and kernel_supports(q, k_cache, v_cache):
+        if kernel_supports(q, k_cache, v_cache):
             return paged_decode_attention_cpu(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
         return decode_attention(q, k_cache, v_cache, index, scale)

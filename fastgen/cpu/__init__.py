@@ -11,13 +11,11 @@ steps above use the model:
     decode_attention    paged decode attention over the KV cache in C++ (`.cpp` + `.py`, a torch
                         op; its K and V passes in `decode_attention_passes.h`, the vector
                         helpers in `simd16.h`); falls back to `torch_decode`.
-    torch_decode.py     the same attention in torch (the one-row compiled step traces it, so
-                        Inductor fuses it into its own loops).
+    torch_decode.py     the same attention in torch, for shapes the kernel has no instance for.
     gemm                fastgen's bf16 GEMM for CPUs with AVX-512 BF16 and without AMX.
     packed_linear       linear weights packed once for that GEMM (or oneDNN where AMX runs), and
                         the `fastgen::packed_linear` op the compiled graphs call (its C++ kernel in
                         `packed_linear_op.cpp`, on torch's stable C ABI; a Python kernel otherwise).
-    gemv.py             one-row linears as Inductor reductions that stream weights at bandwidth.
     quantized_linear    the `fastgen::quantized_linear` op's CPU kernels (`quantized_linear_op.cpp`:
                         a GEMV over int8 / 4-bit codes, bf16 rows rounded to int8 where the CPU
                         has VNNI; for many rows (`gemm_rows`) `gemm.cpp`'s quantized GEMM over
@@ -25,7 +23,7 @@ steps above use the model:
     features.py         what the CPU can do (/proc/cpuinfo, read once): native bf16, AMX.
 
 `fastgen.cpu` (above `worker`: whole steps over the model)
-    compiled_decode.py  the step compiled whole, three graphs (one row, many rows, prefill):
+    compiled_decode.py  the step compiled whole, two graphs (decode, prefill):
                         the CPU counterpart of the decode CUDA graphs. `ModelRunner` builds it
                         when `EngineConfig.compiled_decode_enabled`; a step it cannot run (a
                         slot of -1, prompt logprobs, a failed build) runs eagerly.

@@ -4,14 +4,15 @@ Eager decode on a CPU pays Python and dispatch for every op (about 25 a layer), 
 bf16 GEMM runs far below the memory bandwidth with one row. Here the whole step (the forward,
 the LM head and the greedy argmax) is one torch.compile'd function: Inductor's C++ backend fuses
 the element-wise work and the KV store into few loops, and its C++ wrapper runs them without
-Python in between. Three graphs serve every step:
+Python in between. Two graphs serve every step:
 
-- decode, one row: every linear layer is rewritten into a multiply and a row sum
-  (`fastgen.cpu.native.gemv`) and attention into broadcast products and sums, so nearly the whole
-  layer becomes Inductor reductions that stream the weights at the memory bandwidth;
-- decode, two rows or more: the linears stay GEMMs (fastgen's or oneDNN's, over weights packed
-  once: `fastgen.cpu.native.packed_linear`), attention is the C++ kernel
-  (`fastgen.cpu.native.decode_attention`), and Inductor fuses what lies between them;
+- decode (one row or more): the linears are fastgen's GEMM over weights packed once
+  (`fastgen.cpu.native.packed_linear`; oneDNN's where the CPU has AMX), attention is the C++
+  kernel (`fastgen.cpu.native.decode_attention`), both called from the C++ wrapper as ops, and
+  Inductor fuses what lies between them. One row is a matrix-vector product, which the packed
+  GEMM streams near the memory's bandwidth: on two cores of a Xeon (AVX-512 BF16, no AMX) a
+  batch-1 step of SmolLM2-135M took 12.4 ms where the graph it replaced, every linear and
+  attention written as Inductor reductions, took 17.4-18.3 ms, and cost a third graph's compile;
 - prefill (two tokens or more): the same, with every new token a row of the attention kernel
   (`CausalRows`) and the LM head over the sampling rows only. Eager, the element-wise work
   between the GEMMs (RMSNorm, RoPE, the KV store, SiLU) cost about 0.25 s of a 1.15 s prefill
@@ -23,13 +24,14 @@ Every graph takes the model's weights as one flat buffer per dtype and forms eac
 Python and handle work around the compiled code went from about 0.5 to 0.2 ms a step.
 
 Shapes are symbolic in the batch and in the longest context L, so neither grows into new
-compiles as the step changes. Nothing is padded: each step runs exactly its rows, and a step
+compiles as the step changes; the decode graph is traced with two rows or more
+(`traced_example`), so one graph serves one row and many. Nothing is padded: each step runs exactly its rows, and a step
 with a slot of -1 runs eagerly, so every slot a graph stores is a real one (the plan's
 `every_slot_valid`); only the prefill graph's LM head gets a repeated row when a step samples
 fewer than two.
 
 The first use of a graph compiles it (not start-up): about 50 seconds each on two cores, the
-other missing graphs meanwhile in helper processes (`compile_processes`). The compiled graph is
+other missing graph meanwhile in a helper process (`compile_processes`). The compiled graph is
 saved under fastgen's cache folder (`fastgen.cpu.saved_graphs`), keyed by
 everything its trace depends on, so a later process with the same model and fastgen loads it in
 a few seconds and neither traces nor compiles.
@@ -50,7 +52,6 @@ from fastgen.attention.torch_paged import CausalRows, TorchStepPlan, plan_of
 from fastgen.cpu.background_compile import BackgroundCompile, CompileHelpers
 from fastgen.cpu.flat_weights import flatten_weights, weight_views
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
-from fastgen.cpu.native.gemv import linears_as_gemv
 from fastgen.cpu.native.packed_linear import linears_as_packed, pack_linear_weights, packable_weights
 from fastgen.cpu.native.quantized_linear import pack_quantized_weights, twin_bytes
 from fastgen.cpu.native.torch_decode import DecodeKVIndex
@@ -63,28 +64,20 @@ from fastgen.worker.step_inputs import StepInputs
 logger = logging.getLogger(__name__)
 
 
-def inductor_backend(gemv: bool):
-    """A Dynamo backend: Inductor with its C++ wrapper over the graph, its linears rewritten
-    first: into GEMV reductions when `gemv`, else into products over packed weights."""
+def inductor_backend(gm: torch.fx.GraphModule, example_inputs):
+    """A Dynamo backend: Inductor with its C++ wrapper over the graph, its bf16 linears rewritten
+    first into products over packed weights (`linears_as_packed`)."""
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx
 
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
-        from torch._inductor import config
-        from torch._inductor.compile_fx import compile_fx
-
-        if gemv:
-            linears_as_gemv(gm)
-        else:
-            linears_as_packed(gm)
-        # Precision casts emulated in the GEMM graph: a fused kernel then rounds each
-        # intermediate to bf16 where eager torch (and so transformers) does. The GEMV graph
-        # goes without: emulation there stopped the reductions streaming (30 ms a step, not 10).
-        with config.patch(cpp_wrapper=True, emulate_precision_casts=not gemv), warnings.catch_warnings():
-            # A quantized embedding's lookup reads float16 scales into bf16 rows in one loop:
-            # Inductor notes the mix on every compile, and it is what the lookup means.
-            warnings.filterwarnings("ignore", message="bf16 and fp16 are mixed in the scheduler node")
-            return compile_fx(gm, example_inputs)
-
-    return compile_graph
+    linears_as_packed(gm)
+    # Precision casts emulated: a fused kernel then rounds each intermediate to bf16 where eager
+    # torch (and so transformers) does.
+    with config.patch(cpp_wrapper=True, emulate_precision_casts=True), warnings.catch_warnings():
+        # A quantized embedding's lookup reads float16 scales into bf16 rows in one loop:
+        # Inductor notes the mix on every compile, and it is what the lookup means.
+        warnings.filterwarnings("ignore", message="bf16 and fp16 are mixed in the scheduler node")
+        return compile_fx(gm, example_inputs)
 
 
 class StepModel(nn.Module):
@@ -129,14 +122,13 @@ def kernel_runs_prefill(model, kv_caches: list[torch.Tensor]) -> bool:
     return kernel_supports(q, kv_caches[0], kv_caches[1]) and kernel_built()
 
 
-def make_decode_step(layout, fused_attention: bool):
-    """The decode graphs' function, its weights laid out as `layout` says: logits [rows, vocab]
-    in the model's dtype and their argmax. `fused_attention`: attention as reductions Inductor
-    fuses into the graph's own loops (the one-row graph), else the C++ kernel as an op."""
+def make_decode_step(layout):
+    """The decode graph's function, its weights laid out as `layout` says: logits [rows, vocab]
+    in the model's dtype and their argmax."""
 
     def decode_step(step_model, weights, input_ids, positions, slot_mapping, block_tables, context_lens, slots,
                     bias, live, kv_caches):
-        plan = TorchStepPlan(decode_kv=DecodeKVIndex(slots, bias, live, fused=fused_attention), every_slot_valid=True)
+        plan = TorchStepPlan(decode_kv=DecodeKVIndex(slots, bias, live), every_slot_valid=True)
         meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens, None, 1, slots.shape[1], None,
                                  backend_plan=plan)
         layers = list(zip(kv_caches[0::2], kv_caches[1::2]))
@@ -145,6 +137,21 @@ def make_decode_step(layout, fused_attention: bool):
         return logits, logits.argmax(dim=-1)
 
     return decode_step
+
+
+def traced_example(name: str, args: tuple) -> tuple:
+    """The inputs graph `name` is traced from, given its first call's `args` (weights first).
+    A decode step of one row is traced as two copies of that row (never run: tracing reads only
+    shapes and strides), so that the graph's row count is a symbol assumed >= 2, as the
+    prefill graph's token count is, and not the constant 1. Traced from one row, a size of 1
+    would either be specialized (no other batch could run) or, traced size-obliviously, leave
+    the strides of views over that dimension arbitrary: a GPT-2 graph traced so read the wrong
+    rows of its K/V projections at batch 5. A graph of rows >= 2 runs one row as written: each
+    loop over rows runs once, and row 0's offsets do not depend on any stride."""
+    if name != "decode" or args[1].shape[0] != 1:
+        return args
+    weights, *per_row, kv_caches = args
+    return (weights, *(torch.cat([tensor, tensor]) for tensor in per_row), kv_caches)
 
 
 class CompiledDecodeStep:
@@ -161,7 +168,7 @@ class CompiledDecodeStep:
     (compiling in the background) or could not be built: the caller then runs the step eagerly,
     and a failed build is never tried again."""
 
-    GRAPHS = ("one_row", "many_rows", "prefill")
+    GRAPHS = ("decode", "prefill")
 
     def __init__(self, model, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
                  background: BackgroundCompile | None = None, helpers: CompileHelpers | None = None):
@@ -201,7 +208,7 @@ class CompiledDecodeStep:
         index = plan_of(meta).decode_kv
         args = (inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables, meta.context_lens,
                 index.slots, index.bias, index.live, self.kv_caches)
-        return self._run("one_row" if inputs.input_ids.shape[0] == 1 else "many_rows", args)
+        return self._run("decode", args)
 
     def _prefill(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Logits and argmax of a prefill step's sampling rows, or None where the step runs
@@ -280,16 +287,16 @@ class CompiledDecodeStep:
             return None
         if self.helpers is not None and not self.helpers.started and self.only is None:
             self.helpers.start([other for other in self.needed if other != name and not self.paths[other].exists()])
-        if name != "one_row":
-            self._pack_weights()
-        # Each graph is symbolic in every size that changes (rows >= 2 or exactly 1, contexts
-        # >= 2: a decode row attends to its prompt and its new token), so it is built once.
+        self._pack_weights()
+        # Each graph is symbolic in every size that changes (decode rows >= 1, prefill tokens
+        # >= 2, contexts >= 2: a decode row attends to its prompt and its new token), so it is
+        # built once.
         start = time.perf_counter()
         try:
             step = (make_prefill_step(self.weights.slots) if name == "prefill"
-                    else make_decode_step(self.weights.slots, fused_attention=name == "one_row"))
-            graph, loaded = load_or_compile(step, inductor_backend(gemv=name == "one_row"),
-                                            args, self.step_model, self.paths[name])
+                    else make_decode_step(self.weights.slots))
+            graph, loaded = load_or_compile(step, inductor_backend, traced_example(name, args), self.step_model,
+                                            self.paths[name])
             out = graph(self.step_model, *args)
         except Exception:  # a compiler bug or a missing C++ toolchain must not stop serving
             # A graph that raised part-way may have stored some of this step's K/V; the eager

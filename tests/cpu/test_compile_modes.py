@@ -56,8 +56,8 @@ def test_engines_of_other_lengths_run_the_same_graphs_correctly(tiny_models, ref
     constant of the first engine's. Both equal transformers.
 
     The first engine compiles as blocking engines do by default: its first step compiles the
-    prefill graph here while helper processes compile the two others, one each, and waits for
-    them, so its later steps load what the helpers saved; the bench's report counts the wait."""
+    prefill graph here while a helper process compiles the decode graph, and waits for it, so
+    its later steps load what the helper saved; the bench's report counts the wait."""
     from fastgen.bench.environment import compile_times
 
     model = tiny_models["qwen3"]
@@ -68,17 +68,17 @@ def test_engines_of_other_lengths_run_the_same_graphs_correctly(tiny_models, ref
                       compile_processes=processes)
         compiled = llm.engine.runner.compiled_decode
         assert_equal_transformers(reference, model, prompts[:1], llm.generate(prompts[:1], GREEDY))
-        assert all(path.is_file() for path in compiled.paths.values())  # all three after one request
+        assert all(path.is_file() for path in compiled.paths.values())  # both after one request
         assert_equal_transformers(reference, model, prompts[1:], llm.generate(prompts[1:], GREEDY))
         runners.append(llm.engine.runner)
     first, second = (runner.compiled_decode for runner in runners)
-    assert set(first.helpers.seconds) == {"one_row", "many_rows"} and first.helpers.children == []
-    assert first.paths == second.paths and first.loaded == {"one_row", "many_rows"} and not first.failed
+    assert set(first.helpers.seconds) == {"decode"} and first.helpers.children == []
+    assert first.paths == second.paths and first.loaded == {"decode"} and not first.failed
     times = compile_times(runners[0])
     graphs = times["compiled_graphs"]
-    assert graphs["many_rows"]["helper_s"] > 0 and not graphs["prefill"]["from_cache"]
+    assert graphs["decode"]["helper_s"] > 0 and not graphs["prefill"]["from_cache"]
     assert times["compile_s"] >= first.first_call_seconds["prefill"] + first.helpers.wait_seconds
-    assert second.loaded == {"one_row", "many_rows", "prefill"} and not second.failed and second.helpers is None
+    assert second.loaded == {"decode", "prefill"} and not second.failed and second.helpers is None
 
 
 def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cache, monkeypatch):
@@ -86,19 +86,15 @@ def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cach
     traced and the files its operations came from must all be among them."""
     seen: set[str] = set()
 
-    def recording_backend(gemv: bool):
-        def backend(gm, example_inputs):
-            for node in gm.graph.nodes:
-                seen.update(re.findall(r'File "([^"]+)"', node.meta.get("stack_trace") or ""))
-            raise RuntimeError("traced, not compiled")  # the step then runs eagerly
-
-        return backend
+    def recording_backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            seen.update(re.findall(r'File "([^"]+)"', node.meta.get("stack_trace") or ""))
+        raise RuntimeError("traced, not compiled")  # the step then runs eagerly
 
     monkeypatch.setattr(compiled_decode, "inductor_backend", recording_backend)
     llm = cpu_llm(tiny_models["qwen3"], "blocking")
-    llm.generate(random_prompts([7], seed=81), GREEDY)  # prefill graph, then one-row decode
-    llm.generate(random_prompts([5, 9], seed=82), GREEDY)  # many-row decode
-    assert llm.engine.runner.compiled_decode.failed == {"one_row", "many_rows", "prefill"}  # each one traced
+    llm.generate(random_prompts([7], seed=81), GREEDY)  # prefill graph, then decode
+    assert llm.engine.runner.compiled_decode.failed == {"decode", "prefill"}  # each one traced
     roots = (Path(fastgen.__file__).resolve().parent, Path(fastgen.kernels.__file__).resolve().parent)
     ours = {Path(f).resolve() for f in seen if Path(f).resolve().is_relative_to(roots[0])
             or Path(f).resolve().is_relative_to(roots[1])}
@@ -120,7 +116,7 @@ def test_background_compile_serves_eagerly_then_switches_to_the_graphs(tiny_mode
     alone = random_prompts([9], seed=72)
     assert_equal_transformers(reference, model, alone, llm.generate(alone, GREEDY))
     assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
-    assert compiled.loaded == {"one_row", "many_rows", "prefill"}  # from the child, none compiled here
+    assert compiled.loaded == {"decode", "prefill"}  # from the child, none compiled here
     assert set(compiled.background_seconds) == compiled.loaded
     llm.engine.shutdown()
 
@@ -148,7 +144,7 @@ def test_a_failed_background_compile_leaves_the_engine_eager_and_correct(tiny_mo
     prompts = random_prompts([6, 10], seed=73) + random_prompts([4], seed=74)
     with caplog.at_level(logging.WARNING):
         assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
-    assert compiled.failed == {"prefill", "many_rows"} and compiled.first_call_seconds == {}
+    assert compiled.failed == {"prefill", "decode"} and compiled.first_call_seconds == {}
     assert "the background compile ended (exit status 1" in caplog.text and "background.log" in caplog.text
 
 

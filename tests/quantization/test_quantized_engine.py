@@ -66,7 +66,8 @@ def test_quantization_settings_are_checked(tiny_models):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_compiled_cpu_graphs_run_the_quantized_kernel(tiny_models, fake_quantized, private_cache, method):
-    """One request alone (the one-row graph) and a batch (the many-row and prefill graphs)."""
+    """One request alone (the decode graph over one row) and a batch (the decode graph over many
+    rows, and the prefill graph)."""
     llm = LLM(tiny_models["llama"], dtype="float32", quantization=method, enforce_eager=False,
               compile_mode="blocking", compile_processes=1, block_size=4, num_kv_blocks=256, max_num_seqs=8,
               max_num_batched_tokens=64)
@@ -75,12 +76,12 @@ def test_compiled_cpu_graphs_run_the_quantized_kernel(tiny_models, fake_quantize
     batch = [out.token_ids for out in llm.generate(prompts[1:], GREEDY)]
     assert [alone, *batch] == hf_greedy(fake_quantized("llama", method), prompts, MAX_TOKENS)
     compiled = llm.engine.runner.compiled_decode
-    assert set(compiled.first_call_seconds) == {"one_row", "many_rows", "prefill"} and not compiled.failed
+    assert set(compiled.first_call_seconds) == {"decode", "prefill"} and not compiled.failed
 
 
 @pytest.mark.slow
 def test_compiled_bf16_batches_use_the_gemm_over_packed_twins(tiny_models, private_cache):
-    """In bf16 the many-row and prefill graphs' quantized products go through the twins packed with
+    """In bf16 the compiled graphs' quantized products of many rows go through the twins packed with
     the engine's weights (the GEMM; its products are checked against the reference in
     test_quantized_products)."""
     from fastgen.cpu.native.gemm import gemm_available

@@ -1,8 +1,8 @@
 """C++ sources of fastgen built once per machine into shared libraries, loaded with ctypes.
 
 A hand-written CPU kernel (e.g. `fastgen/cpu/native/decode_attention.cpp`, with the headers
-beside it) is plain C++ with a C entry point, or (`fastgen/cpu/native/packed_linear_op.cpp`) uses only torch's stable C ABI headers:
-either builds in about a second with the C++ compiler Inductor uses anyway, and needs no build
+beside it) is plain C++ with a C entry point, or (`fastgen/cpu/native/packed_linear_op.cpp`) uses
+only torch's stable C ABI headers: either builds in about a second with the C++ compiler Inductor uses anyway, and needs no build
 step at install time. It is built with `-march=native`, so the library's name carries a digest of
 the source, the compiler, the flags, the CPU's feature flags and torch's version: a cache folder
 shared between different machines never hands one of them code for another's instruction set.

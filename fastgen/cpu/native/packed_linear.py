@@ -1,4 +1,4 @@
-"""Linear layers over weights laid out once for a CPU GEMM kernel, for the many-row CPU graphs.
+"""Linear layers over weights laid out once for a CPU GEMM kernel, for the compiled CPU steps.
 
 A bf16 GEMM computes from a weight layout of its own. oneDNN, given a plain [N, K] weight, reorders
 the whole weight into its layout on every call: at 32 rows that pass costs about as much as the
@@ -12,13 +12,13 @@ kernels oneDNN uses), else oneDNN's.
 
 Inductor cannot take such a packed tensor as a graph input (an opaque oneDNN tensor raised a
 LoweringException), so the graphs call `fastgen::packed_linear` instead of `F.linear`
-(`linears_as_packed`, the counterpart of `fastgen.cpu.native.gemv` for many rows): the op receives
+(`linears_as_packed`): the op receives
 the plain weight, which the graph holds like any parameter, and looks up its twin here. A weight
 with no twin (not packed, another dtype) goes through `F.linear`, so a saved graph runs the same
 either way.
 
 The cost is memory: the twins are a second copy of every linear weight (269 MB for SmolLM2-135M
-in bf16). The one-row graph keeps reading the plain weights, which its reductions stream as fast.
+in bf16).
 Only bf16 weights are packed: in float32, torch's own GEMM is neither kernel, so results would
 change. oneDNN's products equal F.linear's bit for bit; fastgen's sum the same products in the
 same order and matched F.linear in all but a few outputs in ten thousand.
@@ -39,7 +39,6 @@ from torch import nn
 
 from fastgen.cpu.native import gemm as cpu_gemm
 from fastgen.cpu.native.features import cpu_flags, has_native_bf16
-from fastgen.cpu.native.gemv import LINEAR_CALLS
 from fastgen.cpu.native.library import load_native_library, torch_abi_flags
 
 
@@ -55,6 +54,9 @@ class Twin(NamedTuple):
 
 
 OP_SOURCE = Path(__file__).with_name("packed_linear_op.cpp")
+
+# How a linear layer's call appears in a Dynamo graph (what `linears_as_packed` rewrites).
+LINEAR_CALLS = {torch._C._nn.linear, torch.nn.functional.linear}
 
 # Packed twins by the plain weight's address (checked against its shape and strides at lookup:
 # one dict read, about 0.3 us, where a tuple key of all four cost 2 us on every product). An

@@ -1,8 +1,7 @@
 """CPU decode attention over each sequence's real tokens: two batched GEMMs, no block gather.
 
-Since the C++ kernel (`fastgen.cpu.native.decode_attention`) took over batched decode, this is the
-path for the one-row compiled step (its reductions form), for shapes the kernel has no instance
-for, and the kernel's fallback where it cannot be built.
+Since the C++ kernel (`fastgen.cpu.native.decode_attention`) took over decode, this is the path
+for shapes the kernel has no instance for, and the kernel's fallback where it cannot be built.
 
 SDPA over whole gathered blocks with a boolean mask cost about 1 ms a layer at batch 32 on two
 cores (its flash kernel is built for long queries, not one token). Here the step first works out,
@@ -37,15 +36,11 @@ class DecodeKVIndex:
     bias: float32 [B, 1, L], 0 for a real token and -inf past the sequence's length (0 for a
         whole padding row, whose output is defined as 0 by `live`).
     live: float32 [B, 1, 1], 1 for a real sequence and 0 for a padding row.
-    fused: whoever builds the step fuses attention into its own loops (the compiled one-row
-        step: an op call there costs more than the attention it would run), so the backend
-        attends with these tensors' reductions rather than the C++ kernel.
     """
 
     slots: torch.Tensor
     bias: torch.Tensor
     live: torch.Tensor
-    fused: bool = False
 
 
 def build_decode_kv_index(block_tables: torch.Tensor, context_lens: torch.Tensor, max_len: int,
@@ -76,10 +71,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      scale: float) -> torch.Tensor:
     """q: [B, H, D]; k_cache, v_cache: [num_blocks, block_size, KV, D]. Returns [B, H, D] in q's
     dtype. Scores and softmax are float32; the GEMMs run in the cache dtype."""
-    if index.fused:
-        # The one-row compiled step: reductions Inductor fuses. With more rows the library
-        # bmm wins (the reductions took a batch-32 step from 36 ms to 63 ms).
-        return _decode_attention_as_reductions(q, k_cache, v_cache, index, scale)
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
@@ -97,23 +88,3 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = every.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(batch, heads, head_dim)
     return (out * index.live).to(q.dtype)
 
-
-def _decode_attention_as_reductions(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                    index: DecodeKVIndex, scale: float) -> torch.Tensor:
-    """`decode_attention` for the compiled step: the same arithmetic (float32 products and sums,
-    probabilities rounded to the cache dtype before P·V) written as broadcast products and sums,
-    which Inductor fuses into its own loops. With one sequence the GEMMs are tiny (one query row
-    per head), and each library `bmm` call cost about 30 us, 60 of them a step."""
-    batch, heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
-    group = heads // kv_heads
-    length = index.slots.shape[1]
-    slots = index.slots.flatten()
-    keys = k_cache.view(-1, kv_heads, head_dim).index_select(0, slots).view(batch, length, kv_heads, 1, head_dim)
-    values = v_cache.view(-1, kv_heads, head_dim).index_select(0, slots).view(batch, length, kv_heads, 1, head_dim)
-    queries = q.view(batch, 1, kv_heads, group, head_dim)
-    scores = (queries.float() * keys.float()).sum(-1)  # [B, L, KV, group]
-    scores = scores * scale + index.bias.view(batch, length, 1, 1)
-    probs = torch.softmax(scores, dim=1).to(v_cache.dtype)
-    out = (probs.unsqueeze(-1).float() * values.float()).sum(1)  # [B, KV, group, D]
-    return (out.reshape(batch, heads, head_dim) * index.live.view(batch, 1, 1)).to(q.dtype)
