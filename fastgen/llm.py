@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from fastgen.checks import boolean
 from fastgen.config import EngineConfig
+from fastgen.cpu.native.prebuild import build_cpu_kernels_in_background
 from fastgen.engine.llm_engine import LLMEngine
 from fastgen.engine.output_stream import EngineStream
 from fastgen.engine.prompts import Prompt, chat_token_ids, is_conversation, is_token_ids
@@ -45,6 +46,8 @@ class LLM:
         unknown = sorted(set(engine_args) - known)
         if unknown:
             raise ValueError(f"unknown engine argument(s) {unknown}; known: {sorted(known)}")
+        # Beside the model's conversion (a first use of the default model) and loading.
+        build_cpu_kernels_in_background(engine_args.get("device"))
         if model is None:
             from fastgen.models.default_model import default_model_path
 

@@ -171,8 +171,10 @@ def build_llm(choice: ModelChoice, args: argparse.Namespace, *, need_tokenizer: 
 
     path = choice.path
     if path is None:
+        from fastgen.cpu.native.prebuild import build_cpu_kernels_in_background
         from fastgen.models.default_model import default_model_path
 
+        build_cpu_kernels_in_background(args.device)  # beside a first use's conversion
         path = str(default_model_path())
     if needed_model_len is not None and args.max_model_len is None:
         model_config = ModelConfig.from_folder(path)

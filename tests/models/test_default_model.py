@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
+import transformers.modeling_gguf_pytorch_utils as gguf_utils
 from safetensors.torch import load_file
 
 from fastgen.models import default_model
@@ -40,18 +41,25 @@ def first_use(tmp_path_factory):
     stale.mkdir()
     (stale / "config.json").write_text("{")
     (stale / "model.safetensors").write_bytes(b"\0" * 64)
-    calls = []
+    calls, metadata_reads = [], []
     real_convert = default_model.convert_gguf_to_hf
+    real_read = gguf_utils.load_gguf_checkpoint
 
     def counting_convert(*args, **kwargs):
         calls.append(args)
         return real_convert(*args, **kwargs)
 
+    def counting_read(path, return_tensors=False, **kwargs):
+        metadata_reads.append(path)
+        return real_read(path, return_tensors=return_tensors, **kwargs)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FASTGEN_CACHE", str(cache))
         mp.setattr(default_model, "convert_gguf_to_hf", counting_convert)
+        mp.setattr(gguf_utils, "load_gguf_checkpoint", counting_read)
         path = default_model.default_model_path()
-    return SimpleNamespace(cache=cache, path=path, calls=calls)
+        assert gguf_utils.load_gguf_checkpoint is counting_read  # put back after the conversion
+    return SimpleNamespace(cache=cache, path=path, calls=calls, metadata_reads=metadata_reads)
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +136,12 @@ def test_first_use_converts_once_despite_stale_temp_folder(first_use):
     assert first_use.path == first_use.cache / DEFAULT_MODEL_NAME
     assert len(first_use.calls) == 1
     assert (first_use.path / "model.safetensors").is_file()
+
+
+def test_first_use_parses_the_gguf_metadata_once(first_use):
+    """The config and the tokenizer come from one parse of the file's metadata (each used to
+    parse it whole, the vocabulary included); the tokenizer tests below check what it built."""
+    assert len(first_use.metadata_reads) == 1
 
 
 def test_second_use_reuses_folder_without_converting(first_use, monkeypatch):

@@ -1,0 +1,38 @@
+"""The CPU kernels a CPU engine's steps use, built in a background thread as soon as one is
+coming (`fastgen.llm.LLM`, the CLI), so that their compiles (about 5 seconds for the attention
+kernel on two cores, 1-2 for each of the others) overlap the model's conversion and loading
+instead of holding up the first step. One thread builds them one after another, the attention
+kernel first (every CPU engine's first prompt needs it): the compiler then takes one core, and
+the conversion keeps the other."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from fastgen.cpu.native.library import build_in_background, torch_abi_flags
+
+
+def engine_runs_on_cpu(device: object) -> bool:
+    """Whether an engine asked for `device` (an EngineConfig value; None is its default) will
+    run on this machine's CPU."""
+    name = str(device) if device is not None else "auto"
+    return name == "cpu" or (name == "auto" and not torch.cuda.is_available())
+
+
+def build_cpu_kernels_in_background(device: object) -> threading.Thread | None:
+    """Start building the CPU kernels where the engine will run on the CPU (None otherwise).
+    A library already in the cache costs a digest and no compile."""
+    if not engine_runs_on_cpu(device):
+        return None
+    from fastgen.cpu.native import decode_attention, gemm, packed_linear
+
+    def build_all() -> None:
+        for source, flags in ((decode_attention.SOURCE, ()), (gemm.SOURCE, ()),
+                              (packed_linear.OP_SOURCE, torch_abi_flags())):
+            build_in_background(source, flags).join()
+
+    thread = threading.Thread(target=build_all, name="build the CPU kernels", daemon=True)
+    thread.start()
+    return thread
