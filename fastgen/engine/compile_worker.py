@@ -7,8 +7,8 @@ SPEC_JSON: {"model": folder, "engine": {EngineConfig field: value}, "threads": n
 blocking engine's helper "graphs": [names], "nice": false}. The child builds the same engine on
 random weights (a graph depends on the weights' shapes, never their
 values, and its cache key says so), compiling in this process (`compile_mode="blocking"`), and
-runs requests that reach each graph once: a prompt alone (the prefill graph, then the one-row
-decode graph) and two together (the many-row decode graph). Each graph is saved to the cache as
+runs requests that reach each graph once: a prompt alone (the prefill graph, then the decode
+graph) and two together. Each graph is saved to the cache as
 it is built, so the parent can switch to it before the child finishes. Exit status 0 when every
 graph was built, 1 when one could not be (the child's log says why). A helper builds only
 the graphs it was given (the others' steps run eagerly here) and keeps its priority: its engine
