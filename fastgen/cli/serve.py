@@ -66,9 +66,13 @@ def run(args: argparse.Namespace) -> int:
                               metrics_require_key=args.metrics_require_key, max_request_bytes=args.max_request_bytes,
                               max_connections=args.max_connections, stream_idle_timeout_s=args.stream_idle_timeout)
     llm = engine_args.build_llm(choice, args, need_tokenizer=True)
-    if llm.engine.runner.compiled_decode is not None:
-        # Load (or, the first time, compile) both CPU decode graphs now: otherwise the first
-        # requests to need each would wait for it (a few seconds when saved, minutes without).
+    compiled = llm.engine.runner.compiled_decode
+    background = getattr(compiled, "background", None)
+    if compiled is not None and not (background is not None and background.running):
+        # Load (or, in blocking mode, compile) the CPU step graphs now: otherwise the first
+        # requests to need each would wait for it (a few seconds when saved, a minute or more
+        # without). While a background compile runs there is nothing to load yet: the server
+        # answers at once, eagerly, and takes each graph between two steps as it lands.
         from fastgen.bench.runner import warm_up
 
         print("fastgen: loading or compiling the CPU decode step", file=sys.stderr, flush=True)

@@ -30,3 +30,31 @@ def test_version_prints_the_package_version():
 
     out = subprocess.run([sys.executable, "-m", "fastgen", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"fastgen {fastgen.__version__}"
+
+
+def test_serve_answers_at_once_while_its_graphs_compile_in_the_background(monkeypatch):
+    """`fastgen serve` warms up (loads or compiles its CPU graphs before listening) unless a
+    background compile is under way: there is nothing to load then, and the eager warm-up only
+    held up the first answer (21 s against 12 s with empty caches on two cores)."""
+    from types import SimpleNamespace
+
+    import fastgen.bench.runner
+    import fastgen.serve.app
+    from fastgen.cli import engine_args
+    from fastgen.cli.main import build_parser
+    from fastgen.cli.serve import run
+
+    warmed, served = [], []
+    monkeypatch.setattr(fastgen.bench.runner, "warm_up", lambda engine, max_model_len: warmed.append(engine))
+    monkeypatch.setattr(fastgen.serve.app, "serve", lambda llm, settings: served.append(llm))
+    monkeypatch.setattr(engine_args, "resolve_model", lambda *args, **kwargs: None)
+    for background, warms in ((SimpleNamespace(running=True), False), (SimpleNamespace(running=False), True),
+                              (None, True)):
+        compiled = SimpleNamespace(background=background)
+        llm = SimpleNamespace(engine=SimpleNamespace(runner=SimpleNamespace(compiled_decode=compiled)),
+                              config=SimpleNamespace(model="m", max_model_len=64))
+        monkeypatch.setattr(engine_args, "build_llm", lambda *args, **kwargs: llm)
+        warmed.clear()
+        args = build_parser().parse_args(["serve"])
+        assert run(args) == 0 and served[-1] is llm
+        assert bool(warmed) == warms
