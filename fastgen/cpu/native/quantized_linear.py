@@ -189,12 +189,16 @@ def twin_bytes(model: nn.Module) -> int:
 
 def pack_quantized_weights(model: nn.Module) -> int:
     """Give each quantized weight of `twin_layers(model)` a twin for the GEMM, once; returns how
-    many have one. Nothing where the kernels are not built."""
+    many have one. Nothing where the kernels are not built (nor built for a model with no such
+    layer: a bf16 engine's first compile would pay for it on a core the compile wants)."""
+    layers = twin_layers(model)
+    if not layers:
+        return 0
     library = load_kernel()
     if library is None or cpu_gemm._library() is None:
         return 0
     count = 0
-    for module in twin_layers(model):
+    for module in layers:
         codes, fmt = module.weight_codes, module.quant_format
         key = codes.data_ptr()
         if key not in _twins:
