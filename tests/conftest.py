@@ -30,6 +30,17 @@ def pytest_collection_modifyitems(config, items):
     skip_cuda_tests_without_gpu(items)
 
 
+@pytest.fixture(autouse=True)
+def no_kernel_builds_in_the_background(monkeypatch):
+    """Engines here do not start building the CPU kernels at construction
+    (`fastgen.cpu.native.prebuild`): each test's builds happen at first use, in its own cache
+    folder, and none runs on into the next test (tests/cpu/test_decode_attention.py turns them
+    on where it tests them)."""
+    from fastgen.cpu.native import prebuild
+
+    monkeypatch.setattr(prebuild, "ENABLED", False)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("models")

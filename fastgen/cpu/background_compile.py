@@ -16,7 +16,7 @@ In blocking mode the same children are helpers (`CompileHelpers`): while the eng
 graph its first step needs, each helper compiles other missing graphs at normal priority, and
 the engine waits for them before it goes on. Compiling a graph is one core's work for most of its
 time (Python, then one C++ compiler process), so by default there is one process a core: on two
-cores the engine compiles the prefill graph while one helper compiles the two decode graphs.
+cores the engine compiles the prefill graph while one helper compiles the decode graph.
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ def inductor_backend(gm: torch.fx.GraphModule, example_inputs):
     # Precision casts emulated: a fused kernel then rounds each intermediate to bf16 where eager
     # torch (and so transformers) does. The wrapper (the step's op calls and buffers, thousands
     # of lines) is built apart from the kernels, at -O1: at -O3 it was most of the graph's C++
-    # compile (18 of 28 s for a 30-layer decode graph; 4.7 s at -O1), and the steps ran as fast.
+    # compile (18.2 of 28 s for a 30-layer decode graph; at -O1 4.7 s, beside 6.7 s for the
+    # kernels at -O3), and the steps ran as fast.
     with config.patch(cpp_wrapper=True, cpp_wrapper_build_separate=True, emulate_precision_casts=True), \
             warnings.catch_warnings():
         # A quantized embedding's lookup reads float16 scales into bf16 rows in one loop:
@@ -154,6 +155,8 @@ def traced_example(name: str, args: tuple) -> tuple:
     if name != "decode" or args[1].shape[0] != 1:
         return args
     weights, *per_row, kv_caches = args
+    # The copies are contiguous, so the graph assumes each input is: the step's inputs are.
+    assert all(tensor.is_contiguous() for tensor in per_row), "a decode step's per-row inputs are contiguous"
     return (weights, *(torch.cat([tensor, tensor]) for tensor in per_row), kv_caches)
 
 
@@ -266,9 +269,9 @@ class CompiledDecodeStep:
             self.helpers.stop()
 
     def _pack_weights(self) -> None:
-        """Pack the weights for the many-row and prefill graphs' GEMMs, once, where the copies
-        fit in memory (else those GEMMs reorder the plain weights on every call, as before, and
-        quantized products of many rows run the GEMV)."""
+        """Pack the weights for the graphs' GEMMs, once, where the copies fit in memory (else
+        those GEMMs reorder the plain weights on every call, and quantized products of many
+        rows run the GEMV)."""
         if self._packing_tried:
             return
         self._packing_tried = True

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -111,6 +112,9 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
     return out_dir
 
 
+_conversion_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def _gguf_metadata_read_once():
     """Within it, transformers parses a GGUF's metadata once: its config and its tokenizer each
@@ -126,19 +130,20 @@ def _gguf_metadata_read_once():
         return
     parsed: dict[str, dict] = {}
 
-    def read_once(path, return_tensors=False, **kwargs):
-        if return_tensors or kwargs:
-            return real(path, return_tensors=return_tensors, **kwargs)
-        key = os.fspath(path)
+    def read_once(*args, **kwargs):
+        if len(args) != 1 or kwargs not in ({}, {"return_tensors": False}):
+            return real(*args, **kwargs)
+        key = os.fspath(args[0])
         if key not in parsed:
-            parsed[key] = real(path, return_tensors=False)
+            parsed[key] = real(args[0], return_tensors=False)
         return copy.deepcopy(parsed[key])
 
-    gguf_utils.load_gguf_checkpoint = read_once
-    try:
-        yield
-    finally:
-        gguf_utils.load_gguf_checkpoint = real
+    with _conversion_lock:  # two conversions at once must not put back each other's function
+        gguf_utils.load_gguf_checkpoint = read_once
+        try:
+            yield
+        finally:
+            gguf_utils.load_gguf_checkpoint = real
 
 
 def default_model_path() -> Path:

@@ -126,43 +126,50 @@ def test_a_background_build_and_a_first_use_compile_the_library_once(monkeypatch
     load asked for meanwhile share one compile: the load waits for it and loads its file."""
     import threading
 
+    source = cpu_decode_kernel.SOURCE
     real_run, compiles, release = subprocess.run, [], threading.Event()
 
     def slow_compile(cmd, *args, **kwargs):
-        if "--version" not in cmd:
+        if str(source) in cmd:
             compiles.append(cmd)
             release.wait(timeout=60)  # the load below asks while this compile is under way
         return real_run(cmd, *args, **kwargs)
 
     monkeypatch.setattr(native_library.subprocess, "run", slow_compile)
-    builder = native_library.build_in_background(cpu_decode_kernel.SOURCE)
-    while not compiles:
-        builder.join(timeout=0.01)
-    loader = threading.Thread(target=lambda: loaded.append(
-        native_library.load_native_library.__wrapped__(cpu_decode_kernel.SOURCE)))
+    builder = native_library.build_in_background(source)
     loaded = []
-    loader.start()
-    loader.join(timeout=0.5)
-    assert loader.is_alive(), "the load waits for the build under way"
-    release.set()
+    try:
+        while not compiles and builder.is_alive():
+            builder.join(timeout=0.01)
+        assert compiles, "the background build started compiling"
+        loader = threading.Thread(target=lambda: loaded.append(native_library.load_native_library.__wrapped__(source)))
+        loader.start()
+        loader.join(timeout=0.5)
+        assert loader.is_alive(), "the load waits for the build under way"
+    finally:
+        release.set()
     builder.join(timeout=300)
     loader.join(timeout=300)
     assert len(compiles) == 1 and loaded[0] is not None
     assert len(list((private_cache / "native").glob("decode_attention-*.so"))) == 1
 
 
-def test_cpu_kernels_are_built_in_the_background_only_for_cpu_engines(monkeypatch, private_cache):
+def test_cpu_kernels_are_built_in_the_background_only_for_cpu_engines(monkeypatch, private_cache, tmp_path):
+    """Into the cache folder of the moment the build started, even if it changes meanwhile."""
     from fastgen.cpu.native import prebuild
 
+    monkeypatch.setattr(prebuild, "ENABLED", True)
     monkeypatch.setattr(prebuild.torch.cuda, "is_available", lambda: True)
     assert prebuild.build_cpu_kernels_in_background("auto") is None
     assert prebuild.build_cpu_kernels_in_background("cuda:1") is None
     monkeypatch.setattr(prebuild.torch.cuda, "is_available", lambda: False)
     assert prebuild.engine_runs_on_cpu(None) and prebuild.engine_runs_on_cpu("auto")
     thread = prebuild.build_cpu_kernels_in_background("cpu")
+    monkeypatch.setenv("FASTGEN_CACHE", str(tmp_path / "another"))
     thread.join(timeout=300)
     built = {path.name.split("-")[0] for path in (private_cache / "native").glob("*.so")}
-    assert "decode_attention" in built  # (the GEMM builds only where the CPU has AVX-512 BF16)
+    assert built == {"decode_attention", "gemm", "packed_linear_op"}
+    assert not (tmp_path / "another").exists()
 
 
 def test_native_library_without_a_compiler_is_none_and_says_why(monkeypatch, private_cache, caplog):

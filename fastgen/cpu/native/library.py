@@ -59,9 +59,20 @@ _build_locks: dict[Path, threading.Lock] = {}
 _build_locks_guard = threading.Lock()
 
 
-def _built_library(source: Path, extra_flags: tuple[str, ...]) -> Path:
-    """The path of `source`'s library for this machine, built first if it is not in the cache.
-    Raises OSError / subprocess errors when it cannot be built; the caller reports them."""
+def _forget_build_locks() -> None:
+    # A child forked while a build held its lock would wait on it for ever: it starts with none.
+    global _build_locks, _build_locks_guard
+    _build_locks, _build_locks_guard = {}, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_build_locks)
+
+
+def _built_library(source: Path, extra_flags: tuple[str, ...], root: Path | None = None) -> Path:
+    """The path of `source`'s library for this machine under `root` (default: fastgen's cache
+    folder), built first if it is not there. Raises OSError / subprocess errors when it cannot
+    be built; the caller reports them."""
     cxx = compiler()
     if cxx is None:
         raise FileNotFoundError("no C++ compiler found (set CXX)")
@@ -70,7 +81,7 @@ def _built_library(source: Path, extra_flags: tuple[str, ...]) -> Path:
     texts = [path.read_text() for path in (source, *sorted(source.parent.glob("*.h")))]
     digest = hashlib.sha256("\n".join([*texts, cxx, version, " ".join(FLAGS + extra_flags), platform.machine(),
                                        " ".join(sorted(cpu_flags())), torch.__version__]).encode()).hexdigest()[:16]
-    target = cache_dir() / "native" / f"{source.stem}-{digest}.so"
+    target = (root or cache_dir()) / "native" / f"{source.stem}-{digest}.so"
     with _build_locks_guard:
         lock = _build_locks.setdefault(target, threading.Lock())
     with lock:
@@ -91,15 +102,18 @@ def _built_library(source: Path, extra_flags: tuple[str, ...]) -> Path:
     return target
 
 
-def build_in_background(source: Path, extra_flags: tuple[str, ...] = ()) -> threading.Thread:
+def build_in_background(source: Path, extra_flags: tuple[str, ...] = (), root: Path | None = None
+                        ) -> threading.Thread:
     """Start building `source`'s library in a thread (a no-op where it is cached): the compiler
     is a process of its own, so the build runs beside whatever this process does meanwhile
-    (converting or loading a model), and the first use then only loads it. A build that fails
-    here is left to that first use, which reports it."""
+    (converting or loading a model), and the first use then only loads it. The cache folder is
+    the one of the moment of the call (`root`, default `cache_dir()`), whenever the thread gets
+    to it. A build that fails here is left to that first use, which reports it."""
+    root = root or cache_dir()
 
     def build() -> None:
         try:
-            _built_library(source, extra_flags)
+            _built_library(source, extra_flags, root)
         except (OSError, subprocess.SubprocessError):
             pass
 

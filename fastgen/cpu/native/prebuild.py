@@ -12,6 +12,11 @@ import threading
 import torch
 
 from fastgen.cpu.native.library import build_in_background, torch_abi_flags
+from fastgen.paths import cache_dir
+
+# Off in the test suite (its engines each have a cache folder of their own, and a build for one
+# would run on into the next test); a test of this module turns it on.
+ENABLED = True
 
 
 def engine_runs_on_cpu(device: object) -> bool:
@@ -22,16 +27,19 @@ def engine_runs_on_cpu(device: object) -> bool:
 
 
 def build_cpu_kernels_in_background(device: object) -> threading.Thread | None:
-    """Start building the CPU kernels where the engine will run on the CPU (None otherwise).
-    A library already in the cache costs a digest and no compile."""
-    if not engine_runs_on_cpu(device):
+    """Start building the CPU kernels where the engine will run on the CPU (None otherwise),
+    into the cache folder of this moment. A library already there costs a digest and no
+    compile."""
+    if not ENABLED or not engine_runs_on_cpu(device):
         return None
     from fastgen.cpu.native import decode_attention, gemm, packed_linear
+
+    root = cache_dir()
 
     def build_all() -> None:
         for source, flags in ((decode_attention.SOURCE, ()), (gemm.SOURCE, ()),
                               (packed_linear.OP_SOURCE, torch_abi_flags())):
-            build_in_background(source, flags).join()
+            build_in_background(source, flags, root).join()
 
     thread = threading.Thread(target=build_all, name="build the CPU kernels", daemon=True)
     thread.start()

@@ -20,7 +20,7 @@ of the op's dequantize-then-multiply Python kernel:
 A twin is the codes again, in the GEMM's panel order, with its scales (and offsets) per group and
 panel column in float16: about as large as the codes (1 byte a weight for int8, 0.625 for int4 in
 groups of 32). Like the bf16 weights' packed twins (`fastgen.cpu.native.packed_linear`), they are
-made for the compiled steps' many-row graphs, where memory allows.
+made for the compiled steps' products of many rows, where memory allows.
 
 Where a library cannot be built (no compiler) the Python kernel serves every product.
 """
