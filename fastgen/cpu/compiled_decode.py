@@ -4,37 +4,44 @@ Eager decode on a CPU pays Python and dispatch for every op (about 25 a layer), 
 bf16 GEMM runs far below the memory bandwidth with one row. Here the whole step (the forward,
 the LM head and the greedy argmax) is one torch.compile'd function: Inductor's C++ backend fuses
 the element-wise work and the KV store into few loops, and its C++ wrapper runs them without
-Python in between. Two graphs serve every step:
+Python in between. One graph serves every step, prefill, decode and both at once:
 
-- decode (one row or more): the linears are fastgen's GEMM over weights packed once
-  (`fastgen.cpu.native.packed_linear`; oneDNN's where the CPU has AMX), attention is the C++
-  kernel (`fastgen.cpu.native.decode_attention`), both called from the C++ wrapper as ops, and
-  Inductor fuses what lies between them. One row is a matrix-vector product, which the packed
-  GEMM streams near the memory's bandwidth: on two cores of a Xeon (AVX-512 BF16, no AMX) a
-  batch-1 step of SmolLM2-135M took 12.4 ms where the graph it replaced, every linear and
-  attention written as Inductor reductions, took 17.4-18.3 ms, and cost a third graph's compile;
-- prefill (two tokens or more): the same, with every new token a row of the attention kernel
-  (`CausalRows`) and the LM head over the sampling rows only. Eager, the element-wise work
-  between the GEMMs (RMSNorm, RoPE, the KV store, SiLU) cost about 0.25 s of a 1.15 s prefill
-  of 32 prompts (2,853 tokens, SmolLM2-135M, bf16, 2 threads), each op a pass over memory.
-  A step that wants prompt logprobs, or a one-token step, runs eagerly.
+- rows: every new token is a row of the C++ attention kernel
+  (`fastgen.cpu.native.decode_attention`) with its sequence's block table and its own length
+  (`CausalRows`: a prompt's token at position p attends to the first p + 1 cached tokens, a
+  decoding sequence's new token to all of them), and the LM head runs over the sampling rows
+  only. The linears are fastgen's GEMM over weights packed once
+  (`fastgen.cpu.native.packed_linear`; oneDNN's where the CPU has AMX), called like the kernel
+  from the C++ wrapper as an op, and Inductor fuses what lies between them. One decoding row is a
+  matrix-vector product, which the packed GEMM streams near the memory's bandwidth: on two cores
+  of a Xeon (AVX-512 BF16, no AMX) a batch-1 step of SmolLM2-135M took 12.4 ms where a graph of
+  its own, every linear and attention written as Inductor reductions, had taken 17.4-18.3 ms.
+  Eager, the element-wise work between the GEMMs (RMSNorm, RoPE, the KV store, SiLU) cost about
+  0.25 s of a 1.15 s prefill of 32 prompts (2,853 tokens, SmolLM2-135M, bf16, 2 threads), each
+  op a pass over memory. A prefill step that wants prompt logprobs, or of one token, runs
+  eagerly.
+- decode: where the kernel does not cover the model (a head dim it has no instance for, no
+  compiler), decode steps only, attention through torch (`torch_decode`); prefill runs eagerly.
+
+One graph rather than three (a prefill graph, and decode graphs of one row and of many) halved
+what a first run compiles: a dummy-weight SmolLM2-135M benchmark with empty caches took 78.6 s
+where two graphs, side by side in two processes, took 87.7-92.1 s, at the same step speed.
 
 Every graph takes the model's weights as one flat buffer per dtype and forms each weight inside
 (`fastgen.cpu.flat_weights`), so a call hands over about 70 tensors, not 251: at batch 1 the
 Python and handle work around the compiled code went from about 0.5 to 0.2 ms a step.
 
-Shapes are symbolic in the batch and in the longest context L, so neither grows into new
-compiles as the step changes; the decode graph is traced with two rows or more
-(`traced_example`), so one graph serves one row and many. Nothing is padded: each step runs exactly its rows, and a step
-with a slot of -1 runs eagerly, so every slot a graph stores is a real one (the plan's
-`every_slot_valid`); only the prefill graph's LM head gets a repeated row when a step samples
-fewer than two.
+Shapes are symbolic in the token count, the sampled rows and the longest context, so none grows
+into new compiles as the step changes; a graph whose first step has one token is traced from
+two copies of it (`traced_example`), so one graph serves one row and many. Nothing is padded:
+each step runs exactly its rows, and a step with a slot of -1 runs eagerly, so every slot a graph
+stores is a real one (the plan's `every_slot_valid`); only the LM head gets a repeated row when
+a step samples fewer than two.
 
-The first use of a graph compiles it (not start-up): about 50 seconds each on two cores, the
-other missing graph meanwhile in a helper process (`compile_processes`). The compiled graph is
-saved under fastgen's cache folder (`fastgen.cpu.saved_graphs`), keyed by
-everything its trace depends on, so a later process with the same model and fastgen loads it in
-a few seconds and neither traces nor compiles.
+The first use of a graph compiles it (not start-up): about a minute on two cores. The compiled
+graph is saved under fastgen's cache folder (`fastgen.cpu.saved_graphs`), keyed by everything
+its trace depends on, so a later process with the same model and fastgen loads it in a few
+seconds and neither traces nor compiles.
 """
 
 from __future__ import annotations
@@ -99,12 +106,12 @@ class StepModel(nn.Module):
         return self.model.compute_logits(hidden)
 
 
-def make_prefill_step(layout):
-    """The prefill graph's function, its weights laid out as `layout` says: every new token a row
+def make_rows_step(layout):
+    """The rows graph's function, its weights laid out as `layout` says: every new token a row
     of the decode kernel (`CausalRows`); logits [S, vocab] of the rows `logits_indices` picks,
     and their argmax."""
 
-    def prefill_step(step_model, weights, input_ids, positions, slot_mapping, row_tables, row_lens, logits_indices,
+    def rows_step(step_model, weights, input_ids, positions, slot_mapping, row_tables, row_lens, logits_indices,
                      kv_caches):
         plan = TorchStepPlan(causal_rows=CausalRows(row_tables, row_lens), every_slot_valid=True)
         meta = AttentionMetadata(True, slot_mapping, row_tables, row_lens, None, 1, 1, logits_indices,
@@ -114,7 +121,7 @@ def make_prefill_step(layout):
                                             (input_ids, positions, meta, layers, logits_indices))
         return logits, logits.argmax(dim=-1)
 
-    return prefill_step
+    return rows_step
 
 
 def kernel_runs_prefill(model, kv_caches: list[torch.Tensor]) -> bool:
@@ -145,15 +152,19 @@ def make_decode_step(layout):
 
 def traced_example(name: str, args: tuple) -> tuple:
     """The inputs graph `name` is traced from, given its first call's `args` (weights first).
-    A decode step of one row is traced as two copies of that row (never run: tracing reads only
-    shapes and strides), so that the graph's row count is a symbol assumed >= 2, as the
-    prefill graph's token count is, and not the constant 1. Traced from one row, a size of 1
+    A step of one token (a decode step of one sequence) is traced as two copies of that token's
+    row (never run: tracing reads only shapes and strides), so that the graph's token count is a
+    symbol assumed >= 2, as the sampled-row count is, and not the constant 1. Traced from one row, a size of 1
     would either be specialized (no other batch could run) or, traced size-obliviously, leave
     the strides of views over that dimension arbitrary: a GPT-2 graph traced so read the wrong
     rows of its K/V projections at batch 5. A graph of rows >= 2 runs one row as written: each
     loop over rows runs once, and row 0's offsets do not depend on any stride."""
-    if name != "decode" or args[1].shape[0] != 1:
+    if args[1].shape[0] != 1:
         return args
+    if name == "rows":  # one token: a decode step of one sequence (the sampled rows are >= 2)
+        weights, *per_token, picked, kv_caches = args
+        assert all(tensor.is_contiguous() for tensor in per_token), "a step's per-token inputs are contiguous"
+        return (weights, *(torch.cat([tensor, tensor]) for tensor in per_token), picked, kv_caches)
     weights, *per_row, kv_caches = args
     # The copies are contiguous, so the graph assumes each input is: the step's inputs are.
     assert all(tensor.is_contiguous() for tensor in per_row), "a decode step's per-row inputs are contiguous"
@@ -174,7 +185,7 @@ class CompiledDecodeStep:
     (compiling in the background) or could not be built: the caller then runs the step eagerly,
     and a failed build is never tried again."""
 
-    GRAPHS = ("decode", "prefill")
+    GRAPHS = ("rows", "decode")
 
     def __init__(self, model, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
                  background: BackgroundCompile | None = None, helpers: CompileHelpers | None = None):
@@ -200,8 +211,9 @@ class CompiledDecodeStep:
         self.loaded: set[str] = set()  # the graphs read from disk rather than compiled
         self.failed: set[str] = set()  # the graphs whose build raised: eager decode instead
         self.background_seconds: dict[str, float] = {}  # graph name -> from the child's start to its file
-        # The graphs this engine's steps use: no prefill graph where the kernel does not cover it.
-        self.needed = tuple(name for name in self.GRAPHS if name != "prefill" or self.runs_prefill)
+        # The graph this engine's steps use: the rows graph for every step where the kernel
+        # covers the model's prefill (decode steps too: `_decode_as_rows`), else a decode graph.
+        self.needed = ("rows",) if self.runs_prefill else ("decode",)
         self._awaited = {name for name in self.needed if not self.paths[name].exists()}  # what the child builds
         if background is not None and self._awaited:
             background.start()  # now, not at the first step: the sooner it starts, the sooner it ends
@@ -211,6 +223,8 @@ class CompiledDecodeStep:
         meta = inputs.meta
         if meta.is_prefill:
             return self._prefill(inputs)
+        if self.runs_prefill:
+            return self._decode_as_rows(inputs)
         index = plan_of(meta).decode_kv
         args = (inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables, meta.context_lens,
                 index.slots, index.bias, index.live, self.kv_caches)
@@ -218,8 +232,8 @@ class CompiledDecodeStep:
 
     def _prefill(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Logits and argmax of a prefill step's sampling rows, or None where the step runs
-        eagerly: a one-token step (the graph's token count is a symbol >= 2), attention the
-        kernel does not cover, or a token whose K/V must not be stored (slot -1: a prompt whose
+        eagerly: a prompt step of one token (as ever; a decode step of one row runs the graph),
+        attention the kernel does not cover, or a token whose K/V must not be stored (slot -1: a prompt whose
         blocks are all prefix-cached recomputes its last token). The graph's store has no -1
         filter (a data-dependent shape), and -1 would index the cache's last slot."""
         meta = inputs.meta
@@ -235,11 +249,28 @@ class CompiledDecodeStep:
             picked = torch.cat([picked, picked.new_zeros(2 - num_sampled)])
         args = (inputs.input_ids, inputs.positions, meta.slot_mapping, rows.block_tables, rows.context_lens, picked,
                 self.kv_caches)
-        out = self._run("prefill", args)
+        out = self._run("rows", args)
         if out is None:
             return None
         logits, greedy = out
         return logits[:num_sampled], greedy[:num_sampled]
+
+    def _decode_as_rows(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A decode step through the rows graph: each sequence's new token is a row of the
+        attention kernel with its sequence's block table and length, as a prompt's tokens are
+        (`CausalRows`), and every row is sampled (the LM head over two rows where there is one:
+        the graph's sampled-row count is a symbol >= 2)."""
+        meta = inputs.meta
+        rows = inputs.input_ids.shape[0]
+        picked = torch.arange(rows) if rows >= 2 else torch.zeros(2, dtype=torch.int64)
+        tables = meta.block_tables.to(torch.int32).contiguous()
+        lens = meta.context_lens.to(torch.int32).contiguous()
+        out = self._run("rows", (inputs.input_ids, inputs.positions, meta.slot_mapping, tables, lens, picked,
+                                    self.kv_caches))
+        if out is None:
+            return None
+        logits, greedy = out
+        return logits[:rows], greedy[:rows]
 
     def _ready_to_build(self, name: str) -> bool:
         """Whether this process should load or compile graph `name` now: always without a
@@ -299,7 +330,7 @@ class CompiledDecodeStep:
         # built once.
         start = time.perf_counter()
         try:
-            step = (make_prefill_step(self.weights.slots) if name == "prefill"
+            step = (make_rows_step(self.weights.slots) if name == "rows"
                     else make_decode_step(self.weights.slots))
             graph, loaded = load_or_compile(step, inductor_backend, traced_example(name, args), self.step_model,
                                             self.paths[name])

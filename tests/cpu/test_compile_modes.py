@@ -56,8 +56,8 @@ def test_engines_of_other_lengths_run_the_same_graphs_correctly(tiny_models, ref
     constant of the first engine's. Both equal transformers.
 
     The first engine compiles as blocking engines do by default: its first step compiles the
-    prefill graph here while a helper process compiles the decode graph, and waits for it, so
-    its later steps load what the helper saved; the bench's report counts the wait."""
+    one graph every step runs, here (no helper process starts: there is no other graph for it);
+    the bench's report gives its time."""
     from fastgen.bench.environment import compile_times
 
     model = tiny_models["qwen3"]
@@ -68,17 +68,16 @@ def test_engines_of_other_lengths_run_the_same_graphs_correctly(tiny_models, ref
                       compile_processes=processes)
         compiled = llm.engine.runner.compiled_decode
         assert_equal_transformers(reference, model, prompts[:1], llm.generate(prompts[:1], GREEDY))
-        assert all(path.is_file() for path in compiled.paths.values())  # both after one request
+        assert compiled.paths["rows"].is_file()  # after one request
         assert_equal_transformers(reference, model, prompts[1:], llm.generate(prompts[1:], GREEDY))
         runners.append(llm.engine.runner)
     first, second = (runner.compiled_decode for runner in runners)
-    assert set(first.helpers.seconds) == {"decode"} and first.helpers.children == []
-    assert first.paths == second.paths and first.loaded == {"decode"} and not first.failed
+    assert first.helpers.seconds == {} and first.helpers.children == []
+    assert first.paths == second.paths and first.loaded == set() and not first.failed
     times = compile_times(runners[0])
-    graphs = times["compiled_graphs"]
-    assert graphs["decode"]["helper_s"] > 0 and not graphs["prefill"]["from_cache"]
-    assert times["compile_s"] >= first.first_call_seconds["prefill"] + first.helpers.wait_seconds
-    assert second.loaded == {"decode", "prefill"} and not second.failed and second.helpers is None
+    assert not times["compiled_graphs"]["rows"]["from_cache"]
+    assert times["compile_s"] >= first.first_call_seconds["rows"]
+    assert second.loaded == {"rows"} and not second.failed and second.helpers is None
 
 
 def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cache, monkeypatch):
@@ -94,7 +93,7 @@ def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cach
     monkeypatch.setattr(compiled_decode, "inductor_backend", recording_backend)
     llm = cpu_llm(tiny_models["qwen3"], "blocking")
     llm.generate(random_prompts([7], seed=81), GREEDY)  # prefill graph, then decode
-    assert llm.engine.runner.compiled_decode.failed == {"decode", "prefill"}  # each one traced
+    assert llm.engine.runner.compiled_decode.failed == {"rows"}  # traced
     roots = (Path(fastgen.__file__).resolve().parent, Path(fastgen.kernels.__file__).resolve().parent)
     ours = {Path(f).resolve() for f in seen if Path(f).resolve().is_relative_to(roots[0])
             or Path(f).resolve().is_relative_to(roots[1])}
@@ -116,7 +115,7 @@ def test_background_compile_serves_eagerly_then_switches_to_the_graphs(tiny_mode
     alone = random_prompts([9], seed=72)
     assert_equal_transformers(reference, model, alone, llm.generate(alone, GREEDY))
     assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
-    assert compiled.loaded == {"decode", "prefill"}  # from the child, none compiled here
+    assert compiled.loaded == {"rows"}  # from the child, none compiled here
     assert set(compiled.background_seconds) == compiled.loaded
     llm.engine.shutdown()
 
@@ -144,7 +143,7 @@ def test_a_failed_background_compile_leaves_the_engine_eager_and_correct(tiny_mo
     prompts = random_prompts([6, 10], seed=73) + random_prompts([4], seed=74)
     with caplog.at_level(logging.WARNING):
         assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
-    assert compiled.failed == {"prefill", "decode"} and compiled.first_call_seconds == {}
+    assert compiled.failed == {"rows"} and compiled.first_call_seconds == {}
     assert "the background compile ended (exit status 1" in caplog.text and "background.log" in caplog.text
 
 
