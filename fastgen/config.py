@@ -190,7 +190,8 @@ class EngineConfig:
     """Blocking mode: how many processes compile the missing CPU graphs at once. The first step
     that needs a graph compiles it in this process while helper processes compile the others,
     and then waits for them. 1: this process alone, each graph when a step first needs it.
-    Default: one process per CPU core (never more than one per missing graph)."""
+    Default: one process per CPU core (never more than one per missing graph). An engine has one
+    CPU step graph now (`fastgen.cpu.compiled_decode`), so no helper starts."""
     cuda_graph_batch_sizes: list[int] | None = _knob(None, optional(batch_sizes))
     """Padded decode batch sizes to capture. Default: 1, 2, 4, 8, then steps of 8 up to 64 and of
     16 beyond, up to min(max_num_seqs, max_cuda_graph_batch_size)."""

@@ -129,8 +129,8 @@ def announce_if_long(estimate_s: float, device_type: str) -> None:
 
 def warm_up(engine, max_model_len: int) -> WarmUpTimes:
     """Run a short request alone, then two together, so one-time costs (allocator growth, lazy
-    kernel compilation, torch.compile: the compiled CPU steps have a prefill graph and a
-    decode graph) land outside the measurement; return what their steps
+    kernel compilation, torch.compile: the compiled CPU step graph) land outside the
+    measurement; return what their steps
     took (the last of each kind: the first pays those one-time costs)."""
     input_len = max(1, min(16, max_model_len // 2))
     output_len = max(1, min(4, max_model_len - input_len))

@@ -23,7 +23,7 @@ steps above use the model:
     features.py         what the CPU can do (/proc/cpuinfo, read once): native bf16, AMX.
 
 `fastgen.cpu` (above `worker`: whole steps over the model)
-    compiled_decode.py  the step compiled whole, two graphs (decode, prefill):
+    compiled_decode.py  the step compiled whole, one graph for prefill and decode:
                         the CPU counterpart of the decode CUDA graphs. `ModelRunner` builds it
                         when `EngineConfig.compiled_decode_enabled`; a step it cannot run (a
                         slot of -1, prompt logprobs, a failed build) runs eagerly.

@@ -15,8 +15,9 @@ its process exits; whatever it saved by then stays in the cache for the next eng
 In blocking mode the same children are helpers (`CompileHelpers`): while the engine compiles the
 graph its first step needs, each helper compiles other missing graphs at normal priority, and
 the engine waits for them before it goes on. Compiling a graph is one core's work for most of its
-time (Python, then one C++ compiler process), so by default there is one process a core: on two
-cores the engine compiles the prefill graph while one helper compiles the decode graph.
+time (Python, then one C++ compiler process), so by default there is one process a core. Since
+one graph serves every step (`fastgen.cpu.compiled_decode`) an engine has no other graph to
+hand a helper, and none starts.
 """
 
 from __future__ import annotations
