@@ -15,7 +15,7 @@ second over a --seconds window after a quarter of it for the start (a finite set
 would end in a tail of a few, which would measure the tail, not the batch). Both engines compile in
 blocking mode before anything is timed. Reports acceptance (draft tokens kept / proposed, and
 per draft position) and whether greedy outputs are identical with and without drafts (in bf16
-the verify step's GEMMs round differently from the one-row decode graph's reductions, so a near
+a verify step's products of several rows may round differently from a decode step's, so a near
 tie can go the other way; in float32 the tests require equality).
 
 Usage: python benchmarks/speculative_decoding.py [--model PATH] [--quantization Q]
