@@ -154,21 +154,20 @@ def traced_example(name: str, args: tuple) -> tuple:
     """The inputs graph `name` is traced from, given its first call's `args` (weights first).
     A step of one token (a decode step of one sequence) is traced as two copies of that token's
     row (never run: tracing reads only shapes and strides), so that the graph's token count is a
-    symbol assumed >= 2, as the sampled-row count is, and not the constant 1. Traced from one row, a size of 1
-    would either be specialized (no other batch could run) or, traced size-obliviously, leave
-    the strides of views over that dimension arbitrary: a GPT-2 graph traced so read the wrong
-    rows of its K/V projections at batch 5. A graph of rows >= 2 runs one row as written: each
-    loop over rows runs once, and row 0's offsets do not depend on any stride."""
+    symbol assumed >= 2, as the sampled-row count is, and not the constant 1. Traced from one
+    row, a size of 1 would either be specialized (no other batch could run) or, traced
+    size-obliviously, leave the strides of views over that dimension arbitrary: a GPT-2 graph
+    traced so read the wrong rows of its K/V projections at batch 5. A graph of rows >= 2 runs
+    one row as written: each loop over rows runs once, and row 0's offsets do not depend on any
+    stride."""
     if args[1].shape[0] != 1:
         return args
-    if name == "rows":  # one token: a decode step of one sequence (the sampled rows are >= 2)
-        weights, *per_token, picked, kv_caches = args
-        assert all(tensor.is_contiguous() for tensor in per_token), "a step's per-token inputs are contiguous"
-        return (weights, *(torch.cat([tensor, tensor]) for tensor in per_token), picked, kv_caches)
-    weights, *per_row, kv_caches = args
+    weights, *inputs, kv_caches = args
+    # The rows graph's last input, the sampled rows, is two or more already.
+    per_row, rest = (inputs[:-1], inputs[-1:]) if name == "rows" else (inputs, [])
     # The copies are contiguous, so the graph assumes each input is: the step's inputs are.
-    assert all(tensor.is_contiguous() for tensor in per_row), "a decode step's per-row inputs are contiguous"
-    return (weights, *(torch.cat([tensor, tensor]) for tensor in per_row), kv_caches)
+    assert all(tensor.is_contiguous() for tensor in per_row), "a step's per-row inputs are contiguous"
+    return (weights, *(torch.cat([tensor, tensor]) for tensor in per_row), *rest, kv_caches)
 
 
 class CompiledDecodeStep:
@@ -233,44 +232,39 @@ class CompiledDecodeStep:
     def _prefill(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Logits and argmax of a prefill step's sampling rows, or None where the step runs
         eagerly: a prompt step of one token (as ever; a decode step of one row runs the graph),
-        attention the kernel does not cover, or a token whose K/V must not be stored (slot -1: a prompt whose
-        blocks are all prefix-cached recomputes its last token). The graph's store has no -1
-        filter (a data-dependent shape), and -1 would index the cache's last slot."""
+        attention the kernel does not cover, or a token whose K/V must not be stored (slot -1: a
+        prompt whose blocks are all prefix-cached recomputes its last token). The graph's store
+        has no -1 filter (a data-dependent shape), and -1 would index the cache's last slot."""
         meta = inputs.meta
         if not self.runs_prefill or inputs.input_ids.shape[0] < 2 or bool((meta.slot_mapping < 0).any()):
             return None
         rows = plan_of(meta).causal_rows
         assert rows is not None, "the kernel covers this model's prefill, so the torch backend planned its rows"
-        # The sampled-row count is a symbol >= 2 too: a step sampling fewer rows repeats its
-        # first token's row (or picks row 0) and drops the extra logits after.
-        picked = meta.logits_indices
-        num_sampled = picked.shape[0]
-        if num_sampled < 2:
-            picked = torch.cat([picked, picked.new_zeros(2 - num_sampled)])
-        args = (inputs.input_ids, inputs.positions, meta.slot_mapping, rows.block_tables, rows.context_lens, picked,
-                self.kv_caches)
-        out = self._run("rows", args)
-        if out is None:
-            return None
-        logits, greedy = out
-        return logits[:num_sampled], greedy[:num_sampled]
+        return self._run_rows(inputs, rows.block_tables, rows.context_lens, meta.logits_indices)
 
     def _decode_as_rows(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A decode step through the rows graph: each sequence's new token is a row of the
         attention kernel with its sequence's block table and length, as a prompt's tokens are
-        (`CausalRows`), and every row is sampled (the LM head over two rows where there is one:
-        the graph's sampled-row count is a symbol >= 2)."""
+        (`CausalRows`), and every row is sampled."""
         meta = inputs.meta
-        rows = inputs.input_ids.shape[0]
-        picked = torch.arange(rows) if rows >= 2 else torch.zeros(2, dtype=torch.int64)
         tables = meta.block_tables.to(torch.int32).contiguous()
         lens = meta.context_lens.to(torch.int32).contiguous()
-        out = self._run("rows", (inputs.input_ids, inputs.positions, meta.slot_mapping, tables, lens, picked,
-                                    self.kv_caches))
+        return self._run_rows(inputs, tables, lens, torch.arange(inputs.input_ids.shape[0]))
+
+    def _run_rows(self, inputs: StepInputs, row_tables: torch.Tensor, row_lens: torch.Tensor,
+                  picked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rows graph over `inputs`, its rows' tables and lengths, sampling the rows `picked`:
+        their logits and argmax, or None where the graph is not ready. The sampled-row count is
+        a symbol >= 2 too: a step sampling fewer rows repeats row 0 and drops the extra logits."""
+        num_sampled = picked.shape[0]
+        if num_sampled < 2:
+            picked = torch.cat([picked, picked.new_zeros(2 - num_sampled)])
+        out = self._run("rows", (inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, row_tables, row_lens,
+                                 picked, self.kv_caches))
         if out is None:
             return None
         logits, greedy = out
-        return logits[:rows], greedy[:rows]
+        return logits[:num_sampled], greedy[:num_sampled]
 
     def _ready_to_build(self, name: str) -> bool:
         """Whether this process should load or compile graph `name` now: always without a

@@ -110,16 +110,19 @@ def build_in_background(source: Path, extra_flags: tuple[str, ...] = (), root: P
     the one of the moment of the call (`root`, default `cache_dir()`), whenever the thread gets
     to it. A build that fails here is left to that first use, which reports it."""
     root = root or cache_dir()
-
-    def build() -> None:
-        try:
-            _built_library(source, extra_flags, root)
-        except (OSError, subprocess.SubprocessError):
-            pass
-
-    thread = threading.Thread(target=build, name=f"build {source.name}", daemon=True)
+    thread = threading.Thread(target=build_quietly, args=(source, extra_flags, root), name=f"build {source.name}",
+                              daemon=True)
     thread.start()
     return thread
+
+
+def build_quietly(source: Path, extra_flags: tuple[str, ...] = (), root: Path | None = None) -> None:
+    """Build `source`'s library under `root` if it is not there, saying nothing of a failure:
+    the first use builds it again and reports why (for builds ahead of that use)."""
+    try:
+        _built_library(source, extra_flags, root)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 @functools.cache

@@ -8,15 +8,19 @@ the conversion keeps the other."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import torch
 
-from fastgen.cpu.native.library import build_in_background, torch_abi_flags
+from fastgen.cpu.native.library import build_quietly, torch_abi_flags
 from fastgen.paths import cache_dir
 
 # Off in the test suite (its engines each have a cache folder of their own, and a build for one
 # would run on into the next test); a test of this module turns it on.
 ENABLED = True
+
+_started: dict[Path, threading.Thread] = {}  # cache folder -> the thread building its kernels
+_started_lock = threading.Lock()
 
 
 def engine_runs_on_cpu(device: object) -> bool:
@@ -28,19 +32,24 @@ def engine_runs_on_cpu(device: object) -> bool:
 
 def build_cpu_kernels_in_background(device: object) -> threading.Thread | None:
     """Start building the CPU kernels where the engine will run on the CPU (None otherwise),
-    into the cache folder of this moment. A library already there costs a digest and no
-    compile."""
+    into the cache folder of this moment; once a folder (the CLI asks before converting the
+    default model, and `LLM` again as it starts). A library already there costs a digest and
+    no compile."""
     if not ENABLED or not engine_runs_on_cpu(device):
         return None
     from fastgen.cpu.native import decode_attention, gemm, packed_linear
 
     root = cache_dir()
+    with _started_lock:
+        if root in _started:
+            return _started[root]
+        libraries = ((decode_attention.SOURCE, ()), (gemm.SOURCE, ()), (packed_linear.OP_SOURCE, torch_abi_flags()))
 
-    def build_all() -> None:
-        for source, flags in ((decode_attention.SOURCE, ()), (gemm.SOURCE, ()),
-                              (packed_linear.OP_SOURCE, torch_abi_flags())):
-            build_in_background(source, flags, root).join()
+        def build_all() -> None:
+            for source, flags in libraries:
+                build_quietly(source, flags, root)
 
-    thread = threading.Thread(target=build_all, name="build the CPU kernels", daemon=True)
-    thread.start()
+        thread = threading.Thread(target=build_all, name="build the CPU kernels", daemon=True)
+        thread.start()
+        _started[root] = thread
     return thread
