@@ -223,7 +223,10 @@ class EngineConfig:
     decoding sequence by prompt lookup (what followed the latest earlier occurrence of its last
     n..m tokens, in its prompt, its output or the request's predicted output), and verifies them
     with the rest of the batch in one forward: greedy output stays the same token for token, and
-    sampled output keeps its distribution. Defaults k=4, n=4, m=2. A sequence's draft is as long
+    sampled output keeps its distribution. Defaults k=4, n=4, m=2. {"method": "draft_model",
+    "model": path, "quantization": None | "int8" | "int4"} proposes a smaller model's greedy
+    continuation instead (same tokenizer; its own paged KV cache of as many blocks as the
+    engine's; the engine's own model quantized to int4 drafts well for itself). A sequence's draft is as long
     as its recent acceptance pays for at the step's batch size (none once it would not pay;
     "disable_by_batch_size": B also stops all drafts in steps of B sequences or more). Requests
     with penalties, a grammar, logprobs or unmet min_tokens decode one token a step. None: off."""
@@ -277,6 +280,29 @@ class EngineConfig:
             check_world(self)
         if self.cuda_graph_batch_sizes is not None:
             self.cuda_graph_batch_sizes = sorted(set(self.cuda_graph_batch_sizes))
+        if self.speculative_config is not None and self.speculative_config["method"] == "draft_model":
+            self._check_draft_model()
+
+    def _check_draft_model(self) -> None:
+        """The draft model's folder resolved, and refused where it cannot draft for this engine:
+        token ids past the target's vocabulary (the target could not embed them), a context
+        shorter than max_model_len, or tensor parallelism."""
+        name = "speculative_config['model']"
+        spec = self.speculative_config
+        try:
+            spec["model"] = resolve_model_path(spec["model"])
+            draft = ModelConfig.from_folder(spec["model"])
+        except ValueError as exc:
+            raise ValueError(f"{name}={spec['model']!r}: {exc}") from exc
+        if draft.vocab_size > self.model_config.vocab_size:
+            raise ValueError(f"{name}={spec['model']!r} has a vocabulary of {draft.vocab_size} tokens, more than the "
+                             f"model's {self.model_config.vocab_size}: a draft model must share the model's tokenizer")
+        if draft.max_position_embeddings < self.max_model_len:
+            raise ValueError(f"{name}={spec['model']!r} holds {draft.max_position_embeddings} positions, fewer than "
+                             f"max_model_len={self.max_model_len}")
+        if self.tensor_parallel_size > 1:
+            raise ValueError("speculative_config['method']='draft_model' runs on one rank, got "
+                             f"tensor_parallel_size={self.tensor_parallel_size}")
 
     def _find_gguf_file(self) -> None:
         from fastgen.models.gguf_weights import gguf_source

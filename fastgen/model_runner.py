@@ -29,6 +29,7 @@ from fastgen.worker.kv_cache import (
     check_fits_one_sequence,
     needs_measured_budget,
     num_blocks_for_budget,
+    share_with_draft_model,
 )
 from fastgen.worker.memory import check_kv_cache_fits, check_model_fits, check_step_inputs_fit
 from fastgen.worker.memory_profile import measure_kv_budget
@@ -145,7 +146,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
             profiler = Sampler(mc.vocab_size, self.device, 0, self.ops.sample_tokens)
             budget = measure_kv_budget(config, functools.partial(profile_step, self.model, profiler),
                                        max(sizes) if sizes else None, self.backend.prepare)
-            budget = tp.min_across_ranks(budget, self.device)
+            budget = tp.min_across_ranks(share_with_draft_model(config, budget), self.device)
         num_blocks = num_blocks_for_budget(config, budget)
         check_fits_one_sequence(config, num_blocks)
         check_kv_cache_fits(config, num_blocks)

@@ -103,12 +103,10 @@ class LLMEngine:
         )
         self.drafter = None
         if config.speculative_config is not None:
-            from fastgen.speculative.config import SpeculativeConfig
-            from fastgen.speculative.drafts import ROW_COST, Drafter
+            from fastgen.engine.drafting import build_drafter
 
-            self.drafter = Drafter(SpeculativeConfig.from_dict(config.speculative_config),
-                                   ROW_COST[config.torch_device.type],
-                                   lambda seq: self.live.by_seq[seq.seq_id].prediction_token_ids)
+            self.drafter = build_drafter(config, self.runner, load_format,
+                                         lambda seq: self.live.by_seq[seq.seq_id].prediction_token_ids)
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -222,8 +220,11 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or bool(self.outbox.for_step) or in_flight
 
     def shutdown(self) -> None:
-        """Release the runner's processes (a tensor-parallel engine's workers); idempotent."""
+        """Release the runner's processes (a tensor-parallel engine's workers, a draft model's
+        background compile); idempotent."""
         self.runner.shutdown()
+        if self.drafter is not None and self.drafter.model is not None:
+            self.drafter.model.shutdown()
 
     def stats(self) -> EngineStats:
         """A snapshot of the engine's load and lifetime counters (for metrics)."""

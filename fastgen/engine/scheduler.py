@@ -244,14 +244,14 @@ class Scheduler:
         limit = self.drafter.config.disable_by_batch_size
         if limit is not None and len(decodes) >= limit:
             return ()
-        budget = self.max_num_batched_tokens - len(decodes)
+        # The sample after the last drafted token is an output token too: k drafts make up to
+        # k + 1 tokens, all within max_tokens and max_model_len.
+        rooms = [min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1)
+                 for seq in decodes]
+        proposed = self.drafter.propose_batch(decodes, rooms, self.max_num_batched_tokens - len(decodes))
         drafts: list[tuple[int, ...]] = []
         bm = self.block_manager
-        for i, seq in enumerate(decodes):
-            # The sample after the last drafted token is an output token too: k drafts make up to
-            # k + 1 tokens, all within max_tokens and max_model_len.
-            room = min(budget, seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1)
-            draft = self.drafter.propose(seq, room, len(decodes)) if room > 0 else ()
+        for i, (seq, draft) in enumerate(zip(decodes, proposed)):
             if draft:
                 # Positions len(seq) .. len(seq) + k - 1 hold the drafts' K/V. A free block for
                 # each decoding sequence stays free: the next step's decodes may each need one,
@@ -260,7 +260,6 @@ class Scheduler:
                 slots = len(seq.block_table) * bm.block_size - len(seq) + spare * bm.block_size
                 draft = draft[: max(0, slots)]
                 new_blocks[i] += bm.append_slots(seq, len(draft))
-            budget -= len(draft)
             drafts.append(draft)
         return tuple(drafts) if any(drafts) else ()
 

@@ -37,12 +37,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fastgen.sequence import Sequence
 from fastgen.speculative.config import SpeculativeConfig
 from fastgen.speculative.ngram import lookup_draft
+
+if TYPE_CHECKING:
+    from fastgen.speculative.draft_model import DraftModelProposer
 
 PRIOR_RATE = 0.5  # a sequence's rate of kept draft tokens before any verification
 PRIOR_WEIGHT = 1.0  # the prior counts as this many checked tokens
@@ -116,14 +120,17 @@ def paying_length(rate: float, threshold: float, most: int) -> int:
 
 
 class Drafter:
-    """Proposes draft tokens for decoding sequences (`propose`) and learns from their
+    """Proposes draft tokens for decoding sequences (`propose_batch`) and learns from their
     verification (`record`). prediction_of: a sequence's predicted output tokens (OpenAI's
-    `prediction`), searched before its own tokens; None for none. row_cost: a drafted row's cost
-    relative to a decode step (ROW_COST, by device)."""
+    `prediction`), searched before its own tokens; None for none. row_cost: a drafted token's
+    cost relative to a decode step (ROW_COST, by device; plus a draft model's step, with one).
+    model: the draft model that proposes where the prediction does not (None: prompt lookup)."""
 
     def __init__(self, config: SpeculativeConfig, row_cost: float = ROW_COST["cpu"],
-                 prediction_of: Callable[[Sequence], list[int] | None] = lambda seq: None):
+                 prediction_of: Callable[[Sequence], list[int] | None] = lambda seq: None,
+                 model: DraftModelProposer | None = None):
         self.config = config
+        self.model = model  # the draft model (method "draft_model"), else prompt lookup
         self.row_cost = row_cost
         self.prediction_of = prediction_of
         self.seqs: dict[int, _SequenceDrafts] = {}
@@ -158,14 +165,53 @@ class Drafter:
                 and seq.num_output_tokens >= p.min_tokens)
 
     def propose(self, seq: Sequence, limit: int, batch_size: int = 1) -> tuple[int, ...]:
-        """Draft tokens to follow the sequence's tokens, at most `limit` (its room in the step)
+        """Draft tokens to follow one sequence's tokens, at most `limit` (its room in the step)
         and what pays in a step of `batch_size` decoding sequences; () when it does not draft."""
+        return self.propose_batch([seq], [limit], limit, batch_size)[0]
+
+    def propose_batch(self, seqs: list[Sequence], rooms: list[int], budget: int, batch_size: int | None = None
+                      ) -> list[tuple[int, ...]]:
+        """Draft tokens for each of `seqs` (the step's decoding sequences, in batch order): each
+        at most its room (max_tokens and max_model_len) and what pays in a step of `batch_size`
+        (default len(seqs)) sequences, all of them within `budget` tokens, handed out in batch
+        order. A draft model runs once for every sequence it drafts for."""
+        batch_size = len(seqs) if batch_size is None else batch_size
+        threshold = self.threshold(batch_size)
+        drafts: list[tuple[int, ...]] = [()] * len(seqs)
+        for_model: list[tuple[int, int]] = []  # (index, length) the draft model proposes for
+        for i, (seq, room) in enumerate(zip(seqs, rooms)):
+            length = self._length(seq, min(room, budget), batch_size, threshold)
+            if length == 0:
+                continue
+            state = self.seqs[seq.seq_id]
+            draft = self._from_prediction(seq, state, length)
+            if draft is None and self.model is not None:
+                for_model.append((i, length))
+                budget -= length
+                continue
+            if draft is None:
+                draft = self._lookup(seq, state, length)
+            drafts[i] = draft
+            budget -= len(draft)
+        if for_model:
+            made = self.model.propose([seqs[i] for i, _ in for_model], [n for _, n in for_model])
+            for (i, _), draft in zip(for_model, made):
+                drafts[i] = draft
+        for seq, draft in zip(seqs, drafts):
+            if draft:
+                state = self.seqs[seq.seq_id]
+                state.trying = state.idle_steps > 0
+                state.idle_steps = 0
+        return drafts
+
+    def _length(self, seq: Sequence, limit: int, batch_size: int, threshold: float) -> int:
+        """How many tokens the sequence drafts (0: none): what its rate pays for, or a one-token
+        try after its back-off."""
         if limit <= 0 or not self.eligible(seq):
-            return ()
+            return 0
         state = self.seqs.get(seq.seq_id)
         if state is None:
             state = self.seqs[seq.seq_id] = _SequenceDrafts(self.prediction_of(seq))
-        threshold = self.threshold(batch_size)
         length = paying_length(state.rate, threshold, self.config.num_speculative_tokens)
         if length == 0:
             state.idle_steps += 1
@@ -176,24 +222,26 @@ class Drafter:
             if threshold >= MAX_THRESHOLD_FOR_TRIES and batch_bucket(batch_size) in self.draft_seconds:
                 wait = MAX_BACKOFF * batch_size
             if state.idle_steps < wait:
-                return ()
+                return 0
             length = 1  # a try: the rate learns only from drafts
-        draft = self._lookup(seq, state, min(limit, length))
-        if draft:
-            state.trying = state.idle_steps > 0
-            state.idle_steps = 0
-        return draft
+        return min(limit, length)
+
+    def _from_prediction(self, seq: Sequence, state: _SequenceDrafts, length: int) -> tuple[int, ...] | None:
+        """The request's predicted output where the output has followed it from its start (what
+        the caller said comes next); None otherwise."""
+        prediction = state.prediction
+        if prediction is None:
+            return None
+        done = seq.num_output_tokens
+        tokens = state.sync(seq.token_ids)
+        if done < prediction.shape[0] and np.array_equal(tokens[seq.num_prompt_tokens:], prediction[:done]):
+            return tuple(prediction[done: done + length].tolist())
+        return None
 
     def _lookup(self, seq: Sequence, state: _SequenceDrafts, length: int) -> tuple[int, ...]:
         cfg = self.config
         tokens = state.sync(seq.token_ids)
-        prediction = state.prediction
-        if prediction is not None:
-            # While the output follows the prediction from its start, the prediction goes on.
-            done = seq.num_output_tokens
-            if done < prediction.shape[0] and np.array_equal(tokens[seq.num_prompt_tokens:], prediction[:done]):
-                return tuple(prediction[done: done + length].tolist())
-        return tuple(lookup_draft(tokens, prediction, length, cfg.prompt_lookup_max, cfg.prompt_lookup_min))
+        return tuple(lookup_draft(tokens, state.prediction, length, cfg.prompt_lookup_max, cfg.prompt_lookup_min))
 
     def record(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """A verification of `proposed` draft tokens of which the first `accepted` were kept."""
@@ -207,8 +255,11 @@ class Drafter:
             state.trying = False
 
     def release(self, seq_ids: Iterable[int]) -> None:
+        seq_ids = tuple(seq_ids)
         for seq_id in seq_ids:
             self.seqs.pop(seq_id, None)
+        if self.model is not None:
+            self.model.release(seq_ids)
 
 
 def _average(old: float | None, new: float) -> float:

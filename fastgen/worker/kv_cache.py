@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from fastgen.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from fastgen.models.config import DTYPE_BYTES, ModelConfig
 
 
 class KVCache:
@@ -59,6 +60,20 @@ def num_blocks_for_budget(config: EngineConfig, budget_bytes: int | None) -> int
     if budget is None:
         budget = budget_bytes if budget_bytes is not None else DEFAULT_CPU_KV_CACHE_BYTES
     return budget // bytes_per_block(config)
+
+
+def share_with_draft_model(config: EngineConfig, budget_bytes: int) -> int:
+    """What a measured KV budget leaves the engine's own cache when a draft model (speculative
+    decoding) is loaded after it: the draft's weights come off the top, and the rest is split so
+    that the draft's cache gets as many blocks as the engine's."""
+    spec = config.speculative_config
+    if spec is None or spec["method"] != "draft_model":
+        return budget_bytes
+    draft = ModelConfig.from_folder(spec["model"])
+    weights = draft.num_parameters() * DTYPE_BYTES[config.dtype_name]
+    own = bytes_per_block(config)
+    theirs = config.block_size * draft.kv_bytes_per_token(config.dtype_name)
+    return max(0, budget_bytes - weights) * own // (own + theirs)
 
 
 def check_fits_one_sequence(config: EngineConfig, num_blocks: int) -> None:

@@ -47,11 +47,11 @@ def test_lookup_searches_the_prediction_first():
 def test_config_defaults_and_refusals():
     assert check_speculative_config("speculative_config", {"method": "ngram"}) == {
         "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
-        "disable_by_batch_size": None}
+        "disable_by_batch_size": None, "model": None, "quantization": None}
     assert check_speculative_config("c", SpeculativeConfig(num_speculative_tokens=2))["num_speculative_tokens"] == 2
     for value, message in [
         ("ngram", r"must be a dict"),
-        ({"method": "eagle"}, r"\['method'\]='eagle' is not one of \['ngram'\]"),
+        ({"method": "eagle"}, r"\['method'\]='eagle' is not one of \['ngram', 'draft_model'\]"),
         ({"num_speculative_tokens": 0}, r"\['num_speculative_tokens'\]=0 must be >= 1"),
         ({"num_speculative_tokens": 17}, r"\['num_speculative_tokens'\]=17 must be < 17"),
         ({"prompt_lookup_max": 2, "prompt_lookup_min": 3}, r"prompt_lookup_min'\]=3 must be <= prompt_lookup_max=2"),
@@ -149,8 +149,12 @@ class _AlwaysDrafts:
     class config:  # noqa: N801 - stands in for a SpeculativeConfig
         disable_by_batch_size = None
 
-    def propose(self, seq, limit, batch_size=1):
-        return (5, 6, 7)[:limit]
+    def propose_batch(self, seqs, rooms, budget):
+        drafts = []
+        for room in rooms:
+            drafts.append((5, 6, 7)[:max(0, min(room, budget))])
+            budget -= len(drafts[-1])
+        return drafts
 
     def release(self, seq_ids):
         pass

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import pytest
+
 from fastgen import LLM, SamplingParams
 from tests.conftest import random_prompts
 
@@ -43,14 +45,18 @@ def homogeneity(a: Counter, b: Counter) -> tuple[float, int]:
     return stat, len(rows) - 1
 
 
-def test_sampling_with_drafts_keeps_the_distribution(tiny_models):
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_sampling_with_drafts_keeps_the_distribution(tiny_models, method):
+    """ngram: drafts from the predicted output; draft_model: the model itself drafts its greedy
+    tokens."""
     model = tiny_models["llama"]
     prompt = random_prompts([10], seed=21)[0]
     common = dict(dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=1200, max_num_seqs=256)
     plain = LLM(model, **common)
     likely = plain.generate([prompt], SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
     prediction = likely[0].token_ids
-    spec = LLM(model, speculative_config={"method": "ngram", "num_speculative_tokens": 3}, **common)
+    speculative = {"method": method, "num_speculative_tokens": 3} | ({"model": model} if method == "draft_model" else {})
+    spec = LLM(model, speculative_config=speculative, **common)
     spec.engine.drafter.row_cost = 0.0  # draft at any batch size and rate: this tests verification
 
     def sample(llm: LLM, seed0: int) -> list[list[int]]:
