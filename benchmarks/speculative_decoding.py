@@ -1,5 +1,5 @@
-"""Speculative decoding (prompt lookup) on the default model (or any `--model`): decode speed
-with and without it, by kind of prompt, at batch 1 and in a batch of 16.
+"""Speculative decoding (prompt lookup, or a draft model) on the default model (or any `--model`):
+decode speed with and without it, by kind of prompt, at batch 1 and in a batch of 16.
 
 - copy-heavy prompts: repeat a text, rename a variable in a function, correct a paragraph's
   typos: the answer repeats much of the prompt, so lookup drafts are often right;
@@ -18,7 +18,12 @@ per draft position) and whether greedy outputs are identical with and without dr
 a verify step's products of several rows may round differently from a decode step's, so a near
 tie can go the other way; in float32 the tests require equality).
 
+`--method draft_model` drafts with `--draft-model` (default: the model itself) quantized by
+`--draft-quantization` (default int4): the model's own int4 twin, which agrees with it on most
+tokens at about a third of its weight bytes.
+
 Usage: python benchmarks/speculative_decoding.py [--model PATH] [--quantization Q]
+       [--method ngram|draft_model] [--draft-model PATH] [--draft-quantization Q|none]
        [--num-speculative-tokens K] [--max-tokens N] [--rounds R] [--json PATH]
 """
 
@@ -149,13 +154,19 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="16", help="mixed batches to measure (comma-separated)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window of each batch run")
     parser.add_argument("--disable-by-batch-size", type=int, default=0, help="0: no cap (the default)")
+    parser.add_argument("--method", default="ngram", choices=["ngram", "draft_model"])
+    parser.add_argument("--draft-model", default=None, help="draft_model: default the model itself")
+    parser.add_argument("--draft-quantization", default="int4", help="draft_model: int8, int4 or none")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
     common = dict(compile_mode="blocking", enforce_eager=False, max_num_seqs=32, quantization=args.quantization)
-    spec_config = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
+    plain = LLM(args.model, **common)
+    spec_config = {"method": args.method, "num_speculative_tokens": args.num_speculative_tokens,
                    "disable_by_batch_size": args.disable_by_batch_size or None}
-    engines = {"plain": LLM(args.model, **common), "speculative": LLM(args.model, speculative_config=spec_config,
-                                                                        **common)}
+    if args.method == "draft_model":
+        quantization = None if args.draft_quantization == "none" else args.draft_quantization
+        spec_config |= {"model": args.draft_model or plain.config.model, "quantization": quantization}
+    engines = {"plain": plain, "speculative": LLM(args.model, speculative_config=spec_config, **common)}
     tokenizer = engines["plain"].engine.tokenizer
     ids = {label: chat_token_ids(tokenizer, [{"role": "user", "content": text}])
            for label, text in {**COPY, **FREE}.items()}

@@ -130,6 +130,7 @@ class LLMEngine:
         # drafts need each step's tokens on the host: neither overlaps.
         self.overlap = bool(config.overlap_scheduling) and config.tensor_parallel_size == 1 and self.drafter is None
         self.in_flight: InFlightStep | None = None
+        self._graphs_loaded = 0  # compiled graphs loaded as of the last step (`_count_graphs_loaded`)
 
     def _grammar_backend_factory(self, eos: set[int]):
         """What builds the structured-output backend on first use (None without a tokenizer)."""
@@ -302,10 +303,22 @@ class LLMEngine:
         self.step_tokens["prompt"] += out.num_prompt_tokens
         self.step_tokens["mixed_steps"] += int(out.num_prompt_tokens > 0 and out.num_decodes > 0)
         self.step_tokens["draft"] += out.num_draft_tokens
-        if self.drafter is not None and out.num_prompt_tokens == 0:
-            self.drafter.observe_step(out.num_decodes, out.num_draft_tokens, now() - started)
+        if self.drafter is not None:
+            loaded, self._graphs_loaded = self._graphs_loaded, self._count_graphs_loaded()
+            # A step that loaded or compiled a graph (the engine's or the draft model's) timed
+            # that, not drafting: it would make drafts look dear (or cheap) for many steps.
+            if out.num_prompt_tokens == 0 and loaded == self._graphs_loaded:
+                self.drafter.observe_step(out.num_decodes, out.num_draft_tokens, now() - started)
         return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes,
                           out.num_draft_tokens)
+
+    def _count_graphs_loaded(self) -> int:
+        """Compiled CPU graphs the engine's runner and the draft model's have loaded so far."""
+        runners = [self.runner]
+        if self.drafter is not None and self.drafter.model is not None:
+            runners.append(self.drafter.model.runner)
+        compiled = [getattr(r, "compiled_decode", None) for r in runners]
+        return sum(len(c.first_call_seconds) for c in compiled if c is not None)
 
     def _give_up(self, out: SchedulerOutput) -> None:
         """A scheduled step will not be launched (an interrupt, a failure before the launch): it

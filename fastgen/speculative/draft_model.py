@@ -86,6 +86,9 @@ class DraftModelProposer:
         self.twins: OrderedDict[int, _Twin] = OrderedDict()  # by seq_id, least recently drafted first
         self._released: list[int] = []  # twins dropped since the runner's last step (rows to forget)
         self.num_steps = 0  # draft model steps run
+        # Whether the last proposal computed a sequence's history (a first draft, or one after a
+        # long pause): a prefill's cost, once a sequence, that says nothing of what drafting costs.
+        self.caught_up_history = False
 
     # ---- proposals -------------------------------------------------------------------------
     def propose(self, seqs: list[Sequence], lengths: list[int]) -> list[tuple[int, ...]]:
@@ -101,6 +104,7 @@ class DraftModelProposer:
 
     def _propose(self, seqs: list[Sequence], lengths: list[int]) -> list[tuple[int, ...]]:
         keep = {seq.seq_id for seq in seqs}
+        self.caught_up_history = False
         twins: list[_Twin | None] = []
         for seq, length in zip(seqs, lengths):
             twin = self._twin(seq, length, keep)
@@ -113,6 +117,9 @@ class DraftModelProposer:
         live = [i for i, twin in enumerate(twins) if twin is not None]
         if not live:
             return [()] * len(seqs)
+        # More tokens to catch up than a verification can bring (the drafts and the sample after
+        # them): the twin is new or fell behind while its sequence did not draft.
+        self.caught_up_history = any(len(seqs[i]) - twins[i].seq.num_computed_tokens > lengths[i] + 1 for i in live)
         self._catch_up([twins[i] for i in live], [drafts[i] for i in live])
         for i in live:
             self.blocks.cache_computed_blocks(twins[i].seq)
@@ -182,7 +189,10 @@ class DraftModelProposer:
             seqs = [twins[k].seq for k in batch]
             starts = tuple(seq.num_computed_tokens for seq in seqs)
             sampling = tuple(start + n == len(seq.token_ids) for seq, start, n in zip(seqs, starts, counts))
-            sampled = self._run(SchedulerOutput(seqs, counts, True, [True] * len(seqs), [()] * len(seqs),
+            # One token each (the target kept what was drafted, or only its own sample is new):
+            # a decode step, which the runner's CUDA graphs and compiled CPU step take.
+            prefill = max(counts) > 1
+            sampled = self._run(SchedulerOutput(seqs, counts, prefill, [True] * len(seqs), [()] * len(seqs),
                                                 starts=starts, sampling=sampling))
             for k, seq, n, token in zip(batch, seqs, counts, sampled):
                 seq.num_computed_tokens += n

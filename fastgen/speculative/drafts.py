@@ -142,6 +142,8 @@ class Drafter:
         tokens and computed no prompt token took `seconds`."""
         if num_decodes <= 0:
             return
+        if self.model is not None and self.model.caught_up_history:
+            return  # the step prefilled a sequence's history in the draft model: a one-off cost
         bucket = batch_bucket(num_decodes)
         if not num_draft_tokens:
             self.decode_seconds[bucket] = _average(self.decode_seconds.get(bucket), seconds)
@@ -218,8 +220,11 @@ class Drafter:
             # A try turns its whole step into a verify step, so among B sequences each tries B
             # times less often; where measured steps say no draft pays at this batch size, only
             # after the longest wait (the measurement is refreshed, never trusted for good).
+            # A draft model's try also computes what the sequence made since its last draft: where
+            # the model says no draft pays, only after the longest wait too.
             wait = state.backoff * batch_size
-            if threshold >= MAX_THRESHOLD_FOR_TRIES and batch_bucket(batch_size) in self.draft_seconds:
+            if threshold >= MAX_THRESHOLD_FOR_TRIES and (self.model is not None
+                                                         or batch_bucket(batch_size) in self.draft_seconds):
                 wait = MAX_BACKOFF * batch_size
             if state.idle_steps < wait:
                 return 0

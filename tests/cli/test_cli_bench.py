@@ -268,6 +268,7 @@ def test_speculative_decoding_is_reported_and_changes_no_total(tiny_models, tmp_
 @pytest.mark.parametrize("value, words", [
     ('{"num_speculative_tokens": 0}', "speculative_config['num_speculative_tokens']=0 must be >= 1"),
     ("ngram", "invalid JSON 'ngram'"),
+    ('{"method": "draft_model"}', "speculative_config['model']=None must name the draft model"),
 ])
 def test_a_bad_speculative_config_exits_2_naming_it(capsys, value, words):
     with pytest.raises(SystemExit) as exit_info:

@@ -55,7 +55,9 @@ def test_sampling_with_drafts_keeps_the_distribution(tiny_models, method):
     plain = LLM(model, **common)
     likely = plain.generate([prompt], SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
     prediction = likely[0].token_ids
-    speculative = {"method": method, "num_speculative_tokens": 3} | ({"model": model} if method == "draft_model" else {})
+    speculative = {"method": method, "num_speculative_tokens": 3}
+    if method == "draft_model":
+        speculative["model"] = model
     spec = LLM(model, speculative_config=speculative, **common)
     spec.engine.drafter.row_cost = 0.0  # draft at any batch size and rate: this tests verification
 
