@@ -24,7 +24,8 @@ def draft_engine_config(config: EngineConfig, num_blocks: int) -> EngineConfig:
     as the engine's, so every sequence the engine holds has room in the draft cache too."""
     spec = config.speculative_config
     return dataclasses.replace(
-        config, model=spec["model"], quantization=spec["quantization"], quantization_group_size=None,
+        config, model=spec["model"], dtype=config.dtype_name, quantization=spec["quantization"],
+        quantization_group_size=None,
         speculative_config=None, num_kv_blocks=num_blocks, kv_cache_memory_bytes=None, overlap_scheduling=False,
         tensor_parallel_size=1)
 
@@ -49,6 +50,7 @@ def build_drafter(config: EngineConfig, runner: StepRunner, load_format: str,
     draft_config = draft_engine_config(config, runner.num_kv_blocks)
     draft_runner = ModelRunner(draft_config, load_format=load_format)
     blocks = BlockManager(draft_runner.num_kv_blocks, config.block_size, enable_prefix_caching=True)
-    model = DraftModelProposer(draft_runner, blocks, config.max_num_batched_tokens)
+    model = DraftModelProposer(draft_runner, blocks, config.max_num_batched_tokens,
+                               draft_config.model_config.vocab_size)
     row_cost += weight_bytes(draft_runner.model) / max(1, weight_bytes(runner.model))
     return Drafter(spec, row_cost, prediction_of, model)

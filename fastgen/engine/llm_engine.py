@@ -304,10 +304,10 @@ class LLMEngine:
         self.step_tokens["mixed_steps"] += int(out.num_prompt_tokens > 0 and out.num_decodes > 0)
         self.step_tokens["draft"] += out.num_draft_tokens
         if self.drafter is not None:
-            loaded, self._graphs_loaded = self._graphs_loaded, self._count_graphs_loaded()
+            before, self._graphs_loaded = self._graphs_loaded, self._count_graphs_loaded()
             # A step that loaded or compiled a graph (the engine's or the draft model's) timed
             # that, not drafting: it would make drafts look dear (or cheap) for many steps.
-            if out.num_prompt_tokens == 0 and loaded == self._graphs_loaded:
+            if out.num_prompt_tokens == 0 and before == self._graphs_loaded:
                 self.drafter.observe_step(out.num_decodes, out.num_draft_tokens, now() - started)
         return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes,
                           out.num_draft_tokens)

@@ -246,8 +246,12 @@ class Scheduler:
             return ()
         # The sample after the last drafted token is an output token too: k drafts make up to
         # k + 1 tokens, all within max_tokens and max_model_len.
-        rooms = [min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1)
-                 for seq in decodes]
+        # Nor more than the slots its blocks and the spare free blocks could hold (the cut below
+        # shares the spare ones out), so a draft model computes no draft that cannot be verified.
+        bs = self.block_manager.block_size
+        spare = max(0, self.block_manager.num_free_blocks - len(decodes)) * bs
+        rooms = [min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1,
+                     len(seq.block_table) * bs - len(seq) + spare) for seq in decodes]
         proposed = self.drafter.propose_batch(decodes, rooms, self.max_num_batched_tokens - len(decodes))
         drafts: list[tuple[int, ...]] = []
         bm = self.block_manager
@@ -258,7 +262,9 @@ class Scheduler:
                 # and a draft that took it would make that step preempt someone.
                 spare = max(0, bm.num_free_blocks - len(decodes))
                 slots = len(seq.block_table) * bm.block_size - len(seq) + spare * bm.block_size
-                draft = draft[: max(0, slots)]
+                if slots < len(draft):
+                    draft = draft[: max(0, slots)]
+                    self.drafter.drafts_cut = True
                 new_blocks[i] += bm.append_slots(seq, len(draft))
             drafts.append(draft)
         return tuple(drafts) if any(drafts) else ()

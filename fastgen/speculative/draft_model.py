@@ -77,18 +77,19 @@ class DraftModelProposer:
 
     runner: a `StepRunner` over the draft model (its own KV cache), blocks: the `BlockManager` of
     that cache, max_num_batched_tokens: most tokens one of the runner's steps takes (a longer
-    catch-up runs in chunks)."""
+    catch-up runs in chunks), vocab_size: the draft model's (a sequence holding a token past it
+    never drafts: the draft model could not embed it)."""
 
-    def __init__(self, runner: StepRunner, blocks: BlockManager, max_num_batched_tokens: int):
+    def __init__(self, runner: StepRunner, blocks: BlockManager, max_num_batched_tokens: int, vocab_size: int):
         self.runner = runner
         self.blocks = blocks
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.vocab_size = vocab_size
         self.twins: OrderedDict[int, _Twin] = OrderedDict()  # by seq_id, least recently drafted first
-        self._released: list[int] = []  # twins dropped since the runner's last step (rows to forget)
-        self.num_steps = 0  # draft model steps run
+        self.undraftable: set[int] = set()  # seq_ids holding a token past the draft's vocabulary
         # Whether the last proposal computed a sequence's history (a first draft, or one after a
         # long pause): a prefill's cost, once a sequence, that says nothing of what drafting costs.
-        self.caught_up_history = False
+        self.prefilled_history = False
 
     # ---- proposals -------------------------------------------------------------------------
     def propose(self, seqs: list[Sequence], lengths: list[int]) -> list[tuple[int, ...]]:
@@ -96,18 +97,22 @@ class DraftModelProposer:
         each sequence's tokens."""
         try:
             return self._propose(seqs, lengths)
-        except Exception:  # noqa: BLE001 - the target's step goes on without drafts
-            logger.exception("the draft model failed; this step verifies no drafts")
+        except BaseException as exc:
+            # Part-way, twins may hold drafted tokens and rows the runner never finished: none is
+            # trusted again (each is rebuilt from the cache's prefix at its next draft).
             self.runner.recover(None)
             self.release(list(self.twins))
+            if not isinstance(exc, Exception):
+                raise
+            logger.exception("the draft model failed; this step verifies no drafts")
             return [()] * len(seqs)
 
     def _propose(self, seqs: list[Sequence], lengths: list[int]) -> list[tuple[int, ...]]:
         keep = {seq.seq_id for seq in seqs}
-        self.caught_up_history = False
+        self.prefilled_history = False
         twins: list[_Twin | None] = []
         for seq, length in zip(seqs, lengths):
-            twin = self._twin(seq, length, keep)
+            twin = self._ready_twin(seq, length, keep)
             twins.append(twin)
             if twin is not None:
                 self.twins.move_to_end(seq.seq_id)
@@ -119,7 +124,7 @@ class DraftModelProposer:
             return [()] * len(seqs)
         # More tokens to catch up than a verification can bring (the drafts and the sample after
         # them): the twin is new or fell behind while its sequence did not draft.
-        self.caught_up_history = any(len(seqs[i]) - twins[i].seq.num_computed_tokens > lengths[i] + 1 for i in live)
+        self.prefilled_history = any(len(seqs[i]) - twins[i].seq.num_computed_tokens > lengths[i] + 1 for i in live)
         self._catch_up([twins[i] for i in live], [drafts[i] for i in live])
         for i in live:
             self.blocks.cache_computed_blocks(twins[i].seq)
@@ -142,12 +147,20 @@ class DraftModelProposer:
                 twin.seq.num_computed_tokens = len(seq)
         return [tuple(draft) for draft in drafts]
 
-    def _twin(self, seq: Sequence, length: int, keep: set[int]) -> _Twin | None:
+    def _ready_twin(self, seq: Sequence, length: int, keep: set[int]) -> _Twin | None:
         """The sequence's twin caught up to its tokens, with cache slots for all but the last of
         its drafted tokens (the last is never fed to the draft model); None where the draft cache
-        has no room even after dropping the twins of sequences not drafting now."""
+        has no room even after dropping the twins of sequences not drafting now, or where the
+        sequence holds a token the draft model cannot embed."""
         blocks = self.blocks
+        if seq.seq_id in self.undraftable:
+            return None
         twin = self.twins.get(seq.seq_id)
+        new_tokens = seq.token_ids[len(twin.seq.token_ids):] if twin is not None else seq.token_ids
+        if new_tokens and max(new_tokens) >= self.vocab_size:
+            self.undraftable.add(seq.seq_id)
+            self.release([seq.seq_id])
+            return None
         if twin is None:
             twin_seq = Sequence(seq.seq_id, list(seq.token_ids), GREEDY)
             if not self._make_room(lambda: blocks.can_allocate(twin_seq), keep):
@@ -164,7 +177,9 @@ class DraftModelProposer:
         return twin
 
     def _make_room(self, fits, keep: set[int]) -> bool:
-        """Drop the least recently drafted twins not in `keep` until `fits()`."""
+        """Whether `fits()` once the least recently drafted twins not in `keep` are dropped as
+        needed: a twin costs only a catch-up to rebuild, and the sequences drafting now are the
+        ones whose twins pay."""
         while not fits():
             idle = next((seq_id for seq_id in self.twins if seq_id not in keep), None)
             if idle is None:
@@ -190,8 +205,9 @@ class DraftModelProposer:
             starts = tuple(seq.num_computed_tokens for seq in seqs)
             sampling = tuple(start + n == len(seq.token_ids) for seq, start, n in zip(seqs, starts, counts))
             # One token each (the target kept what was drafted, or only its own sample is new):
-            # a decode step, which the runner's CUDA graphs and compiled CPU step take.
-            prefill = max(counts) > 1
+            # a decode step, which the runner's CUDA graphs and compiled CPU step take, unless a
+            # token is in a prefix-cached block (only a prefill step leaves those slots unwritten).
+            prefill = max(counts) > 1 or any(start < seq.num_cached_tokens for seq, start in zip(seqs, starts))
             sampled = self._run(SchedulerOutput(seqs, counts, prefill, [True] * len(seqs), [()] * len(seqs),
                                                 starts=starts, sampling=sampling))
             for k, seq, n, token in zip(batch, seqs, counts, sampled):
@@ -201,21 +217,25 @@ class DraftModelProposer:
 
     def _run(self, out: SchedulerOutput) -> list[int | None]:
         """One step of the draft model; the greedy token of each sequence that samples."""
-        if self._released:
-            out = SchedulerOutput(out.seqs, out.num_new_tokens, out.is_prefill, out.new_tables, out.new_block_ids,
-                                  finished_seq_ids=tuple(self._released), starts=out.starts, sampling=out.sampling)
-            self._released = []
-        self.num_steps += 1
         return self.runner.collect(self.runner.launch(out)).sampled
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def release(self, seq_ids: Iterable[int]) -> None:
         """Free the twins of sequences that ended (or that the cache needs room from)."""
+        freed = []
         for seq_id in seq_ids:
             twin = self.twins.pop(seq_id, None)
             if twin is not None:
                 self.blocks.free(twin.seq)
-                self._released.append(seq_id)
+                freed.append(seq_id)
+        if freed:
+            self.runner.forget((), freed)
+
+    def forget(self, seq_ids: Iterable[int]) -> None:
+        """Sequences that ended: their twins go, and nothing of them is kept."""
+        seq_ids = tuple(seq_ids)
+        self.release(seq_ids)
+        self.undraftable.difference_update(seq_ids)
 
     def shutdown(self) -> None:
         self.runner.shutdown()

@@ -136,14 +136,24 @@ class Drafter:
         self.seqs: dict[int, _SequenceDrafts] = {}
         self.decode_seconds: dict[int, float] = {}  # batch bucket -> a step without drafts
         self.draft_seconds: dict[int, float] = {}  # batch bucket -> extra time per drafted token
+        # Set by the scheduler when it cut drafts to the blocks it had (`observe_step` reads it).
+        self.drafts_cut = False
 
     def observe_step(self, num_decodes: int, num_draft_tokens: int, seconds: float) -> None:
         """A step that decoded `num_decodes` sequences, verified `num_draft_tokens` drafted
         tokens and computed no prompt token took `seconds`."""
         if num_decodes <= 0:
             return
-        if self.model is not None and self.model.caught_up_history:
-            return  # the step prefilled a sequence's history in the draft model: a one-off cost
+        cut, self.drafts_cut = self.drafts_cut, False
+        prefilled = self.model is not None and self.model.prefilled_history
+        if prefilled:
+            self.model.prefilled_history = False
+        if cut:
+            return  # drafts were cut after they were made (no blocks): the step paid for more
+        if prefilled:
+            # A sequence's history prefilled in the draft model: a cost paid once a sequence (or
+            # after a long pause), which would make drafting look dear for many steps.
+            return
         bucket = batch_bucket(num_decodes)
         if not num_draft_tokens:
             self.decode_seconds[bucket] = _average(self.decode_seconds.get(bucket), seconds)
@@ -178,6 +188,8 @@ class Drafter:
         (default len(seqs)) sequences, all of them within `budget` tokens, handed out in batch
         order. A draft model runs once for every sequence it drafts for."""
         batch_size = len(seqs) if batch_size is None else batch_size
+        if self.model is not None:
+            self.model.prefilled_history = False
         threshold = self.threshold(batch_size)
         drafts: list[tuple[int, ...]] = [()] * len(seqs)
         for_model: list[tuple[int, int]] = []  # (index, length) the draft model proposes for
@@ -264,7 +276,7 @@ class Drafter:
         for seq_id in seq_ids:
             self.seqs.pop(seq_id, None)
         if self.model is not None:
-            self.model.release(seq_ids)
+            self.model.forget(seq_ids)
 
 
 def _average(old: float | None, new: float) -> float:

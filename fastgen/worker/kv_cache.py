@@ -65,12 +65,15 @@ def num_blocks_for_budget(config: EngineConfig, budget_bytes: int | None) -> int
 def share_with_draft_model(config: EngineConfig, budget_bytes: int) -> int:
     """What a measured KV budget leaves the engine's own cache when a draft model (speculative
     decoding) is loaded after it: the draft's weights come off the top, and the rest is split so
-    that the draft's cache gets as many blocks as the engine's."""
+    that the draft's cache gets as many blocks as the engine's. (A budget the user fixed, in
+    bytes or blocks, is the engine's own: the draft's weights and cache come on top of it.)"""
     spec = config.speculative_config
     if spec is None or spec["method"] != "draft_model":
         return budget_bytes
     draft = ModelConfig.from_folder(spec["model"])
-    weights = draft.num_parameters() * DTYPE_BYTES[config.dtype_name]
+    # Quantized: a code a weight and a float scale (and minimum) per group of 32, about.
+    per_weight = {None: DTYPE_BYTES[config.dtype_name], "int8": 1.25, "int4": 0.75}[spec["quantization"]]
+    weights = int(draft.num_parameters() * per_weight)
     own = bytes_per_block(config)
     theirs = config.block_size * draft.kv_bytes_per_token(config.dtype_name)
     return max(0, budget_bytes - weights) * own // (own + theirs)

@@ -195,3 +195,25 @@ def test_bad_draft_model_settings_are_refused(tiny_models, tmp_path):
         config(draft_config(str(short)), max_model_len=64)
     with pytest.raises(ValueError, match=r"speculative_config\['model'\]='.*missing'"):
         config(draft_config(str(Path(tmp_path) / "missing")))
+
+
+def test_a_sequence_holding_a_token_past_the_draft_vocabulary_does_not_draft(tiny_models, reference, tmp_path):
+    """A draft model of a smaller vocabulary (as Qwen's small models pad theirs less): a sequence
+    with a token it cannot embed decodes without drafts; the others draft."""
+    model = tiny_models["qwen3"]
+    small = str(build_tiny_model("qwen3", tmp_path / "small", vocab_size=300))
+    prompts = [random_prompts([8], seed=2)[0] + [350], random_prompts([9], seed=3)[0]]
+    prompts[1] = [t % 300 for t in prompts[1]]
+    want = reference(model, prompts, MAX_TOKENS)
+    llm = spec_llm(model, small)
+    engine = llm.engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, greedy(), request_id=str(i))
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        check_books(llm)
+    assert [finals[str(i)].token_ids for i in range(2)] == want
+    assert finals["0"].metrics.num_draft_tokens == 0
+    assert finals["1"].metrics.num_draft_tokens > 0
+    assert not engine.drafter.model.undraftable  # forgotten with their sequences
