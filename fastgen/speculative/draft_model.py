@@ -55,11 +55,14 @@ class _Twin:
         self.seq = seq
         self.written: tuple[int, ...] = ()
 
-    def catch_up(self, token_ids: list[int]) -> None:
+    def catch_up(self, token_ids: list[int]) -> bool:
         """Take the target's tokens (which extend the twin's): the cache stays valid up to the
-        first drafted token the target did not keep."""
+        first drafted token the target did not keep. Whether more tokens came than a
+        verification of the last draft can bring (its drafts and the sample after them): the
+        sequence went on without drafting."""
         seq = self.seq
         old = len(seq.token_ids)
+        fell_behind = len(token_ids) - old > len(self.written) + 2
         assert token_ids[:old] == seq.token_ids, "a target sequence's tokens only grow"
         valid = seq.num_computed_tokens
         if valid == old:  # the drafted tokens written past it count where the target kept them
@@ -70,6 +73,7 @@ class _Twin:
         seq.token_ids.extend(token_ids[old:])
         seq.num_computed_tokens = min(valid, len(token_ids) - 1)  # the last one gives the logits
         self.written = ()
+        return fell_behind
 
 
 class DraftModelProposer:
@@ -122,14 +126,11 @@ class DraftModelProposer:
         live = [i for i, twin in enumerate(twins) if twin is not None]
         if not live:
             return [()] * len(seqs)
-        # More tokens to catch up than a verification can bring (the drafts and the sample after
-        # them): the twin is new or fell behind while its sequence did not draft.
-        self.prefilled_history = any(len(seqs[i]) - twins[i].seq.num_computed_tokens > lengths[i] + 1 for i in live)
         self._catch_up([twins[i] for i in live], [drafts[i] for i in live])
         for i in live:
             self.blocks.cache_computed_blocks(twins[i].seq)
         # One decode step of the draft model for each further token, over the sequences that want
-        # it (the cache holds their slots up to `wanted`, taken by `_twin`).
+        # it (the cache holds their slots up to `wanted`, taken by `_ready_twin`).
         while live := [i for i in live if len(twins[i].seq.token_ids) < wanted[i]]:
             for i in live:
                 twins[i].seq.token_ids.append(drafts[i][-1])
@@ -167,8 +168,9 @@ class DraftModelProposer:
                 return None
             blocks.allocate(twin_seq)
             twin = self.twins[seq.seq_id] = _Twin(twin_seq)
-        else:
-            twin.catch_up(seq.token_ids)
+            self.prefilled_history = True  # its prompt and output, at least what no block holds
+        elif twin.catch_up(seq.token_ids):
+            self.prefilled_history = True
         needed = blocks.blocks_needed(len(seq) + length - 1) - len(twin.seq.block_table)
         if needed > 0 and not self._make_room(lambda: blocks.num_free_blocks >= needed, keep):
             self.release([seq.seq_id])
