@@ -25,9 +25,8 @@ def draft_engine_config(config: EngineConfig, num_blocks: int) -> EngineConfig:
     spec = config.speculative_config
     return dataclasses.replace(
         config, model=spec["model"], dtype=config.dtype_name, quantization=spec["quantization"],
-        quantization_group_size=None,
-        speculative_config=None, num_kv_blocks=num_blocks, kv_cache_memory_bytes=None, overlap_scheduling=False,
-        tensor_parallel_size=1)
+        quantization_group_size=None, speculative_config=None, num_kv_blocks=num_blocks, kv_cache_memory_bytes=None,
+        overlap_scheduling=False, tensor_parallel_size=1)
 
 
 def weight_bytes(model) -> int:

@@ -244,26 +244,27 @@ class Scheduler:
         limit = self.drafter.config.disable_by_batch_size
         if limit is not None and len(decodes) >= limit:
             return ()
+        bm = self.block_manager
+
+        def slots(seq: Sequence) -> int:
+            # Positions len(seq) .. len(seq) + k - 1 hold the drafts' K/V. A free block for each
+            # decoding sequence stays free: the next step's decodes may each need one, and a
+            # draft that took it would make that step preempt someone.
+            spare = max(0, bm.num_free_blocks - len(decodes))
+            return (len(seq.block_table) + spare) * bm.block_size - len(seq)
+
         # The sample after the last drafted token is an output token too: k drafts make up to
-        # k + 1 tokens, all within max_tokens and max_model_len.
-        # Nor more than the slots its blocks and the spare free blocks could hold (the cut below
-        # shares the spare ones out), so a draft model computes no draft that cannot be verified.
-        bs = self.block_manager.block_size
-        spare = max(0, self.block_manager.num_free_blocks - len(decodes)) * bs
-        rooms = [min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1,
-                     len(seq.block_table) * bs - len(seq) + spare) for seq in decodes]
+        # k + 1 tokens, all within max_tokens and max_model_len; and none past the slots the
+        # sequence could get now (so a draft model computes no draft that cannot be verified;
+        # the cut below shares the spare blocks out).
+        rooms = [min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1, slots(seq))
+                 for seq in decodes]
         proposed = self.drafter.propose_batch(decodes, rooms, self.max_num_batched_tokens - len(decodes))
         drafts: list[tuple[int, ...]] = []
-        bm = self.block_manager
         for i, (seq, draft) in enumerate(zip(decodes, proposed)):
             if draft:
-                # Positions len(seq) .. len(seq) + k - 1 hold the drafts' K/V. A free block for
-                # each decoding sequence stays free: the next step's decodes may each need one,
-                # and a draft that took it would make that step preempt someone.
-                spare = max(0, bm.num_free_blocks - len(decodes))
-                slots = len(seq.block_table) * bm.block_size - len(seq) + spare * bm.block_size
-                if slots < len(draft):
-                    draft = draft[: max(0, slots)]
+                if slots(seq) < len(draft):
+                    draft = draft[: max(0, slots(seq))]
                     self.drafter.drafts_cut = True
                 new_blocks[i] += bm.append_slots(seq, len(draft))
             drafts.append(draft)
