@@ -120,7 +120,7 @@ def engine_settings(llm, choice) -> dict:
         "cuda_graphs": runner.graphs is not None,
         "compiled_decode": runner.compiled_decode is not None,
         "compile_mode": config.compile_mode,
-        **compile_times(runner),
+        **engine_compile_times(llm.engine),
         "torch_compile": config.compile_enabled,
         "attention_backend": runner.backend.name,
         "seed": config.seed,
@@ -139,6 +139,18 @@ def weight_sizes(model) -> tuple[int, int]:
         if not name.endswith(("weight_scales", "weight_mins")):
             count += p.numel() * (2 if name.endswith("weight_codes") and p.dtype == torch.uint8 else 1)
     return count, nbytes
+
+
+def engine_compile_times(engine) -> dict:
+    """`compile_times` of the engine's runner, and of its draft model's (speculative decoding),
+    whose graphs are named `draft:<graph>` and whose time counts in `compile_s` too."""
+    times = compile_times(engine.runner)
+    drafter = engine.drafter
+    if drafter is not None and drafter.model is not None:
+        draft = compile_times(drafter.model.runner)
+        times["compile_s"] += draft["compile_s"]
+        times["compiled_graphs"].update({f"draft:{name}": graph for name, graph in draft["compiled_graphs"].items()})
+    return times
 
 
 def compile_times(runner) -> dict:

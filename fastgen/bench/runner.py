@@ -128,9 +128,9 @@ def announce_if_long(estimate_s: float, device_type: str) -> None:
 
 
 def warm_up(engine, max_model_len: int) -> WarmUpTimes:
-    """Run a short request alone, then two together, so one-time costs (allocator growth, lazy
-    kernel compilation, torch.compile: the compiled CPU step graph) land outside the
-    measurement; return what their steps
+    """Run a short request alone, then two together (and a draft model's proposal, with one), so
+    one-time costs (allocator growth, lazy kernel compilation, torch.compile: the compiled CPU
+    step graph) land outside the measurement; return what their steps
     took (the last of each kind: the first pays those one-time costs)."""
     input_len = max(1, min(16, max_model_len // 2))
     output_len = max(1, min(4, max_model_len - input_len))
@@ -144,6 +144,10 @@ def warm_up(engine, max_model_len: int) -> WarmUpTimes:
         elif step.is_prefill is not None:
             decode.append(time.perf_counter() - step.started_at)
 
+    drafter = engine.drafter
+    if drafter is not None and drafter.model is not None:
+        # Whether the requests below draft is the drafter's call: its model is warmed anyway.
+        drafter.model.warm_up(input_len)
     alone = build_workload(replace(spec, num_prompts=1), engine.config.model_config.vocab_size)
     run_requests(engine, alone, temperature=0.0, on_step=record)
     run_requests(engine, warmup, temperature=0.0, on_step=record)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GREEDY = SamplingParams(temperature=0.0)
+WARM_UP_SEQ_ID = -1  # no engine sequence has it (theirs count up from 0)
 
 
 class _Twin:
@@ -220,6 +221,16 @@ class DraftModelProposer:
     def _run(self, out: SchedulerOutput) -> list[int | None]:
         """One step of the draft model; the greedy token of each sequence that samples."""
         return self.runner.collect(self.runner.launch(out)).sampled
+
+    def warm_up(self, num_tokens: int = 16) -> None:
+        """One proposal for a throwaway sequence (its prompt's catch-up, then a decode step), so
+        the draft model's one-time costs (its compiled CPU graph) are paid now, not in whichever
+        step first drafts. Raises what the draft model raises."""
+        seq = Sequence(WARM_UP_SEQ_ID, [1] * max(2, num_tokens), GREEDY)
+        try:
+            self._propose([seq], [2])
+        finally:
+            self.release([WARM_UP_SEQ_ID])
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def release(self, seq_ids: Iterable[int]) -> None:

@@ -265,6 +265,18 @@ def test_speculative_decoding_is_reported_and_changes_no_total(tiny_models, tmp_
     assert r["output_tokens"] == sum(workload.output_lens)
 
 
+def test_a_draft_model_is_warmed_up_and_reported(tiny_models, tmp_path):
+    config = json.dumps({"method": "draft_model", "model": tiny_models["qwen3"], "num_speculative_tokens": 2})
+    out = tmp_path / "report.json"
+    main(["bench", "throughput", "--model", tiny_models["qwen3"], *WORKLOAD, *ENGINE, "--speculative-config", config,
+          "--temperature", "0", "--quiet", "--output-json", str(out)])
+    doc = json.loads(out.read_text())
+    validate_report(doc)
+    assert doc["engine"]["speculative_config"]["model"] == tiny_models["qwen3"]
+    workload = build_workload(WorkloadSpec(8, IntRange(4, 32), IntRange(4, 16), seed=3), VOCAB_SIZE)
+    assert doc["results"]["output_tokens"] == sum(workload.output_lens)
+
+
 @pytest.mark.parametrize("value, words", [
     ('{"num_speculative_tokens": 0}', "speculative_config['num_speculative_tokens']=0 must be >= 1"),
     ("ngram", "invalid JSON 'ngram'"),

@@ -108,6 +108,8 @@ def test_catch_ups_in_chunks_and_a_draft_cache_too_small_for_everyone(tiny_model
     assert stats.num_preemptions > 0 and stats.accepted_draft_tokens > 0
     proposer = engine.drafter.model
     assert not proposer.twins and proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
+    proposer.warm_up()  # a throwaway proposal leaves nothing behind
+    assert not proposer.twins and proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
 
 
 def test_aborts_parallel_completions_and_seeds(tiny_models, perturbed, reference):
