@@ -61,6 +61,7 @@ from benchmarks.gpu_measure import (  # noqa: E402
 from fastgen import LLM  # noqa: E402
 from fastgen.bench.workload import WorkloadSpec, build_workload  # noqa: E402
 from fastgen.cli.arg_types import int_range  # noqa: E402
+from fastgen.layers import quantizable  # noqa: E402
 from fastgen.models.presets import preset_config, preset_model_dir  # noqa: E402
 
 # `logits` and `kernels` are measured inside the graphs and eager sections, on their engines.
@@ -255,6 +256,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="start no section after this many seconds (each one that would is recorded as skipped)")
     p.add_argument("--output-dir", default=os.environ.get("FASTGEN_BENCH_DIR", str(ROOT / "benchmarks" / "results")))
     p.add_argument("--output", default=None, help="exact JSON path (overrides --output-dir's file name)")
+    p.add_argument("--dense-products", choices=("skinny", "cublas"), default="skinny",
+                   help="decode batches' bf16 products: fastgen's Triton kernel (the default) or cuBLAS")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     args.quant_batch_sizes = [int(b) for b in args.quant_batch_sizes.split(",") if b]
@@ -277,6 +280,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    quantizable.SKINNY_MATMUL_ON_CUDA = args.dense_products == "skinny"
     args.model_dir = preset_model_dir(args.preset)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{device_slug(gpu)}.json")
@@ -293,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"torch": torch.__version__, "triton": _version("triton"), "transformers": _version("transformers"),
                      "python": sys.version.split()[0], "cuda": torch.version.cuda},
         "model": {"preset": args.preset, "dtype": args.dtype, "weights": "dummy"},
-        "settings": {"steps": args.steps, "block_size": args.block_size, "max_model_len": args.max_model_len,
+        "settings": {"steps": args.steps, "dense_products": args.dense_products, "block_size": args.block_size,
+                     "max_model_len": args.max_model_len,
                      "points": args.points, "workload": {"num_prompts": args.num_prompts,
                                                          "input_len": str(args.input_len),
                                                          "output_len": str(args.output_len)}},

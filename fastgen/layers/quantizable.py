@@ -18,6 +18,19 @@ from fastgen.quantization.formats import QuantFormat
 from fastgen.quantization.ops import quantized_embedding, quantized_linear
 from fastgen.quantization.quantize import QuantizedTensors, quantize_weight
 
+# On CUDA, products of at most this many rows (decode batches) in a float dtype go to fastgen's
+# Triton kernel that streams the weight (`fastgen.kernels.skinny_matmul`), not cuBLAS. A switch
+# so that benchmarks can compare the two (`benchmarks/gpu_decode.py --dense-products cublas`).
+SKINNY_MATMUL_ON_CUDA = True
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SKINNY_ROWS = 8  # fastgen.kernels.skinny_matmul.SKINNY_ROWS, read here without importing Triton
+
+
+def _skinny_matmul():
+    from fastgen.kernels.skinny_matmul import skinny_matmul  # Triton: imported where a GPU runs it
+
+    return skinny_matmul
+
 
 def _frozen(tensor: torch.Tensor | None) -> nn.Parameter | None:
     return None if tensor is None else nn.Parameter(tensor, requires_grad=False)
@@ -33,6 +46,9 @@ class QuantizableWeight:
         """x [..., in] times the weight's transpose, plus `bias`: [..., out]."""
         fmt = self.quant_format
         if fmt is None:
+            if x.is_cuda and SKINNY_MATMUL_ON_CUDA and x.numel() <= _SKINNY_ROWS * x.shape[-1] \
+                    and x.dtype in _FLOAT_DTYPES and self.weight.dtype == x.dtype:
+                return _skinny_matmul()(x, self.weight, bias)
             return F.linear(x, self.weight, bias)
         return quantized_linear(x, self.weight_codes, self.weight_scales, self.weight_mins, bias, fmt.bits,
                                 fmt.group_size)

@@ -113,6 +113,19 @@ def launch_everything() -> None:
                 yield tag | {"qk_norm": norm}, lambda n=norm: qk_norm_rope_store(
                     q, kv, kv, slots, cos_sin, weight if n else None, weight if n else None, 1e-6, cache, cache, slots)
             yield tag, lambda: store_kvcache(kv, kv, cache, cache, slots)
+    yield from _skinny_products()
+
+
+def _skinny_products():
+    """The decode batches' product at Qwen3-0.6B's widths, 1-8 rows, its default tilings."""
+    from fastgen.kernels.skinny_matmul import skinny_matmul
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for n, k in ((4096, 1024), (1024, 2048), (1024, 3072)):
+            for rows in (1, 2, 4, 8):
+                x, weight = torch.zeros(rows, k, dtype=dtype), torch.zeros(n, k, dtype=dtype)
+                tag = {"dtype": str(dtype).split(".")[1], "n": n, "k": k, "rows": rows}
+                yield tag, lambda x=x, w=weight: skinny_matmul(x, w)
 
 
 def main() -> int:

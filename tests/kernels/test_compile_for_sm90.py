@@ -32,7 +32,7 @@ def compiled() -> list[dict]:
 def test_every_kernel_compiles_within_h100_limits(compiled):
     names = {r["kernel"] for r in compiled}
     assert names == {"decode_split_kernel", "decode_combine_kernel", "prefill_kernel",
-                     "qk_norm_rope_store_kernel", "_store_kvcache_kernel"}
+                     "qk_norm_rope_store_kernel", "_store_kvcache_kernel", "_skinny_matmul_kernel"}
     for row in compiled:
         assert row["shared_bytes"] <= H100_SHARED_BYTES, row
         if row["config"]["dtype"] != "float32" and "stack" in row:

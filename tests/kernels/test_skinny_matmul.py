@@ -1,0 +1,75 @@
+"""The Triton product for decode batches (`kernels/skinny_matmul.py`) against torch's
+`F.linear` in float64 (run by the Triton interpreter on a CPU, compiled on a GPU by
+`make gpu-test`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastgen.kernels.skinny_matmul import SKINNY_ROWS, SkinnyTiling, default_skinny_tiling, skinny_matmul
+
+pytestmark = pytest.mark.triton
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8])
+@pytest.mark.parametrize("n,k", [(70, 96), (64, 1024), (33, 40)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_skinny_matmul_equals_linear(rows, n, k, dtype):
+    """Ragged N (a last program with fewer rows), K in one step, in several, and a K shorter than
+    a step; with and without bias."""
+    torch.manual_seed(rows * n + k)
+    x, weight, bias = torch.randn(rows, k).to(dtype), torch.randn(n, k).to(dtype), torch.randn(n).to(dtype)
+    for b in (bias, None):
+        want = F.linear(x.double(), weight.double(), None if b is None else b.double())
+        got = skinny_matmul(x.to(DEVICE), weight.to(DEVICE), None if b is None else b.to(DEVICE))
+        assert got.shape == (rows, n) and got.dtype == dtype
+        tolerance = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=0.1)
+        torch.testing.assert_close(got.cpu().double(), want, **tolerance)
+
+
+@pytest.mark.parametrize("tiling", [SkinnyTiling(1, 16), SkinnyTiling(4, 64, 2), SkinnyTiling(16, 32, 8)], ids=str)
+def test_every_tiling_gives_the_product(tiling):
+    """A K that no step width divides (masked last step), strided x rows, leading dimensions."""
+    torch.manual_seed(tiling.block_n)
+    base = torch.randn(2, 3, 200)
+    x = base[..., :100]  # rows 200 apart
+    weight = torch.randn(37, 100)
+    got = skinny_matmul(x.to(DEVICE), weight.to(DEVICE), tiling=tiling)
+    assert got.shape == (2, 3, 37)
+    torch.testing.assert_close(got.cpu().double(), F.linear(x.double(), weight.double()), rtol=1e-5, atol=1e-4)
+
+
+def test_a_row_does_not_depend_on_the_others():
+    """The first row's product is the same alone and in a batch (each row is summed on its own)."""
+    torch.manual_seed(3)
+    x, weight = torch.randn(SKINNY_ROWS, 300).to(DEVICE), torch.randn(50, 300).to(DEVICE)
+    alone = skinny_matmul(x[:1], weight)
+    for rows in range(2, SKINNY_ROWS + 1):
+        assert torch.equal(skinny_matmul(x[:rows], weight)[:1], alone)
+
+
+def test_the_default_tiling_keeps_the_gpu_busy():
+    """Narrow tiles for 1,024-wide projections, wider ones where N is large; whole K steps."""
+    cuda = torch.device("cuda")
+    assert default_skinny_tiling(1024, 2048, torch.device("cpu")).block_k == 512
+    if torch.cuda.is_available():
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for n in (1024, 4096, 151936):
+            tiling = default_skinny_tiling(n, 1024, cuda)
+            assert -(-n // tiling.block_n) >= 2 * sms or tiling.block_n == 2
+
+
+def test_bad_shapes_and_dtypes_are_refused():
+    x, weight = torch.randn(2, 16), torch.randn(8, 16)
+    with pytest.raises(ValueError, match="do not fit"):
+        skinny_matmul(x, torch.randn(8, 17))
+    with pytest.raises(ValueError, match="do not fit"):
+        skinny_matmul(x, weight, torch.randn(9))
+    with pytest.raises(ValueError, match="must be one of"):
+        skinny_matmul(x, weight.half())
+    with pytest.raises(ValueError, match=f"at most {SKINNY_ROWS}"):
+        skinny_matmul(torch.randn(SKINNY_ROWS + 1, 16), weight)
