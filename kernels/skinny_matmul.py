@@ -1,29 +1,30 @@
-"""y = x @ w^T + bias for a few rows of x (decode batches): a product that streams the weight.
+"""y = x @ w^T + bias for one or a few rows of x (decode batches): a product that streams the weight.
 
-With one to SKINNY_ROWS rows the product is bound by reading the weight, [N, K] in x's dtype, and
-its arithmetic is negligible. cuBLAS's kernels for such shapes reach a fraction of the memory's
-rate on the projections of a small model (on an H200: 330 GB/s for a 1,024 x 2,048 projection,
-split-K plus a reduction kernel), so decode steps spend most of their GPU time there.
+With a row or two the product is bound by reading the weight, [N, K] in x's dtype, and its
+arithmetic is negligible. cuBLAS's kernels for such shapes read the projections of a small model
+at a fraction of the memory's rate (on an H100: about 720 GB/s for Qwen3-0.6B's 1,024 x 2,048
+projection, about 810 GB/s for its 1,024 x 3,072 one, which it splits along K and reduces with a
+second kernel), and a decode step of such a model spends most of its GPU time in them.
 
 Each program owns BLOCK_N whole weight rows and walks K in BLOCK_K steps: one load of a
 [BLOCK_N, BLOCK_K] tile (contiguous along K, so wide coalesced loads), then for each of x's rows
 a broadcast multiply and a float32 sum over the step; the rows of x are tiny and come from the
 cache. No K split: the grid is N / BLOCK_N programs, narrow enough to cover the GPU, so one
 launch writes the finished product (no partial sums, no second kernel), and a row's result does
-not depend on the other rows. Launches depend only on shapes, so they can be captured in CUDA
-graphs.
+not depend on the other rows. Its sums per row make it slower than cuBLAS's tensor-core tiles
+from four rows on, so the layers call it for one or two. Launches depend only on shapes, so
+they can be captured in CUDA graphs.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .triton_types import TL_DTYPES, interpreting
+from .triton_types import TL_DTYPES
 
 SKINNY_ROWS = 8
 
@@ -68,23 +69,12 @@ class SkinnyTiling:
     num_warps: int = 4
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda" or interpreting():
-        return 4  # under the interpreter: small, so the CPU tests see several programs and ragged edges
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def default_skinny_tiling(n: int, k: int, device: torch.device) -> SkinnyTiling:
-    """The narrowest-rows choice that still leaves each program a long run of K: as many weight
-    rows a program as keep at least two programs a multiprocessor (few rows a program for
-    1,024-wide projections, more for the LM head), and K steps of up to 512 inputs."""
-    programs_wanted = 2 * _multiprocessors(device)
-    block_n = 2
-    while block_n < 16 and triton.cdiv(n, block_n * 2) >= programs_wanted:
-        block_n *= 2
-    block_k = min(512, triton.next_power_of_2(k))
-    return SkinnyTiling(block_n, block_k)
+def default_skinny_tiling(k: int) -> SkinnyTiling:
+    """Two weight rows a program and K steps of up to 1,024 inputs: the fastest or within 0.2 us
+    of it at one and two rows on every projection of Qwen3-0.6B and its LM head in a sweep on an
+    H100 (`benchmarks/gpu_skinny_matmul_sweep.py`): many small programs keep the most loads in
+    flight on these few-megabyte weights."""
+    return SkinnyTiling(2, min(1024, triton.next_power_of_2(k)))
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -107,7 +97,7 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         weight = weight.contiguous()
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m and n:
-        tiling = tiling or default_skinny_tiling(n, k, x.device)
+        tiling = tiling or default_skinny_tiling(k)
         _skinny_matmul_kernel[(triton.cdiv(n, tiling.block_n),)](
             rows, weight, bias if bias is not None else weight, out, m, n, k, rows.stride(0), weight.stride(0), n,
             ROWS=triton.next_power_of_2(m), BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,

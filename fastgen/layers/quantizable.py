@@ -18,12 +18,13 @@ from fastgen.quantization.formats import QuantFormat
 from fastgen.quantization.ops import quantized_embedding, quantized_linear
 from fastgen.quantization.quantize import QuantizedTensors, quantize_weight
 
-# On CUDA, products of at most this many rows (decode batches) in a float dtype go to fastgen's
-# Triton kernel that streams the weight (`fastgen.kernels.skinny_matmul`), not cuBLAS. A switch
-# so that benchmarks can compare the two (`benchmarks/gpu_decode.py --dense-products cublas`).
+# On CUDA, products of one or two rows (decode at batch 1 and 2) in a float dtype go to fastgen's
+# Triton kernel that streams the weight (`fastgen.kernels.skinny_matmul`): on an H100 it beat
+# cuBLAS on every projection of Qwen3-0.6B there, and lost from four rows on. A switch so that
+# benchmarks can compare the two (`benchmarks/gpu_decode.py --dense-products cublas`).
 SKINNY_MATMUL_ON_CUDA = True
+_SKINNY_MAX_ROWS = 2
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_SKINNY_ROWS = 8  # fastgen.kernels.skinny_matmul.SKINNY_ROWS, read here without importing Triton
 
 
 def _skinny_matmul():
@@ -46,7 +47,7 @@ class QuantizableWeight:
         """x [..., in] times the weight's transpose, plus `bias`: [..., out]."""
         fmt = self.quant_format
         if fmt is None:
-            if x.is_cuda and SKINNY_MATMUL_ON_CUDA and x.numel() <= _SKINNY_ROWS * x.shape[-1] \
+            if x.is_cuda and SKINNY_MATMUL_ON_CUDA and x.numel() <= _SKINNY_MAX_ROWS * x.shape[-1] \
                     and x.dtype in _FLOAT_DTYPES and self.weight.dtype == x.dtype:
                 return _skinny_matmul()(x, self.weight, bias)
             return F.linear(x, self.weight, bias)
