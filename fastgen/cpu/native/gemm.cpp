@@ -116,49 +116,88 @@ void rows(int r, const uint16_t* a, int64_t k, const uint16_t* panel, const floa
     }
 }
 
-// One panel of a quantized weight, dequantized into the bf16 panel layout above (`out`: ceil(K /
-// 2) pair rows of 96). The quantized twin keeps that layout (fastgen.cpu.native.quantized_linear):
-// per pair row, 96 int8 codes, or 48 bytes of 4-bit codes (byte i: element i in its low nibble,
-// element i + 48 in its high one); per group of inputs, the 48 columns' float16 scales and (4-bit)
-// offsets. Element e of a pair row is column e / 2's weight, so each 16-element vector takes the
-// scales of 8 columns, each twice. w = code * scale + offset in float32, rounded to bf16 once: the
-// weight `fastgen.quantization.dequantize` gives in bf16.
-void dequantize_panel(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, int64_t pairs,
-                      int64_t pairs_per_group, int bits, uint16_t* out) {
+// One panel of an int8 weight, dequantized into the bf16 panel layout above (`out`: ceil(K / 2)
+// pair rows of 96). The quantized twin keeps that layout (fastgen.cpu.native.quantized_linear):
+// per pair row, 96 int8 codes; per group of inputs, the 48 columns' float16 scales. Element e of a
+// pair row is column e / 2's weight, so each 16-element vector takes the scales of 8 columns, each
+// twice. w = code * scale in float32, rounded to bf16 once: the weight
+// `fastgen.quantization.dequantize` gives in bf16.
+void dequantize_panel8(const uint8_t* codes, const uint16_t* scales, int64_t pairs, int64_t pairs_per_group,
+                       uint16_t* out) {
     const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i nibble = _mm512_set1_epi32(15);
     for (int64_t start = 0; start < pairs; start += pairs_per_group) {
-        // The group's scales (and offsets) as six vectors in pair-row order, once a group.
+        // The group's scales as six vectors in pair-row order, once a group.
         const int64_t group = start / pairs_per_group;
-        __m512 scale[6], offset[6];
+        __m512 scale[6];
         for (int v = 0; v < 6; ++v) {
             const __m128i s = _mm_loadu_si128((const __m128i*)(scales + group * kPanel + 8 * v));
             scale[v] = _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(s)));
-            offset[v] = _mm512_setzero_ps();
-            if (offsets) {
-                const __m128i o = _mm_loadu_si128((const __m128i*)(offsets + group * kPanel + 8 * v));
-                offset[v] = _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(o)));
-            }
         }
         const int64_t stop = std::min(pairs, start + pairs_per_group);
         for (int64_t p = start; p < stop; ++p) {
             __m512 w[6];
-            if (bits == 8) {
-                for (int v = 0; v < 6; ++v) {
-                    const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(codes + p * 96 + 16 * v)));
-                    w[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale[v]);
-                }
-            } else {
-                for (int v = 0; v < 3; ++v) {
-                    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(codes + p * 48 + 16 * v)));
-                    w[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, nibble)), scale[v], offset[v]);
-                    w[v + 3] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), scale[v + 3], offset[v + 3]);
-                }
+            for (int v = 0; v < 6; ++v) {
+                const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(codes + p * 96 + 16 * v)));
+                w[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale[v]);
             }
             for (int v = 0; v < 3; ++v)
                 _mm512_storeu_si512(out + p * 96 + 32 * v, (__m512i)_mm512_cvtne2ps_pbh(w[2 * v + 1], w[2 * v]));
         }
     }
+}
+
+// One panel of 4-bit codes in the twin's lanes order (`_lanes_order` of
+// fastgen.cpu.native.quantized_linear, which the GEMV reads too): per block of 32 inputs, three
+// sets of 16 columns, each four 64-byte vectors whose 32-bit lane c holds column c's bytes
+// 4d..4d+3 of the block (byte j: input j in its low nibble, input j + 16 in its high one). Lane
+// c's low nibbles of bytes 0 and 1 are its inputs 4d and 4d + 1, i.e. pair row 2d of the block;
+// bytes 2 and 3, pair row 2d + 1; the high nibbles, pair rows 8 + 2d and 9 + 2d. A lane's two
+// codes spread to 16 bits each are already the panel's element order (column c's input 2p, then
+// 2p + 1), so 16 columns of a pair row come out of one vector. Same arithmetic as
+// dequantize_panel8: w = code * scale + offset in float32, rounded to bf16 once.
+void dequantize_panel4(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, int64_t pairs,
+                       int64_t group_size, uint16_t* out) {
+    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i nibble = _mm512_set1_epi8(0x0F), first_byte = _mm512_set1_epi32(0xFF),
+                  second_byte = _mm512_set1_epi32(0xFF00);
+    for (int64_t block = 0; block < pairs / 16; ++block) {
+        const int64_t group = block * 32 / group_size;
+        for (int set = 0; set < 3; ++set) {
+            __m512 scale[2], offset[2];  // columns 16 set + 0..7 and + 8..15, each twice
+            for (int h = 0; h < 2; ++h) {
+                const int64_t at = group * kPanel + 16 * set + 8 * h;
+                scale[h] = _mm512_permutexvar_ps(
+                    twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)(scales + at)))));
+                offset[h] = _mm512_permutexvar_ps(
+                    twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)(offsets + at)))));
+            }
+            for (int d = 0; d < 4; ++d) {
+                const __m512i v = _mm512_loadu_si512(codes + block * 768 + set * 256 + d * 64);
+                const __m512i low = _mm512_and_si512(v, nibble), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                const __m512i sources[4] = {low, _mm512_srli_epi32(low, 16), high, _mm512_srli_epi32(high, 16)};
+                const int64_t pair_rows[4] = {2 * d, 2 * d + 1, 8 + 2 * d, 9 + 2 * d};
+                for (int i = 0; i < 4; ++i) {
+                    const __m512i x = sources[i];  // a lane's two codes in its bytes 0 and 1
+                    const __m512i pair = _mm512_or_si512(_mm512_and_si512(x, first_byte),
+                                                         _mm512_slli_epi32(_mm512_and_si512(x, second_byte), 8));
+                    const __m512 w0 = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(pair, 0))), scale[0], offset[0]);
+                    const __m512 w1 = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(pair, 1))), scale[1], offset[1]);
+                    _mm512_storeu_si512(out + (block * 16 + pair_rows[i]) * 96 + 32 * set,
+                                        (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+                }
+            }
+        }
+    }
+}
+
+// A panel of the quantized twin into the bf16 panel layout: int8 codes by dequantize_panel8, 4-bit
+// codes (in the lanes order) by dequantize_panel4.
+void dequantize_twin_panel(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, int64_t pairs,
+                           int64_t group_size, int bits, uint16_t* out) {
+    if (bits == 8) dequantize_panel8(codes, scales, pairs, group_size / 2, out);
+    else dequantize_panel4(codes, scales, offsets, pairs, group_size, out);
 }
 
 #endif  // FASTGEN_HAVE_BF16
@@ -245,8 +284,9 @@ int fastgen_gemm(const uint16_t* a, const uint16_t* packed, const float* bias, u
 #endif
 }
 
-// C [m, n] = A [m, k] . W^T (+ bias) for a weight quantized into panels (see dequantize_panel):
-// codes: ceil(n / 48) panels of k / 2 pair rows; scales, offsets (4-bit only, else null):
+// C [m, n] = A [m, k] . W^T (+ bias) for a weight quantized into panels: codes, ceil(n / 48)
+// panels of k / 2 pair rows (dequantize_panel8), or 4-bit of k / 32 blocks in the lanes order
+// (dequantize_panel4; group_size a multiple of 32); scales, offsets (4-bit only, else null):
 // float16 [panels][k / group_size][48]; k and group_size even. Each thread dequantizes its panels
 // one at a time into a bf16 panel of its own (in L2 for the model's widths) and sweeps every row
 // of A over it with the bf16 kernel: a weight is converted once a call, not once a row.
@@ -254,7 +294,8 @@ int fastgen_gemm_quantized(const uint16_t* a, const uint8_t* codes, const uint16
                            const float* bias, uint16_t* c, int64_t m, int64_t n, int64_t k, int bits,
                            int64_t group_size, int num_threads) {
 #if FASTGEN_HAVE_BF16
-    if (k % 2 || group_size % 2 || (bits != 8 && bits != 4)) return -1;
+    if (k % 2 || group_size % 2 || (bits != 8 && bits != 4) || (bits == 4 && (group_size % 32 || !offsets)))
+        return -1;
     const int64_t pairs = k / 2, panels = (n + kPanel - 1) / kPanel, groups = k / group_size;
     const int64_t panel_bytes = pairs * (bits == 8 ? 96 : 48), panel_scales = groups * kPanel;
     const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);
@@ -271,18 +312,18 @@ int fastgen_gemm_quantized(const uint16_t* a, const uint8_t* codes, const uint16
         scratch.resize((whole ? std::max<int64_t>(end - begin, 1) : 1) * panel_elements);
         if (whole) {
             for (int64_t p = begin; p < end; ++p)
-                dequantize_panel(codes + p * panel_bytes, scales + p * panel_scales,
-                                 offsets ? offsets + p * panel_scales : nullptr, pairs, group_size / 2, bits,
-                                 scratch.data() + (p - begin) * panel_elements);
+                dequantize_twin_panel(codes + p * panel_bytes, scales + p * panel_scales,
+                                      offsets ? offsets + p * panel_scales : nullptr, pairs, group_size, bits,
+                                      scratch.data() + (p - begin) * panel_elements);
         }
         for (int64_t first = 0; first < m; first += chunk) {
             const int64_t last = std::min(m, first + chunk);
             for (int64_t p = begin; p < end; ++p) {
                 uint16_t* panel = scratch.data() + (whole ? (p - begin) * panel_elements : 0);
                 if (!whole)
-                    dequantize_panel(codes + p * panel_bytes, scales + p * panel_scales,
-                                     offsets ? offsets + p * panel_scales : nullptr, pairs, group_size / 2, bits,
-                                     panel);
+                    dequantize_twin_panel(codes + p * panel_bytes, scales + p * panel_scales,
+                                          offsets ? offsets + p * panel_scales : nullptr, pairs, group_size, bits,
+                                          panel);
                 const int64_t col = p * kPanel;
                 const int64_t cols = std::min(kPanel, n - col);
                 for (int64_t r = first; r < last; r += kRows)

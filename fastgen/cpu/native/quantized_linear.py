@@ -115,7 +115,7 @@ class QuantizedTwin(NamedTuple):
     """A quantized weight in the GEMM's panel order (see `fastgen_gemm_quantized`), and the codes
     it was packed from (held, so no other tensor comes to live at their address meanwhile)."""
 
-    codes: torch.Tensor  # uint8 [panels, K / 2, 96 or 48]
+    codes: torch.Tensor  # uint8: int8 [panels, K / 2, 96]; 4-bit [panels, K / 32, 3, 4, 16, 4] (`_lanes_order`)
     scales: torch.Tensor  # float16 [panels, groups, 48]
     offsets: torch.Tensor | None  # float16 [panels, groups, 48]: 4-bit only
     source: torch.Tensor
@@ -138,15 +138,28 @@ def pack_twin(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | No
     panels = -(-n // PANEL)
     padded = values.new_zeros(panels * PANEL, k)
     padded[:n] = values
-    # Element e of a pair row is column e // 2's input 2p + e % 2 (the bf16 panel's layout).
-    rows = padded.view(panels, PANEL, k // 2, 2).permute(0, 2, 1, 3).reshape(panels, k // 2, 2 * PANEL)
     if fmt.bits == 8:
+        # Element e of a pair row is column e // 2's input 2p + e % 2 (the bf16 panel's layout).
+        rows = padded.view(panels, PANEL, k // 2, 2).permute(0, 2, 1, 3).reshape(panels, k // 2, 2 * PANEL)
         panel_codes = rows.view(torch.uint8).contiguous()
         offsets = None
     else:
-        panel_codes = (rows[..., :PANEL] | (rows[..., PANEL:] << 4)).contiguous()
+        panel_codes = _lanes_order(padded.to(torch.uint8), panels)
         offsets = _by_panel_column(mins if mins is not None else (scales.float() * -8).half(), panels)
     return QuantizedTwin(panel_codes, _by_panel_column(scales, panels), offsets, codes)
+
+
+def _lanes_order(nibbles: torch.Tensor, panels: int) -> torch.Tensor:
+    """4-bit codes [panels * 48, K] (one value 0..15 each) in the twin's order: for each panel and
+    block of 32 inputs, its three sets of 16 columns, each four 64-byte vectors whose 32-bit lane c
+    holds column c's bytes 4d..4d+3 of the block (byte j: input j in its low nibble, input j + 16
+    in its high one). So one vector load gives the GEMV 16 output columns at once, a column a
+    lane of vpdpbusd, and the GEMM's dequantizing reads the same bytes (`gemm.cpp`)."""
+    k = nibbles.shape[1]
+    # [panel, set, column, block, half, d, byte]: input half * 16 + 4 d + byte of the block
+    v = nibbles.view(panels, 3, 16, k // 32, 2, 4, 4)
+    packed = v[:, :, :, :, 0] | (v[:, :, :, :, 1] << 4)  # [panel, set, column, block, d, byte]
+    return packed.permute(0, 3, 1, 4, 2, 5).contiguous()  # [panel, block, set, d, column, byte]
 
 
 def _forget(key: int, twin: QuantizedTwin) -> None:

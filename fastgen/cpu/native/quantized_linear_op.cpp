@@ -406,6 +406,54 @@ inline void dot4_vnni(const uint8_t* w, int64_t stride, const RoundedRow* x, int
             out[r * out_stride + c] = _mm512_reduce_add_ps(total[c][r]) + offsets;
         }
 }
+// The outputs of one panel of a 4-bit twin (48 columns; codes in the lanes order of gemm.cpp's
+// dequantize_panel4, scales and offsets [groups][48]) for R rows, out[r * 48 + column]. Per block
+// of 32 inputs and set of 16 columns: four 64-byte vectors of codes, a column a 32-bit lane, each
+// lane's four code bytes times four rounded inputs broadcast to every lane (vpdpbusd), so the 16
+// columns' block sums come out in one vector; each block's scale and offset then apply as
+// vectors, and nothing is summed across lanes. x[r].q: the rounded inputs in natural order.
+template <int R>
+inline void panel_dot4_vnni(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, const RoundedRow* x,
+                            int64_t k, int64_t group_size, float* out) {
+    constexpr int64_t kBlockBytes = 3 * 4 * 64;  // a block of 32 inputs of the panel's 48 columns
+    constexpr int64_t kAhead = 4 * kBlockBytes;  // prefetched this far ahead (the thread's next panel too)
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    __m512 acc[3][R];
+    for (int set = 0; set < 3; ++set)
+        for (int r = 0; r < R; ++r) acc[set][r] = _mm512_setzero_ps();
+    for (int64_t block = 0; block < k / 32; ++block) {
+        const uint8_t* base = codes + block * kBlockBytes;
+        for (int64_t line = 0; line < kBlockBytes; line += 64)
+            _mm_prefetch((const char*)(base + kAhead + line), _MM_HINT_T0);
+        const int64_t group = block * 32 / group_size;
+        for (int set = 0; set < 3; ++set) {
+            __m512i low_sum[R], high_sum[R];  // two chains of vpdpbusd a row
+            for (int r = 0; r < R; ++r) low_sum[r] = high_sum[r] = _mm512_setzero_si512();
+            for (int d = 0; d < 4; ++d) {
+                const __m512i v = _mm512_loadu_si512(base + set * 256 + d * 64);
+                const __m512i low = _mm512_and_si512(v, nibble);
+                const __m512i high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                for (int r = 0; r < R; ++r) {
+                    int32_t inputs_low, inputs_high;  // inputs 4d..4d+3 and 16+4d..16+4d+3 of the block
+                    std::memcpy(&inputs_low, x[r].q + block * 32 + 4 * d, 4);
+                    std::memcpy(&inputs_high, x[r].q + block * 32 + 16 + 4 * d, 4);
+                    low_sum[r] = _mm512_dpbusd_epi32(low_sum[r], low, _mm512_set1_epi32(inputs_low));
+                    high_sum[r] = _mm512_dpbusd_epi32(high_sum[r], high, _mm512_set1_epi32(inputs_high));
+                }
+            }
+            const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + group * 48 + 16 * set)));
+            const __m512 offset = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(offsets + group * 48 + 16 * set)));
+            for (int r = 0; r < R; ++r) {
+                const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(low_sum[r], high_sum[r]));
+                acc[set][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(x[r].block_scale[block])),
+                                              acc[set][r]);
+                acc[set][r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x[r].block_sum[block]), acc[set][r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int set = 0; set < 3; ++set) _mm512_storeu_ps(out + r * 48 + 16 * set, acc[set][r]);
+}
 #else
 #define FASTGEN_HAVE_VNNI 0
 #endif
@@ -463,8 +511,12 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
     Twin twin;
     const QuantizedGemmFn kernel = gemm.load();
     const bool vnni = x_dtype == bf16 && rounds_rows(bits, group_size);
-    if (m >= gemm_rows_for(vnni, bits, k) && x_dtype == bf16 && kernel != nullptr && lookup(codes.data_ptr(), &twin) && twin.n == n &&
-        twin.k == k && twin.bits == bits && twin.group_size == group_size) {
+    const bool has_twin = x_dtype == bf16 && lookup(codes.data_ptr(), &twin) && twin.n == n && twin.k == k &&
+        twin.bits == bits && twin.group_size == group_size;
+    const bool to_gemm = m >= gemm_rows_for(vnni, bits, k);
+    // Fewer rows, 4-bit codes with a twin: the GEMV over the twin's panels, a column a lane.
+    const bool lanes = vnni && bits == 4 && has_twin && !to_gemm;
+    if (to_gemm && has_twin && kernel != nullptr) {
         thread_local std::vector<float> bias32;  // the GEMM adds a float32 bias
         if (bias.has_value()) {
             const uint16_t* bb = static_cast<const uint16_t*>(bias->data_ptr());
@@ -492,24 +544,24 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
     thread_local std::vector<float> lane_scales, block_scales, block_sums, group_sums;
     std::vector<RoundedRow> rounded_rows;
     if (vnni) {
-        const int64_t blocks = k / kInputBlock, lanes = (k + 63) / 64 * 16;
+        const int64_t blocks = k / kInputBlock, lane_count = (k + 63) / 64 * 16;
         rounded.resize(m * k);
         rounded_natural.resize(k);
-        lane_scales.resize(m * lanes);
+        lane_scales.resize(m * lane_count);
         block_scales.resize(m * blocks);
         block_sums.resize(m * blocks);
         group_sums.resize(m * groups);
         for (int64_t r = 0; r < m; ++r) {
-            int8_t* q = bits == 8 ? rounded.data() + r * k : rounded_natural.data();
+            int8_t* q = bits == 8 || lanes ? rounded.data() + r * k : rounded_natural.data();
             round_inputs(xb + r * k, k, q, block_scales.data() + r * blocks, block_sums.data() + r * blocks,
-                         lane_scales.data() + r * lanes);
-            if (bits == 4) {  // the nibbles' order, and each 64-byte chunk's lanes' scales (4 lanes a group)
+                         lane_scales.data() + r * lane_count);
+            if (bits == 4 && !lanes) {  // the nibbles' order, and each 64-byte chunk's lanes' scales (4 lanes a group)
                 for (int64_t group = 0; group < blocks; ++group) {
                     std::memcpy(rounded.data() + r * k + group * 16, q + group * 32, 16);
                     std::memcpy(rounded.data() + r * k + k / 2 + group * 16, q + group * 32 + 16, 16);
                 }
-                float* lane = lane_scales.data() + r * lanes;
-                for (int64_t i = 0; i < lanes; ++i)
+                float* lane = lane_scales.data() + r * lane_count;
+                for (int64_t i = 0; i < lane_count; ++i)
                     lane[i] = (i / 16) * 4 + (i % 16) / 4 < blocks ? block_scales[r * blocks + (i / 16) * 4 + (i % 16) / 4]
                                                                  : 0.0f;
             }
@@ -521,10 +573,39 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
                     group_sums[r * groups + group] = sum;
                 }
             }
-            rounded_rows.push_back(RoundedRow{rounded.data() + r * k, lane_scales.data() + r * lanes,
+            rounded_rows.push_back(RoundedRow{rounded.data() + r * k, lane_scales.data() + r * lane_count,
                                               block_scales.data() + r * blocks, block_sums.data() + r * blocks,
                                               group_sums.data() + r * groups});
         }
+    }
+    if (lanes) {
+        const int64_t panels = (n + 47) / 48, panel_bytes = k / 2 * 48, panel_scales = groups * 48;
+        const RoundedRow* xr = rounded_rows.data();
+        const uint16_t* bias16 = bias.has_value() ? static_cast<const uint16_t*>(bias->data_ptr()) : nullptr;
+        uint16_t* o = static_cast<uint16_t*>(out.data_ptr());
+        #pragma omp parallel for schedule(static) num_threads(omp_get_max_threads())
+        for (int64_t p = 0; p < panels; ++p) {
+            const uint8_t* pc = twin.codes + p * panel_bytes;
+            const uint16_t* ps = twin.scales + p * panel_scales;
+            const uint16_t* po = twin.offsets + p * panel_scales;
+            const int64_t cols = std::min<int64_t>(48, n - p * 48);
+            float v[4 * 48];
+            for (int64_t r = 0; r < m; r += 4) {
+                const int rows_now = int(std::min<int64_t>(4, m - r));
+                switch (rows_now) {
+                    case 4: panel_dot4_vnni<4>(pc, ps, po, xr + r, k, group_size, v); break;
+                    case 3: panel_dot4_vnni<3>(pc, ps, po, xr + r, k, group_size, v); break;
+                    case 2: panel_dot4_vnni<2>(pc, ps, po, xr + r, k, group_size, v); break;
+                    default: panel_dot4_vnni<1>(pc, ps, po, xr + r, k, group_size, v); break;
+                }
+                for (int i = 0; i < rows_now; ++i)
+                    for (int64_t c = 0; c < cols; ++c) {
+                        const float add = bias16 ? bf16_to_float(bias16[p * 48 + c]) : 0.0f;
+                        o[(r + i) * n + p * 48 + c] = float_to_bf16(v[i * 48 + c] + add);
+                    }
+            }
+        }
+        return out;
     }
 #endif
     const float* xf = static_cast<const float*>(x.data_ptr());
