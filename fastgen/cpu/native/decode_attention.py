@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from fastgen.cpu.native.library import load_native_library
+from fastgen.cpu.native.library import load_native_library, torch_abi_flags
 from fastgen.cpu.native.torch_decode import build_decode_kv_index, decode_attention
 
 SOURCE = Path(__file__).with_name("decode_attention.cpp")
+OP_SOURCE = Path(__file__).with_name("decode_attention_op.cpp")
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernel's compiled instances
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -54,7 +55,23 @@ def _entry_point():
     entry.argtypes = [ctypes.c_int, pointer, i64, i64, pointer, pointer, pointer, i64, pointer, pointer,
                       i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     entry.restype = ctypes.c_int
+    op_library = load_native_library(OP_SOURCE, torch_abi_flags())  # registers the op's C++ kernel
+    if op_library is not None:
+        op_library.fastgen_decode_attention_op_served.restype = ctypes.c_int64
+        op_library.fastgen_decode_attention_op_set_entry.argtypes = [ctypes.c_void_p]
+        op_library.fastgen_decode_attention_op_set_entry(ctypes.cast(entry, ctypes.c_void_p))
+    _op_library.append(op_library)
     return entry
+
+
+_op_library: list = []  # the op's C++ kernel's library, once `_entry_point` loaded it (None: not built)
+
+
+def calls_served_in_cpp() -> int:
+    """How many of the op's calls its C++ kernel computed in this process (0 before the kernel's
+    library is loaded)."""
+    library = _op_library[0] if _op_library else None
+    return 0 if library is None else library.fastgen_decode_attention_op_served()
 
 
 @torch.library.custom_op("fastgen::paged_decode_attention_cpu", mutates_args=())
@@ -62,7 +79,22 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """q [B, H, D] (last dim contiguous); k_cache, v_cache [blocks, block_size, KV, D], contiguous;
     block_tables int32 [B, W]; context_lens int32 [B], 0 for a padding row (output 0).
-    Returns [B, H, D] in q's dtype. Only for shapes `kernel_supports` accepts."""
+    Returns [B, H, D] in q's dtype. Only for shapes `kernel_supports` accepts. Once the kernel's
+    library is loaded, the op's CPU calls go to `decode_attention_op.cpp` (the same kernel, called
+    from C++), and this Python implementation serves only what that cannot."""
+    return _attend(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+@torch.library.custom_op("fastgen::paged_decode_attention_cpu_reference", mutates_args=())
+def paged_decode_attention_cpu_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                         block_tables: torch.Tensor, context_lens: torch.Tensor,
+                                         scale: float) -> torch.Tensor:
+    """The op's Python implementation under a name of its own: what its C++ kernel calls for
+    inputs it cannot serve."""
+    return _attend(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def _attend(q, k_cache, v_cache, block_tables, context_lens, scale):
     entry = _entry_point()
     if entry is None:
         longest = int(context_lens.max()) if context_lens.numel() else 0
@@ -83,5 +115,6 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 @paged_decode_attention_cpu.register_fake
+@paged_decode_attention_cpu_reference.register_fake
 def _(q, k_cache, v_cache, block_tables, context_lens, scale):
     return q.new_empty(q.shape)

@@ -43,7 +43,8 @@ def build_cpu_kernels_in_background(device: object) -> threading.Thread | None:
     with _started_lock:
         if root in _started:
             return _started[root]
-        libraries = ((decode_attention.SOURCE, ()), (gemm.SOURCE, ()), (packed_linear.OP_SOURCE, torch_abi_flags()))
+        libraries = ((decode_attention.SOURCE, ()), (decode_attention.OP_SOURCE, torch_abi_flags()), (gemm.SOURCE, ()),
+                     (packed_linear.OP_SOURCE, torch_abi_flags()))
 
         def build_all() -> None:
             for source, flags in libraries:
