@@ -13,7 +13,8 @@ from fastgen.kernels import paged_decode_attention_torch
 
 from fastgen.cpu.native import decode_attention as cpu_decode_kernel
 from fastgen.cpu.native import library as native_library
-from fastgen.cpu.native.decode_attention import kernel_supports, paged_decode_attention_cpu
+from fastgen.cpu.native.decode_attention import (calls_served_in_cpp, kernel_supports, paged_decode_attention_cpu,
+                                                 paged_decode_attention_cpu_reference)
 from tests.kernels.paged_cases import TOLERANCE, int32, paged_cache
 
 LENGTHS = [0, 1, 15, 16, 17, 40, 130]  # a padding row, block edges, more than one 16-token tile
@@ -74,10 +75,28 @@ def test_kernel_reads_queries_through_their_strides(head_dim):
 
 
 def test_without_the_library_the_op_runs_the_torch_path(monkeypatch):
+    """The Python implementation (where the library is not built, its C++ kernel is not either)."""
     q, k_cache, v_cache, tables, lens, scale, expected = run_case(torch.bfloat16, 64, 9, 3, 16)
     monkeypatch.setattr(cpu_decode_kernel, "_entry_point", lambda: None)
-    out = paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, scale)
+    out = paged_decode_attention_cpu_reference(q, k_cache, v_cache, tables, lens, scale)
     torch.testing.assert_close(out.double(), expected, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_ops_cpu_calls_run_the_kernel_from_cpp(dtype):
+    """Once the library is loaded the op's CPU kernel is C++ (no way through Python for a compiled
+    step's call): the same kernel's result; int64 tables and lengths go to the Python
+    implementation, which converts them."""
+    q, k_cache, v_cache, tables, lens, scale, expected = run_case(dtype, 64, 9, 3, 16)
+    assert cpu_decode_kernel.kernel_built()
+    served = calls_served_in_cpp()
+    out = paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, scale)
+    assert calls_served_in_cpp() == served + 1
+    assert torch.equal(out, paged_decode_attention_cpu_reference(q, k_cache, v_cache, tables, lens, scale))
+    wide = paged_decode_attention_cpu(q, k_cache, v_cache, tables.long(), lens.long(), scale)
+    assert calls_served_in_cpp() == served + 1 and torch.equal(wide, out)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
 
 
 def test_kernel_supports_only_what_it_was_compiled_for():
@@ -168,7 +187,7 @@ def test_cpu_kernels_are_built_in_the_background_only_for_cpu_engines(monkeypatc
     monkeypatch.setenv("FASTGEN_CACHE", str(tmp_path / "another"))
     thread.join(timeout=300)
     built = {path.name.split("-")[0] for path in (private_cache / "native").glob("*.so")}
-    assert built == {"decode_attention", "gemm", "packed_linear_op"}
+    assert built == {"decode_attention", "decode_attention_op", "gemm", "packed_linear_op"}
     assert not (tmp_path / "another").exists()
 
 
