@@ -95,6 +95,8 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         rows = rows.contiguous()
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
+    if bias is not None:
+        bias = bias.contiguous()  # read at stride 1
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m and n:
         tiling = tiling or default_skinny_tiling(k)

@@ -33,6 +33,12 @@ def _skinny_matmul():
     return skinny_matmul
 
 
+def _skinny_on_cuda(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    k = x.shape[-1]
+    return (x.is_cuda and SKINNY_MATMUL_ON_CUDA and 0 < k and x.numel() <= _SKINNY_MAX_ROWS * k
+            and x.dtype in _FLOAT_DTYPES and weight.dtype == x.dtype)
+
+
 def _frozen(tensor: torch.Tensor | None) -> nn.Parameter | None:
     return None if tensor is None else nn.Parameter(tensor, requires_grad=False)
 
@@ -47,8 +53,7 @@ class QuantizableWeight:
         """x [..., in] times the weight's transpose, plus `bias`: [..., out]."""
         fmt = self.quant_format
         if fmt is None:
-            if x.is_cuda and SKINNY_MATMUL_ON_CUDA and x.numel() <= _SKINNY_MAX_ROWS * x.shape[-1] \
-                    and x.dtype in _FLOAT_DTYPES and self.weight.dtype == x.dtype:
+            if _skinny_on_cuda(x, self.weight):
                 return _skinny_matmul()(x, self.weight, bias)
             return F.linear(x, self.weight, bias)
         return quantized_linear(x, self.weight_codes, self.weight_scales, self.weight_mins, bias, fmt.bits,

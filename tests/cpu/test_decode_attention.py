@@ -99,6 +99,18 @@ def test_the_ops_cpu_calls_run_the_kernel_from_cpp(dtype):
     torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
 
 
+def test_caches_that_do_not_fit_the_queries_are_refused():
+    """Not read with the wrong dtype or width: the Python implementation says why (through the
+    op's C++ kernel, which hands such calls to it, the error comes back as a RuntimeError)."""
+    q, k_cache, v_cache, tables, lens, scale, _ = run_case(torch.bfloat16, 64, 9, 3, 16, lengths=[3])
+    for args in ((q, k_cache.float(), v_cache.float()), (q[..., :32], k_cache, v_cache),
+                 (q, k_cache, v_cache[..., :32].contiguous())):
+        with pytest.raises(ValueError, match="does not fit the caches"):
+            paged_decode_attention_cpu_reference(*args, tables, lens, scale)
+        with pytest.raises((ValueError, RuntimeError)):
+            paged_decode_attention_cpu(*args, tables, lens, scale)
+
+
 def test_kernel_supports_only_what_it_was_compiled_for():
     q, k_cache, v_cache, *_ = run_case(torch.float32, 64, 8, 2, 16, lengths=[3])
     assert kernel_supports(q, k_cache, v_cache)

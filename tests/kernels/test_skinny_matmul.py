@@ -43,6 +43,14 @@ def test_every_tiling_gives_the_product(tiling):
     torch.testing.assert_close(got.cpu().double(), F.linear(x.double(), weight.double()), rtol=1e-5, atol=1e-4)
 
 
+def test_a_strided_bias_is_read_as_its_values():
+    torch.manual_seed(5)
+    x, weight, bias = torch.randn(2, 64), torch.randn(16, 64), torch.randn(32)[::2]
+    got = skinny_matmul(x.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE))
+    torch.testing.assert_close(got.cpu().double(), F.linear(x.double(), weight.double(), bias.double()),
+                               rtol=1e-5, atol=1e-4)
+
+
 def test_a_row_does_not_depend_on_the_others():
     """The first row's product is the same alone and in a batch (each row is summed on its own)."""
     torch.manual_seed(3)

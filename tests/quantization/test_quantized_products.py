@@ -195,7 +195,7 @@ class QuantizedLinear(QuantizableWeight, nn.Linear):
 
 
 @pytest.mark.parametrize("fmt", FORMATS + [QuantFormat(4, 32, has_mins=True)], ids=str)
-@pytest.mark.parametrize("rows", [4, 9, 40, 64, 300, 1000])  # 300: more than one chunk of rows
+@pytest.mark.parametrize("rows", [2, 3, 4, 9, 40, 64, 300, 1000])  # 300: more than one chunk of rows
 def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
     """Four rows or more in bf16 (where the GEMV rounds its rows: 64 for 4-bit codes, 512 KiB of
     rounded rows for int8), with a twin: the bf16 GEMM over dequantized panels (the weight rounded
@@ -232,3 +232,45 @@ def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
         torch.testing.assert_close(alone.float(), want, rtol=1e-2, atol=2e-2)
     else:
         torch.testing.assert_close(alone, got[:1], rtol=1e-2, atol=1e-2)
+
+
+def test_the_4bit_twins_lanes_order_holds_each_columns_codes():
+    """Read back through the byte offsets the C++ GEMV and GEMM use (panel, block of 32 inputs,
+    set of 16 columns, 4-byte run d, column, byte j: input j low, input j + 16 high), the twin
+    gives `unpack_codes`' values; columns past N are zero."""
+    from fastgen.cpu.native.quantized_linear import pack_twin
+
+    for group in (32, 64):
+        fmt = QuantFormat(4, group, has_mins=True)
+        codes, scales, _ = quantize_weight(torch.randn(100, 128), QuantFormat(4, group))
+        mins = (-scales.float() * 8).half()
+        twin = pack_twin(codes, scales, mins, fmt)
+        values = unpack_codes(codes, fmt)
+        flat = twin.codes.reshape(-1)
+        panel_bytes = 128 // 2 * 48
+        for column in range(144):
+            panel, set_, c = column // 48, column % 48 // 16, column % 16
+            for k in range(128):
+                block, within = k // 32, k % 32
+                d, j = within % 16 // 4, within % 4
+                byte = flat[panel * panel_bytes + block * 768 + set_ * 256 + d * 64 + 4 * c + j]
+                got = int(byte) & 15 if within < 16 else int(byte) >> 4
+                assert got == (int(values[column, k]) if column < 100 else 0), (group, column, k)
+
+
+def test_a_few_rows_with_a_4bit_twin_read_the_twin():
+    """The GEMV over the twin (not the one over the codes): a twin whose codes are changed
+    changes the product."""
+    if not gemm_available() or not kernel_available() or not rounds_inputs():
+        pytest.skip("the GEMV over the twin needs AVX-512 VNNI and the bf16 GEMM")
+    from fastgen.cpu.native.quantized_linear import _twins
+
+    fmt = QuantFormat(4, 32, has_mins=True)
+    layer = QuantizedLinear(576, 100, bias=False, dtype=torch.bfloat16)
+    tensors = quantize_weight(layer.weight, QuantFormat(4, 32))
+    layer.quantize_(fmt, tensors._replace(mins=(-tensors.scales.float() * 8).half()))
+    assert pack_quantized_weights(layer) == 1
+    x = torch.randn(3, 576, dtype=torch.bfloat16)
+    before = layer(x)
+    _twins[layer.weight_codes.data_ptr()].codes.zero_()
+    assert not torch.equal(layer(x), before)

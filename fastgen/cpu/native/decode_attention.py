@@ -95,6 +95,10 @@ def paged_decode_attention_cpu_reference(q: torch.Tensor, k_cache: torch.Tensor,
 
 
 def _attend(q, k_cache, v_cache, block_tables, context_lens, scale):
+    if not (q.dtype == k_cache.dtype == v_cache.dtype and k_cache.shape == v_cache.shape
+            and q.shape[-1] == k_cache.shape[-1]):
+        raise ValueError(f"paged_decode_attention_cpu: q {q.dtype} {tuple(q.shape)} does not fit the caches "
+                         f"{k_cache.dtype} {tuple(k_cache.shape)} / {v_cache.dtype} {tuple(v_cache.shape)}")
     entry = _entry_point()
     if entry is None:
         longest = int(context_lens.max()) if context_lens.numel() else 0

@@ -50,7 +50,9 @@ Tensor paged_decode_attention_cpu(Tensor q, Tensor k_cache, Tensor v_cache, Tens
     const int code = q_dtype == aoti_torch_dtype_float32() ? 0 : q_dtype == aoti_torch_dtype_bfloat16() ? 1 : -1;
     const bool served = kernel != nullptr && code >= 0 && q_dtype == k_dtype && q_dtype == v_dtype &&
         q.dim() == 3 && q.stride(2) == 1 && k_cache.dim() == 4 && k_cache.is_contiguous() &&
-        v_cache.is_contiguous() && t_dtype == i32 && l_dtype == i32 && block_tables.dim() == 2 &&
+        v_cache.is_contiguous() && k_cache.size(3) == q.size(2) && v_cache.dim() == 4 &&
+        v_cache.size(0) == k_cache.size(0) && v_cache.size(1) == k_cache.size(1) &&
+        v_cache.size(2) == k_cache.size(2) && v_cache.size(3) == k_cache.size(3) && t_dtype == i32 && l_dtype == i32 && block_tables.dim() == 2 &&
         block_tables.stride(1) == 1 && context_lens.dim() == 1 && context_lens.is_contiguous() &&
         block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0);
     if (!served) return reference(q, k_cache, v_cache, block_tables, context_lens, scale);
