@@ -408,15 +408,18 @@ inline void dot4_vnni(const uint8_t* w, int64_t stride, const RoundedRow* x, int
 }
 // The outputs of one panel of a 4-bit twin (48 columns; codes in the lanes order of gemm.cpp's
 // dequantize_panel4, scales and offsets [groups][48]) for R rows, out[r * 48 + column]. Per block
-// of 32 inputs and set of 16 columns: four 64-byte vectors of codes, a column a 32-bit lane, each
-// lane's four code bytes times four rounded inputs broadcast to every lane (vpdpbusd), so the 16
-// columns' block sums come out in one vector; each block's scale and offset then apply as
-// vectors, and nothing is summed across lanes. x[r].q: the rounded inputs in natural order.
+// of 32 inputs: for each 4-byte run d, the three sets of 16 columns' code vectors (a column a
+// 32-bit lane) are loaded once, and each row's four inputs of that run are broadcast to every lane
+// once for all three sets (vpdpbusd: 16 columns' sums in one vector); each block's scale and
+// offset then apply as vectors, and nothing is summed across lanes. One row keeps its low and high
+// nibbles' sums apart (six chains of vpdpbusd instead of three, so their latency overlaps).
+// x[r].q: the rounded inputs in natural order.
 template <int R>
 inline void panel_dot4_vnni(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, const RoundedRow* x,
                             int64_t k, int64_t group_size, float* out) {
     constexpr int64_t kBlockBytes = 3 * 4 * 64;  // a block of 32 inputs of the panel's 48 columns
     constexpr int64_t kAhead = 4 * kBlockBytes;  // prefetched this far ahead (the thread's next panel too)
+    constexpr int kChains = R == 1 ? 2 : 1;
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     __m512 acc[3][R];
     for (int set = 0; set < 3; ++set)
@@ -425,27 +428,37 @@ inline void panel_dot4_vnni(const uint8_t* codes, const uint16_t* scales, const 
         const uint8_t* base = codes + block * kBlockBytes;
         for (int64_t line = 0; line < kBlockBytes; line += 64)
             _mm_prefetch((const char*)(base + kAhead + line), _MM_HINT_T0);
-        const int64_t group = block * 32 / group_size;
-        for (int set = 0; set < 3; ++set) {
-            __m512i low_sum[R], high_sum[R];  // two chains of vpdpbusd a row
-            for (int r = 0; r < R; ++r) low_sum[r] = high_sum[r] = _mm512_setzero_si512();
-            for (int d = 0; d < 4; ++d) {
+        __m512i sums[kChains][3][R];
+        for (int chain = 0; chain < kChains; ++chain)
+            for (int set = 0; set < 3; ++set)
+                for (int r = 0; r < R; ++r) sums[chain][set][r] = _mm512_setzero_si512();
+        for (int d = 0; d < 4; ++d) {
+            __m512i low[3], high[3];
+            for (int set = 0; set < 3; ++set) {
                 const __m512i v = _mm512_loadu_si512(base + set * 256 + d * 64);
-                const __m512i low = _mm512_and_si512(v, nibble);
-                const __m512i high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-                for (int r = 0; r < R; ++r) {
-                    int32_t inputs_low, inputs_high;  // inputs 4d..4d+3 and 16+4d..16+4d+3 of the block
-                    std::memcpy(&inputs_low, x[r].q + block * 32 + 4 * d, 4);
-                    std::memcpy(&inputs_high, x[r].q + block * 32 + 16 + 4 * d, 4);
-                    low_sum[r] = _mm512_dpbusd_epi32(low_sum[r], low, _mm512_set1_epi32(inputs_low));
-                    high_sum[r] = _mm512_dpbusd_epi32(high_sum[r], high, _mm512_set1_epi32(inputs_high));
+                low[set] = _mm512_and_si512(v, nibble);
+                high[set] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+            }
+            for (int r = 0; r < R; ++r) {
+                int32_t inputs_low, inputs_high;  // inputs 4d..4d+3 and 16+4d..16+4d+3 of the block
+                std::memcpy(&inputs_low, x[r].q + block * 32 + 4 * d, 4);
+                std::memcpy(&inputs_high, x[r].q + block * 32 + 16 + 4 * d, 4);
+                const __m512i xl = _mm512_set1_epi32(inputs_low), xh = _mm512_set1_epi32(inputs_high);
+                for (int set = 0; set < 3; ++set) {
+                    sums[0][set][r] = _mm512_dpbusd_epi32(sums[0][set][r], low[set], xl);
+                    sums[kChains - 1][set][r] = _mm512_dpbusd_epi32(sums[kChains - 1][set][r], high[set], xh);
                 }
             }
+        }
+        const int64_t group = block * 32 / group_size;
+        for (int set = 0; set < 3; ++set) {
             const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + group * 48 + 16 * set)));
             const __m512 offset = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(offsets + group * 48 + 16 * set)));
             for (int r = 0; r < R; ++r) {
-                const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(low_sum[r], high_sum[r]));
-                acc[set][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(x[r].block_scale[block])),
+                const __m512i sum = kChains == 2 ? _mm512_add_epi32(sums[0][set][r], sums[kChains - 1][set][r])
+                                                 : sums[0][set][r];
+                acc[set][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                                              _mm512_mul_ps(scale, _mm512_set1_ps(x[r].block_scale[block])),
                                               acc[set][r]);
                 acc[set][r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x[r].block_sum[block]), acc[set][r]);
             }
