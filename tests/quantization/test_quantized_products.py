@@ -195,10 +195,10 @@ class QuantizedLinear(QuantizableWeight, nn.Linear):
 
 
 @pytest.mark.parametrize("fmt", FORMATS + [QuantFormat(4, 32, has_mins=True)], ids=str)
-@pytest.mark.parametrize("rows", [2, 3, 4, 9, 40, 64, 300, 1000])  # 300: more than one chunk of rows
+@pytest.mark.parametrize("rows", [2, 3, 4, 9, 40, 64, 300, 1000, 2000])  # 300: more than one chunk of rows
 def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
-    """Four rows or more in bf16 (where the GEMV rounds its rows: 64 for 4-bit codes, 512 KiB of
-    rounded rows for int8), with a twin: the bf16 GEMM over dequantized panels (the weight rounded
+    """Four rows or more in bf16 (where the GEMV rounds its rows: past 1 MiB of rounded rows for
+    4-bit codes, 512 KiB for int8), with a twin: the bf16 GEMM over dequantized panels (the weight rounded
     to bf16 first, as the reference does). 100 outputs: two whole panels and a part."""
     if not gemm_available() or not kernel_available():
         pytest.skip("fastgen's bf16 GEMM needs AVX-512 BF16")
@@ -209,10 +209,10 @@ def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
         # Q4_1's minimums: each group's lowest weight, some 4 to 12 steps below zero
         tensors = tensors._replace(mins=(-tensors.scales.float() * (4 + 8 * torch.rand(tensors.scales.shape))).half())
     layer.quantize_(fmt, tensors)
-    # Where the GEMV rounds its rows to int8 it stays ahead of the GEMM: up to 64 rows for 4-bit
-    # codes, for int8 ones up to 512 KiB of rounded rows (910 rows of 576 inputs).
+    # Where the GEMV rounds its rows to int8 it stays ahead of the GEMM: for 4-bit codes up to 1 MiB
+    # of rounded rows (1,820 rows of 576 inputs), for int8 ones up to 512 KiB (910 rows).
     threshold = gemm_rows(fmt, 576)
-    assert threshold == (4 if not kernel_rounds(fmt) else 64 if fmt.bits == 4 else 512 * 1024 // 576)
+    assert threshold == (4 if not kernel_rounds(fmt) else (1024 if fmt.bits == 4 else 512) * 1024 // 576)
     assert pack_quantized_weights(layer) == 1 and twin_bytes(layer) > 0
     x = torch.randn(rows, 576, dtype=torch.bfloat16)
     weight = dequantize(layer.weight_codes, layer.weight_scales, layer.weight_mins, fmt, torch.bfloat16)
@@ -271,6 +271,8 @@ def test_a_few_rows_with_a_4bit_twin_read_the_twin():
     layer.quantize_(fmt, tensors._replace(mins=(-tensors.scales.float() * 8).half()))
     assert pack_quantized_weights(layer) == 1
     x = torch.randn(3, 576, dtype=torch.bfloat16)
+    served = products_served_natively(by_twin_gemv=True)
     before = layer(x)
+    assert products_served_natively(by_twin_gemv=True) == served + 1
     _twins[layer.weight_codes.data_ptr()].codes.zero_()
     assert not torch.equal(layer(x), before)

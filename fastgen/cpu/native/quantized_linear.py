@@ -56,6 +56,7 @@ def load_kernel() -> ctypes.CDLL | None:
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     library.fastgen_quantized_linear_served.restype = i64
     library.fastgen_quantized_linear_served_by_gemm.restype = i64
+    library.fastgen_quantized_linear_served_by_twin_gemv.restype = i64
     library.fastgen_quantized_linear_supported.restype = ctypes.c_int
     library.fastgen_quantized_linear_set_gemm.argtypes = [pointer]
     library.fastgen_quantized_linear_add_twin.argtypes = [pointer, pointer, pointer, pointer, i64, i64, i64, i64]
@@ -76,15 +77,20 @@ def kernel_available() -> bool:
     return library is not None and bool(library.fastgen_quantized_linear_supported())
 
 
-def products_served_natively(by_gemm: bool = False) -> int:
+def products_served_natively(by_gemm: bool = False, by_twin_gemv: bool = False) -> int:
     """How many quantized products the C++ kernel computed in this process (`by_gemm`: of them,
-    through a twin and the GEMM); 0 while it is not loaded (asking does not load it)."""
+    through a twin and the GEMM; `by_twin_gemv`: through a 4-bit twin and the GEMV that reads it);
+    0 while it is not loaded (asking does not load it)."""
     if not load_kernel.cache_info().currsize:
         return 0
     library = load_kernel()
     if library is None:
         return 0
-    return library.fastgen_quantized_linear_served_by_gemm() if by_gemm else library.fastgen_quantized_linear_served()
+    if by_gemm:
+        return library.fastgen_quantized_linear_served_by_gemm()
+    if by_twin_gemv:
+        return library.fastgen_quantized_linear_served_by_twin_gemv()
+    return library.fastgen_quantized_linear_served()
 
 
 def rounds_inputs() -> bool:

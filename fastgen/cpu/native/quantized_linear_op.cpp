@@ -45,7 +45,7 @@ namespace {
 
 using torch::stable::Tensor;
 
-std::atomic<int64_t> served_count{0}, gemm_count{0};
+std::atomic<int64_t> served_count{0}, gemm_count{0}, twin_gemv_count{0};
 // Whether bf16 rows are rounded to int8 for the integer dot-product kernels (where the CPU has
 // them); off, they are multiplied as they are (fastgen_quantized_linear_set_rounded_inputs).
 std::atomic<int> rounded_inputs{1};
@@ -78,18 +78,19 @@ bool lookup(const void* codes, Twin* out) {
 // the GEMV below converts every code once per row, the GEMM once per call.
 constexpr int64_t kGemmRows = 4;
 // Where the GEMV rounds its rows to int8, its integer products (each chunk of codes loaded once
-// for four rows) beat the GEMM over dequantized panels for int8 codes at every batch measured (a
-// step of SmolLM2-135M's products: 1.25x at 32 rows, 1.11x at 256); but each block of channels
-// reads all the rounded rows again, so past kRoundedRowsBytes of them (a long prompt's chunk) the
-// GEMM, which converts each panel once for every row, takes over. 4-bit codes go to the GEMM
-// from 64 rows (the two within 3% of each other from 32 rows on).
-constexpr int64_t kRoundedRowsBytes = 512 * 1024;
-constexpr int64_t kGemmRowsRounded4 = 64;
+// for four rows) beat the GEMM over dequantized panels at every batch measured (int8 codes, a
+// step of SmolLM2-135M's products: 1.25x at 32 rows, 1.11x at 256; 4-bit codes over the lanes
+// twin, 1.1-1.4x at 64-512 rows); but each block of channels reads all the rounded rows again, so
+// past some bytes of them (a long prompt's chunk) the GEMM, which converts each panel once for
+// every row, takes over: 512 KiB for int8 codes, 1 MiB for 4-bit ones (at 1,024 rows of
+// SmolLM2's products the GEMV still led on the 576-wide inputs and lost on the 1,536-wide).
+constexpr int64_t kRoundedRowsBytes8 = 512 * 1024, kRoundedRowsBytes4 = 1024 * 1024;
+constexpr int64_t kGemmRowsRounded = 64;
 
 int64_t gemm_rows_for(bool rounding, int64_t bits, int64_t k) {
     if (!rounding) return kGemmRows;
-    return bits == 8 ? std::max<int64_t>(kGemmRowsRounded4, kRoundedRowsBytes / std::max<int64_t>(k, 1))
-                     : kGemmRowsRounded4;
+    return std::max<int64_t>(kGemmRowsRounded,
+                             (bits == 8 ? kRoundedRowsBytes8 : kRoundedRowsBytes4) / std::max<int64_t>(k, 1));
 }
 
 float bf16_to_float(uint16_t v) {
@@ -592,6 +593,7 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
         }
     }
     if (lanes) {
+        twin_gemv_count.fetch_add(1, std::memory_order_relaxed);
         const int64_t panels = (n + 47) / 48, panel_bytes = k / 2 * 48, panel_scales = groups * 48;
         const RoundedRow* xr = rounded_rows.data();
         const uint16_t* bias16 = bias.has_value() ? static_cast<const uint16_t*>(bias->data_ptr()) : nullptr;
@@ -764,6 +766,8 @@ int64_t fastgen_quantized_linear_served() { return served_count.load(); }
 int fastgen_quantized_linear_supported() { return FASTGEN_HAVE_AVX512; }
 
 int64_t fastgen_quantized_linear_served_by_gemm() { return gemm_count.load(); }
+
+int64_t fastgen_quantized_linear_served_by_twin_gemv() { return twin_gemv_count.load(); }
 
 // 1 where bf16 rows are rounded to int8 for the integer dot-product kernels: the CPU has AVX-512
 // VNNI and the rounding is on (fastgen_quantized_linear_set_rounded_inputs).
