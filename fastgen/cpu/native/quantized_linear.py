@@ -9,18 +9,21 @@ of the op's dequantize-then-multiply Python kernel:
   bandwidth (the next channels' codes prefetched). bf16 rows, on a CPU with AVX-512 VNNI, are
   rounded to int8 in blocks of 32 inputs, as llama.cpp rounds its activations, so that codes
   times inputs are integer dot products (`set_rounded_inputs` switches this off); otherwise each
-  code is converted to float in registers;
-- four rows or more (where the GEMV rounds its rows, whose integer products load each chunk of
-  codes once for four rows: 64 for 4-bit codes, and for int8 past 512 KiB of rounded rows, a
-  long prompt's chunk; `gemm_rows`), bf16, where the weight has a twin packed by
+  code is converted to float in registers. 4-bit codes with a twin (below) go to a GEMV over the
+  twin, a column a vpdpbusd lane (`panel_dot4_vnni`);
+- more rows (where the GEMV rounds its rows, whose integer products load each chunk of codes
+  once for four rows: past 1 MiB of rounded rows for 4-bit codes and 512 KiB for int8, a long
+  prompt's chunk; else from four rows; `gemm_rows`), bf16, where the weight has a twin packed by
   `pack_quantized_weights`: the bf16 GEMM's register tile over panels that each thread
   dequantizes one at a time into its cache, so each weight is converted once a call rather than
   once a row.
 
-A twin is the codes again, in the GEMM's panel order, with its scales (and offsets) per group and
-panel column in float16: about as large as the codes (1 byte a weight for int8, 0.625 for int4 in
-groups of 32). Like the bf16 weights' packed twins (`fastgen.cpu.native.packed_linear`), they are
-made for the compiled steps' products of many rows, where memory allows.
+A twin is the codes again, in panels of 48 output columns, with its scales (and offsets) per
+group and panel column in float16: about as large as the codes (1 byte a weight for int8, 0.625
+for int4 in groups of 32). int8 codes are in the GEMM's pair-row order; 4-bit codes in a lanes
+order that the 4-bit GEMV reads and the GEMM dequantizes (`_lanes_order`). Like the bf16
+weights' packed twins (`fastgen.cpu.native.packed_linear`), they are made for the compiled
+steps, where memory allows.
 
 Where a library cannot be built (no compiler) the Python kernel serves every product.
 """

@@ -11,6 +11,8 @@
 // its inputs is added once per group instead of once per weight. Output channels are shared out
 // between threads; a channel's codes are read once and used for every row (at a few rows they
 // stay in L1 between rows), so at one row the kernel streams the codes at the memory bandwidth.
+// 4-bit codes with a twin in the lanes order (fastgen.cpu.native.quantized_linear) go to
+// panel_dot4_vnni instead, which sums 16 output channels in the lanes of one vector.
 //
 // The op's schema and Python kernel are `fastgen.quantization.ops`'; loading this library adds
 // a kernel for the CPU dispatch key. Any call it cannot serve (no AVX-512, an input that is not
