@@ -234,6 +234,24 @@ def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
         torch.testing.assert_close(alone, got[:1], rtol=1e-2, atol=1e-2)
 
 
+def test_the_int8_twins_lanes_order_holds_each_columns_codes():
+    """int8 codes + 128, read back through the C++ offsets (panel, block of 32 inputs, set of 16
+    columns, run d of four inputs, column, byte), and an offset of -128 scale."""
+    from fastgen.cpu.native.quantized_linear import pack_twin
+
+    fmt = QuantFormat(8, 64)
+    codes, scales, _ = quantize_weight(torch.randn(100, 128), fmt)
+    twin = pack_twin(codes, scales, None, fmt)
+    flat = twin.codes.reshape(-1)
+    for column in range(144):
+        panel, set_, c = column // 48, column % 48 // 16, column % 16
+        for k in range(128):
+            block, within = k // 32, k % 32
+            byte = flat[panel * 128 * 48 + block * 1536 + set_ * 512 + within // 4 * 64 + 4 * c + within % 4]
+            assert int(byte) - 128 == (int(codes[column, k]) if column < 100 else 0), (column, k)
+    torch.testing.assert_close(twin.offsets[0, :, :48].float(), (scales[:48].float().T * -128))
+
+
 def test_the_4bit_twins_lanes_order_holds_each_columns_codes():
     """Read back through the byte offsets the C++ GEMV and GEMM use (panel, block of 32 inputs,
     set of 16 columns, 4-byte run d, column, byte j: input j low, input j + 16 high), the twin
@@ -258,21 +276,25 @@ def test_the_4bit_twins_lanes_order_holds_each_columns_codes():
                 assert got == (int(values[column, k]) if column < 100 else 0), (group, column, k)
 
 
-def test_a_few_rows_with_a_4bit_twin_read_the_twin():
+@pytest.mark.parametrize("fmt", [QuantFormat(4, 32, has_mins=True), QuantFormat(8, 576), QuantFormat(8, 64)], ids=str)
+def test_a_few_rows_with_a_twin_read_the_twin(fmt):
     """The GEMV over the twin (not the one over the codes): a twin whose codes are changed
-    changes the product."""
+    changes the product, and the product is the reference's."""
     if not gemm_available() or not kernel_available() or not rounds_inputs():
         pytest.skip("the GEMV over the twin needs AVX-512 VNNI and the bf16 GEMM")
     from fastgen.cpu.native.quantized_linear import _twins
 
-    fmt = QuantFormat(4, 32, has_mins=True)
     layer = QuantizedLinear(576, 100, bias=False, dtype=torch.bfloat16)
-    tensors = quantize_weight(layer.weight, QuantFormat(4, 32))
-    layer.quantize_(fmt, tensors._replace(mins=(-tensors.scales.float() * 8).half()))
+    tensors = quantize_weight(layer.weight, QuantFormat(fmt.bits, fmt.group_size))
+    if fmt.has_mins:
+        tensors = tensors._replace(mins=(-tensors.scales.float() * 8).half())
+    layer.quantize_(fmt, tensors)
     assert pack_quantized_weights(layer) == 1
     x = torch.randn(3, 576, dtype=torch.bfloat16)
     served = products_served_natively(by_twin_gemv=True)
     before = layer(x)
     assert products_served_natively(by_twin_gemv=True) == served + 1
+    weight = dequantize(layer.weight_codes, layer.weight_scales, layer.weight_mins, fmt, torch.bfloat16)
+    torch.testing.assert_close(before.float(), F.linear(rounded_rows(x), weight.float()), rtol=1e-2, atol=2e-2)
     _twins[layer.weight_codes.data_ptr()].codes.zero_()
     assert not torch.equal(layer(x), before)

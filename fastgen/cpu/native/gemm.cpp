@@ -116,47 +116,21 @@ void rows(int r, const uint16_t* a, int64_t k, const uint16_t* panel, const floa
     }
 }
 
-// One panel of an int8 weight, dequantized into the bf16 panel layout above (`out`: ceil(K / 2)
-// pair rows of 96). The quantized twin keeps that layout (fastgen.cpu.native.quantized_linear):
-// per pair row, 96 int8 codes; per group of inputs, the 48 columns' float16 scales. Element e of a
-// pair row is column e / 2's weight, so each 16-element vector takes the scales of 8 columns, each
-// twice. w = code * scale in float32, rounded to bf16 once: the weight
-// `fastgen.quantization.dequantize` gives in bf16.
-void dequantize_panel8(const uint8_t* codes, const uint16_t* scales, int64_t pairs, int64_t pairs_per_group,
-                       uint16_t* out) {
-    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    for (int64_t start = 0; start < pairs; start += pairs_per_group) {
-        // The group's scales as six vectors in pair-row order, once a group.
-        const int64_t group = start / pairs_per_group;
-        __m512 scale[6];
-        for (int v = 0; v < 6; ++v) {
-            const __m128i s = _mm_loadu_si128((const __m128i*)(scales + group * kPanel + 8 * v));
-            scale[v] = _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(s)));
-        }
-        const int64_t stop = std::min(pairs, start + pairs_per_group);
-        for (int64_t p = start; p < stop; ++p) {
-            __m512 w[6];
-            for (int v = 0; v < 6; ++v) {
-                const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(codes + p * 96 + 16 * v)));
-                w[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale[v]);
-            }
-            for (int v = 0; v < 3; ++v)
-                _mm512_storeu_si512(out + p * 96 + 32 * v, (__m512i)_mm512_cvtne2ps_pbh(w[2 * v + 1], w[2 * v]));
-        }
-    }
-}
-
-// One panel of 4-bit codes in the twin's lanes order (`_lanes_order` of
-// fastgen.cpu.native.quantized_linear, which the GEMV reads too): per block of 32 inputs, three
-// sets of 16 columns, each four 64-byte vectors whose 32-bit lane c holds column c's bytes
-// 4d..4d+3 of the block (byte j: input j in its low nibble, input j + 16 in its high one). Lane
-// c's low nibbles of bytes 0 and 1 are its inputs 4d and 4d + 1, i.e. pair row 2d of the block;
-// bytes 2 and 3, pair row 2d + 1; the high nibbles, pair rows 8 + 2d and 9 + 2d. A lane's two
-// codes spread to 16 bits each are already the panel's element order (column c's input 2p, then
-// 2p + 1), so 16 columns of a pair row come out of one vector. Same arithmetic as
-// dequantize_panel8: w = code * scale + offset in float32, rounded to bf16 once.
-void dequantize_panel4(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, int64_t pairs,
-                       int64_t group_size, uint16_t* out) {
+// One panel of a quantized twin (fastgen.cpu.native.quantized_linear: `_lanes_order` for 4-bit
+// codes, `_lanes_order8` for int8 ones), dequantized into the bf16 panel layout above (`out`: K / 2
+// pair rows of 96). Per block of 32 inputs, three sets of 16 columns, each a few 64-byte vectors
+// whose 32-bit lane c holds column c's codes of a run of the block: 4-bit, four vectors, run d's
+// bytes 4d..4d+3 (byte j: input j in its low nibble, input j + 16 in its high one); int8 + 128,
+// eight vectors, run d's inputs 4d..4d+3. A lane's first two codes are inputs 2p and 2p + 1 of one
+// pair row p, its last two those of pair row p + 1 (4-bit: the low nibbles rows 2d and 2d + 1, the
+// high ones 8 + 2d and 9 + 2d; int8: rows 2d and 2d + 1); spread to 16 bits each they are already
+// the panel's element order (column c's input 2p, then 2p + 1), so 16 columns of a pair row come
+// out of one vector. w = code * scale + offset (int8: -128 scale) in float32, rounded to bf16
+// once: the weight `fastgen.quantization.dequantize` gives in bf16.
+template <int BITS>
+void dequantize_lanes_panel(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, int64_t pairs,
+                            int64_t group_size, uint16_t* out) {
+    constexpr int kRuns = BITS == 8 ? 8 : 4;  // 64-byte vectors a set of 16 columns takes in a block
     const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     const __m512i nibble = _mm512_set1_epi8(0x0F), first_byte = _mm512_set1_epi32(0xFF),
                   second_byte = _mm512_set1_epi32(0xFF00);
@@ -171,12 +145,23 @@ void dequantize_panel4(const uint8_t* codes, const uint16_t* scales, const uint1
                 offset[h] = _mm512_permutexvar_ps(
                     twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)(offsets + at)))));
             }
-            for (int d = 0; d < 4; ++d) {
-                const __m512i v = _mm512_loadu_si512(codes + block * 768 + set * 256 + d * 64);
-                const __m512i low = _mm512_and_si512(v, nibble), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-                const __m512i sources[4] = {low, _mm512_srli_epi32(low, 16), high, _mm512_srli_epi32(high, 16)};
-                const int64_t pair_rows[4] = {2 * d, 2 * d + 1, 8 + 2 * d, 9 + 2 * d};
-                for (int i = 0; i < 4; ++i) {
+            for (int d = 0; d < kRuns; ++d) {
+                const __m512i v = _mm512_loadu_si512(codes + (block * 3 + set) * kRuns * 64 + d * 64);
+                __m512i sources[4];
+                int64_t pair_rows[4];
+                int count = 0;
+                if (BITS == 8) {
+                    sources[count] = v, pair_rows[count++] = 2 * d;
+                    sources[count] = _mm512_srli_epi32(v, 16), pair_rows[count++] = 2 * d + 1;
+                } else {
+                    const __m512i low = _mm512_and_si512(v, nibble);
+                    const __m512i high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                    sources[count] = low, pair_rows[count++] = 2 * d;
+                    sources[count] = _mm512_srli_epi32(low, 16), pair_rows[count++] = 2 * d + 1;
+                    sources[count] = high, pair_rows[count++] = 8 + 2 * d;
+                    sources[count] = _mm512_srli_epi32(high, 16), pair_rows[count++] = 9 + 2 * d;
+                }
+                for (int i = 0; i < count; ++i) {
                     const __m512i x = sources[i];  // a lane's two codes in its bytes 0 and 1
                     const __m512i pair = _mm512_or_si512(_mm512_and_si512(x, first_byte),
                                                          _mm512_slli_epi32(_mm512_and_si512(x, second_byte), 8));
@@ -192,12 +177,11 @@ void dequantize_panel4(const uint8_t* codes, const uint16_t* scales, const uint1
     }
 }
 
-// A panel of the quantized twin into the bf16 panel layout: int8 codes by dequantize_panel8, 4-bit
-// codes (in the lanes order) by dequantize_panel4.
+// A panel of the quantized twin into the bf16 panel layout.
 void dequantize_twin_panel(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, int64_t pairs,
                            int64_t group_size, int bits, uint16_t* out) {
-    if (bits == 8) dequantize_panel8(codes, scales, pairs, group_size / 2, out);
-    else dequantize_panel4(codes, scales, offsets, pairs, group_size, out);
+    if (bits == 8) dequantize_lanes_panel<8>(codes, scales, offsets, pairs, group_size, out);
+    else dequantize_lanes_panel<4>(codes, scales, offsets, pairs, group_size, out);
 }
 
 #endif  // FASTGEN_HAVE_BF16
@@ -285,17 +269,15 @@ int fastgen_gemm(const uint16_t* a, const uint16_t* packed, const float* bias, u
 }
 
 // C [m, n] = A [m, k] . W^T (+ bias) for a weight quantized into panels: codes, ceil(n / 48)
-// panels of k / 2 pair rows (dequantize_panel8), or 4-bit of k / 32 blocks in the lanes order
-// (dequantize_panel4; group_size a multiple of 32); scales, offsets (4-bit only, else null):
-// float16 [panels][k / group_size][48]; k and group_size even. Each thread dequantizes its panels
-// one at a time into a bf16 panel of its own (in L2 for the model's widths) and sweeps every row
-// of A over it with the bf16 kernel: a weight is converted once a call, not once a row.
+// panels of k / 32 blocks in the lanes order (dequantize_lanes_panel; k and group_size multiples
+// of 32); scales and offsets float16 [panels][k / group_size][48]. Each thread dequantizes its
+// panels one at a time into a bf16 panel of its own (in L2 for the model's widths) and sweeps
+// every row of A over it with the bf16 kernel: a weight is converted once a call, not once a row.
 int fastgen_gemm_quantized(const uint16_t* a, const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets,
                            const float* bias, uint16_t* c, int64_t m, int64_t n, int64_t k, int bits,
                            int64_t group_size, int num_threads) {
 #if FASTGEN_HAVE_BF16
-    if (k % 2 || group_size % 2 || (bits != 8 && bits != 4) || (bits == 4 && (group_size % 32 || !offsets)))
-        return -1;
+    if (k % 32 || group_size % 32 || (bits != 8 && bits != 4) || !offsets) return -1;
     const int64_t pairs = k / 2, panels = (n + kPanel - 1) / kPanel, groups = k / group_size;
     const int64_t panel_bytes = pairs * (bits == 8 ? 96 : 48), panel_scales = groups * kPanel;
     const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);

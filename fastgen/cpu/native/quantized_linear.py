@@ -20,8 +20,8 @@ of the op's dequantize-then-multiply Python kernel:
 
 A twin is the codes again, in panels of 48 output columns, with its scales (and offsets) per
 group and panel column in float16: about as large as the codes (1 byte a weight for int8, 0.625
-for int4 in groups of 32). int8 codes are in the GEMM's pair-row order; 4-bit codes in a lanes
-order that the 4-bit GEMV reads and the GEMM dequantizes (`_lanes_order`). Like the bf16
+for int4 in groups of 32), in a lanes order that the GEMV over the twin reads and the GEMM
+dequantizes (`_lanes_order`, `_lanes_order8`). Like the bf16
 weights' packed twins (`fastgen.cpu.native.packed_linear`), they are made for the compiled
 steps, where memory allows.
 
@@ -124,9 +124,10 @@ class QuantizedTwin(NamedTuple):
     """A quantized weight in the GEMM's panel order (see `fastgen_gemm_quantized`), and the codes
     it was packed from (held, so no other tensor comes to live at their address meanwhile)."""
 
-    codes: torch.Tensor  # uint8: int8 [panels, K / 2, 96]; 4-bit [panels, K / 32, 3, 4, 16, 4] (`_lanes_order`)
+    codes: torch.Tensor  # uint8: int8 + 128 [panels, K / 32, 3, 8, 16, 4] (`_lanes_order8`); 4-bit
+    #                      [panels, K / 32, 3, 4, 16, 4] (`_lanes_order`)
     scales: torch.Tensor  # float16 [panels, groups, 48]
-    offsets: torch.Tensor | None  # float16 [panels, groups, 48]: 4-bit only
+    offsets: torch.Tensor | None  # float16 [panels, groups, 48]: w = code * scale + offset
     source: torch.Tensor
 
 
@@ -148,10 +149,9 @@ def pack_twin(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | No
     padded = values.new_zeros(panels * PANEL, k)
     padded[:n] = values
     if fmt.bits == 8:
-        # Element e of a pair row is column e // 2's input 2p + e % 2 (the bf16 panel's layout).
-        rows = padded.view(panels, PANEL, k // 2, 2).permute(0, 2, 1, 3).reshape(panels, k // 2, 2 * PANEL)
-        panel_codes = rows.view(torch.uint8).contiguous()
-        offsets = None
+        # Unsigned for vpdpbusd: code + 128, and an offset of -128 scale (exact in float16).
+        panel_codes = _lanes_order8((padded.to(torch.int16) + 128).to(torch.uint8), panels)
+        offsets = _by_panel_column((scales.float() * -128).half(), panels)
     else:
         panel_codes = _lanes_order(padded.to(torch.uint8), panels)
         offsets = _by_panel_column(mins if mins is not None else (scales.float() * -8).half(), panels)
@@ -169,6 +169,15 @@ def _lanes_order(nibbles: torch.Tensor, panels: int) -> torch.Tensor:
     v = nibbles.view(panels, 3, 16, k // 32, 2, 4, 4)
     packed = v[:, :, :, :, 0] | (v[:, :, :, :, 1] << 4)  # [panel, set, column, block, d, byte]
     return packed.permute(0, 3, 1, 4, 2, 5).contiguous()  # [panel, block, set, d, column, byte]
+
+
+def _lanes_order8(codes: torch.Tensor, panels: int) -> torch.Tensor:
+    """int8 codes made unsigned (code + 128), [panels * 48, K], in the twin's order: for each panel
+    and block of 32 inputs, its three sets of 16 columns, each eight 64-byte vectors whose 32-bit
+    lane c holds column c's inputs 4d..4d+3 of the block (`_lanes_order`'s, a byte an input)."""
+    k = codes.shape[1]
+    v = codes.view(panels, 3, 16, k // 32, 8, 4)  # [panel, set, column, block, d, byte]
+    return v.permute(0, 3, 1, 4, 2, 5).contiguous()  # [panel, block, set, d, column, byte]
 
 
 def _forget(key: int, twin: QuantizedTwin) -> None:
@@ -205,7 +214,7 @@ def twin_bytes(model: nn.Module) -> int:
         k = module.weight_codes.shape[1] * (2 if module.quant_format.bits == 4 else 1)
         panels = -(-n // PANEL)
         total += panels * PANEL * k * module.quant_format.bits // 8
-        total += panels * PANEL * groups * 2 * (1 if module.quant_format.bits == 8 else 2)
+        total += panels * PANEL * groups * 2 * 2  # scales and offsets
     return total
 
 

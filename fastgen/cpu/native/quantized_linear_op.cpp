@@ -11,8 +11,8 @@
 // its inputs is added once per group instead of once per weight. Output channels are shared out
 // between threads; a channel's codes are read once and used for every row (at a few rows they
 // stay in L1 between rows), so at one row the kernel streams the codes at the memory bandwidth.
-// 4-bit codes with a twin in the lanes order (fastgen.cpu.native.quantized_linear) go to
-// panel_dot4_vnni instead, which sums 16 output channels in the lanes of one vector.
+// Codes with a twin in the lanes order (fastgen.cpu.native.quantized_linear) go to
+// panel_dot_vnni instead, which sums 16 output channels in the lanes of one vector.
 //
 // The op's schema and Python kernel are `fastgen.quantization.ops`'; loading this library adds
 // a kernel for the CPU dispatch key. Any call it cannot serve (no AVX-512, an input that is not
@@ -409,19 +409,21 @@ inline void dot4_vnni(const uint8_t* w, int64_t stride, const RoundedRow* x, int
             out[r * out_stride + c] = _mm512_reduce_add_ps(total[c][r]) + offsets;
         }
 }
-// The outputs of one panel of a 4-bit twin (48 columns; codes in the lanes order of gemm.cpp's
-// dequantize_panel4, scales and offsets [groups][48]) for R rows, out[r * 48 + column]. Per block
-// of 32 inputs: for each 4-byte run d, the three sets of 16 columns' code vectors (a column a
-// 32-bit lane) are loaded once, and each row's four inputs of that run are broadcast to every lane
-// once for all three sets (vpdpbusd: 16 columns' sums in one vector); each block's scale and
-// offset then apply as vectors, and nothing is summed across lanes. One row keeps its low and high
-// nibbles' sums apart (six chains of vpdpbusd instead of three, so their latency overlaps).
-// x[r].q: the rounded inputs in natural order.
-template <int R>
-inline void panel_dot4_vnni(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, const RoundedRow* x,
-                            int64_t k, int64_t group_size, float* out) {
-    constexpr int64_t kBlockBytes = 3 * 4 * 64;  // a block of 32 inputs of the panel's 48 columns
-    constexpr int64_t kAhead = 4 * kBlockBytes;  // prefetched this far ahead (the thread's next panel too)
+// The outputs of one panel of a twin (48 columns; codes in the lanes order of gemm.cpp's
+// dequantize_lanes_panel: 4-bit, or int8 + 128; scales and offsets [groups][48]) for R rows,
+// out[r * 48 + column]. Per block of 32 inputs: for each run d of four inputs, the three sets of
+// 16 columns' code vectors (a column a 32-bit lane) are loaded once, and each row's four inputs
+// of that run are broadcast to every lane once for all three sets (vpdpbusd: 16 columns' sums in
+// one vector; 4-bit codes give two runs a vector, their low and high nibbles); each block's scale
+// and offset (int8: -128 scale, taking off the + 128) then apply as vectors, and nothing is summed
+// across lanes. One row keeps two chains of sums a set (so their latency overlaps). x[r].q: the
+// rounded inputs in natural order.
+template <int BITS, int R>
+inline void panel_dot_vnni(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, const RoundedRow* x,
+                           int64_t k, int64_t group_size, float* out) {
+    constexpr int kVectors = BITS == 8 ? 8 : 4;           // 64-byte vectors of a set of columns in a block
+    constexpr int64_t kBlockBytes = 3 * kVectors * 64;    // a block of 32 inputs of the panel's 48 columns
+    constexpr int64_t kAhead = 4 * kBlockBytes;           // prefetched this far ahead (the thread's next panel too)
     constexpr int kChains = R == 1 ? 2 : 1;
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     __m512 acc[3][R];
@@ -435,21 +437,28 @@ inline void panel_dot4_vnni(const uint8_t* codes, const uint16_t* scales, const 
         for (int chain = 0; chain < kChains; ++chain)
             for (int set = 0; set < 3; ++set)
                 for (int r = 0; r < R; ++r) sums[chain][set][r] = _mm512_setzero_si512();
-        for (int d = 0; d < 4; ++d) {
-            __m512i low[3], high[3];
+        for (int d = 0; d < kVectors; ++d) {
+            __m512i first[3], second[3];  // 4-bit: the low and high nibbles (runs d and d + 4); int8: run d
             for (int set = 0; set < 3; ++set) {
-                const __m512i v = _mm512_loadu_si512(base + set * 256 + d * 64);
-                low[set] = _mm512_and_si512(v, nibble);
-                high[set] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                const __m512i v = _mm512_loadu_si512(base + (set * kVectors + d) * 64);
+                if (BITS == 8) {
+                    first[set] = v;
+                } else {
+                    first[set] = _mm512_and_si512(v, nibble);
+                    second[set] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                }
             }
             for (int r = 0; r < R; ++r) {
-                int32_t inputs_low, inputs_high;  // inputs 4d..4d+3 and 16+4d..16+4d+3 of the block
-                std::memcpy(&inputs_low, x[r].q + block * 32 + 4 * d, 4);
-                std::memcpy(&inputs_high, x[r].q + block * 32 + 16 + 4 * d, 4);
-                const __m512i xl = _mm512_set1_epi32(inputs_low), xh = _mm512_set1_epi32(inputs_high);
-                for (int set = 0; set < 3; ++set) {
-                    sums[0][set][r] = _mm512_dpbusd_epi32(sums[0][set][r], low[set], xl);
-                    sums[kChains - 1][set][r] = _mm512_dpbusd_epi32(sums[kChains - 1][set][r], high[set], xh);
+                int32_t inputs;  // the run's four inputs
+                std::memcpy(&inputs, x[r].q + block * 32 + 4 * d, 4);
+                const __m512i xs = _mm512_set1_epi32(inputs);
+                const int chain = BITS == 8 ? d % kChains : 0;
+                for (int set = 0; set < 3; ++set) sums[chain][set][r] = _mm512_dpbusd_epi32(sums[chain][set][r], first[set], xs);
+                if (BITS == 4) {
+                    std::memcpy(&inputs, x[r].q + block * 32 + 16 + 4 * d, 4);
+                    const __m512i xh = _mm512_set1_epi32(inputs);
+                    for (int set = 0; set < 3; ++set)
+                        sums[kChains - 1][set][r] = _mm512_dpbusd_epi32(sums[kChains - 1][set][r], second[set], xh);
                 }
             }
         }
@@ -469,6 +478,17 @@ inline void panel_dot4_vnni(const uint8_t* codes, const uint16_t* scales, const 
     }
     for (int r = 0; r < R; ++r)
         for (int set = 0; set < 3; ++set) _mm512_storeu_ps(out + r * 48 + 16 * set, acc[set][r]);
+}
+
+template <int BITS>
+inline void panel_dot_vnni_rows(int rows, const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets,
+                                const RoundedRow* x, int64_t k, int64_t group_size, float* out) {
+    switch (rows) {
+        case 4: panel_dot_vnni<BITS, 4>(codes, scales, offsets, x, k, group_size, out); break;
+        case 3: panel_dot_vnni<BITS, 3>(codes, scales, offsets, x, k, group_size, out); break;
+        case 2: panel_dot_vnni<BITS, 2>(codes, scales, offsets, x, k, group_size, out); break;
+        default: panel_dot_vnni<BITS, 1>(codes, scales, offsets, x, k, group_size, out); break;
+    }
 }
 #else
 #define FASTGEN_HAVE_VNNI 0
@@ -530,8 +550,8 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
     const bool has_twin = x_dtype == bf16 && lookup(codes.data_ptr(), &twin) && twin.n == n && twin.k == k &&
         twin.bits == bits && twin.group_size == group_size;
     const bool to_gemm = m >= gemm_rows_for(vnni, bits, k);
-    // Fewer rows, 4-bit codes with a twin: the GEMV over the twin's panels, a column a lane.
-    const bool lanes = vnni && bits == 4 && has_twin && !to_gemm;
+    // Fewer rows, with a twin: the GEMV over the twin's panels, a column a lane.
+    const bool lanes = vnni && has_twin && !to_gemm;
     if (to_gemm && has_twin && kernel != nullptr) {
         thread_local std::vector<float> bias32;  // the GEMM adds a float32 bias
         if (bias.has_value()) {
@@ -596,7 +616,7 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
     }
     if (lanes) {
         twin_gemv_count.fetch_add(1, std::memory_order_relaxed);
-        const int64_t panels = (n + 47) / 48, panel_bytes = k / 2 * 48, panel_scales = groups * 48;
+        const int64_t panels = (n + 47) / 48, panel_bytes = k * bits / 8 * 48, panel_scales = groups * 48;
         const RoundedRow* xr = rounded_rows.data();
         const uint16_t* bias16 = bias.has_value() ? static_cast<const uint16_t*>(bias->data_ptr()) : nullptr;
         uint16_t* o = static_cast<uint16_t*>(out.data_ptr());
@@ -609,12 +629,8 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
             float v[4 * 48];
             for (int64_t r = 0; r < m; r += 4) {
                 const int rows_now = int(std::min<int64_t>(4, m - r));
-                switch (rows_now) {
-                    case 4: panel_dot4_vnni<4>(pc, ps, po, xr + r, k, group_size, v); break;
-                    case 3: panel_dot4_vnni<3>(pc, ps, po, xr + r, k, group_size, v); break;
-                    case 2: panel_dot4_vnni<2>(pc, ps, po, xr + r, k, group_size, v); break;
-                    default: panel_dot4_vnni<1>(pc, ps, po, xr + r, k, group_size, v); break;
-                }
+                if (bits == 8) panel_dot_vnni_rows<8>(rows_now, pc, ps, po, xr + r, k, group_size, v);
+                else panel_dot_vnni_rows<4>(rows_now, pc, ps, po, xr + r, k, group_size, v);
                 for (int i = 0; i < rows_now; ++i)
                     for (int64_t c = 0; c < cols; ++c) {
                         const float add = bias16 ? bf16_to_float(bias16[p * 48 + c]) : 0.0f;
