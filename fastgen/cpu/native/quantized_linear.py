@@ -9,8 +9,8 @@ of the op's dequantize-then-multiply Python kernel:
   bandwidth (the next channels' codes prefetched). bf16 rows, on a CPU with AVX-512 VNNI, are
   rounded to int8 in blocks of 32 inputs, as llama.cpp rounds its activations, so that codes
   times inputs are integer dot products (`set_rounded_inputs` switches this off); otherwise each
-  code is converted to float in registers. 4-bit codes with a twin (below) go to a GEMV over the
-  twin, a column a vpdpbusd lane (`panel_dot4_vnni`);
+  code is converted to float in registers. Codes with a twin (below) go to a GEMV over the twin,
+  a column a vpdpbusd lane (`panel_dot_vnni`);
 - more rows (where the GEMV rounds its rows, whose integer products load each chunk of codes
   once for four rows: past 1 MiB of rounded rows for 4-bit codes and 512 KiB for int8, a long
   prompt's chunk; else from four rows; `gemm_rows`), bf16, where the weight has a twin packed by
@@ -142,7 +142,7 @@ def _by_panel_column(per_row: torch.Tensor, panels: int) -> torch.Tensor:
 
 
 def pack_twin(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, fmt: QuantFormat) -> QuantizedTwin:
-    """The twin of one quantized weight (its input width even)."""
+    """The twin of one quantized weight (its input width a multiple of 32)."""
     values = unpack_codes(codes, fmt)  # [N, K]: int8 codes, or nibbles 0..15
     n, k = values.shape
     panels = -(-n // PANEL)
