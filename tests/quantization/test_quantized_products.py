@@ -103,7 +103,8 @@ def rounded_rows(x: torch.Tensor) -> torch.Tensor:
     its largest magnitude / 127, halves to even; back in float32."""
     blocks = x.float().reshape(x.shape[0], -1, 32)
     amax = blocks.abs().amax(-1, keepdim=True)
-    inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    # 127 / amax rounded once, as the kernel does (a scalar over a tensor takes a reciprocal first)
+    inverse = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     return (torch.round(blocks * inverse) * (amax / 127)).reshape(x.shape)
 
 
@@ -236,7 +237,7 @@ def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
 
 def test_the_int8_twins_lanes_order_holds_each_columns_codes():
     """int8 codes + 128, read back through the C++ offsets (panel, block of 32 inputs, set of 16
-    columns, run d of four inputs, column, byte), and an offset of -128 scale."""
+    columns, run d of four inputs, column, byte); no stored offset (-128 scale, taken in float32)."""
     from fastgen.cpu.native.quantized_linear import pack_twin
 
     fmt = QuantFormat(8, 64)
@@ -249,7 +250,30 @@ def test_the_int8_twins_lanes_order_holds_each_columns_codes():
             block, within = k // 32, k % 32
             byte = flat[panel * 128 * 48 + block * 1536 + set_ * 512 + within // 4 * 64 + 4 * c + within % 4]
             assert int(byte) - 128 == (int(codes[column, k]) if column < 100 else 0), (column, k)
-    torch.testing.assert_close(twin.offsets[0, :, :48].float(), (scales[:48].float().T * -128))
+    assert twin.offsets is None  # the readers take -128 scale in float32
+
+
+def test_int8_scales_too_large_for_a_float16_offset_stay_finite():
+    """A group whose scale passes 511.75 (-128 scale would overflow float16): the twin's GEMV and
+    GEMM give the reference's product."""
+    if not gemm_available() or not kernel_available() or not rounds_inputs():
+        pytest.skip("the twin's kernels need AVX-512 VNNI and the bf16 GEMM")
+    fmt = QuantFormat(8, 64)
+    layer = QuantizedLinear(576, 50, bias=False, dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight[3, 5] = 1e5
+    layer.quantize_(fmt)
+    assert layer.weight_scales.float().max() > 512
+    assert pack_quantized_weights(layer) == 1
+    weight = dequantize(layer.weight_codes, layer.weight_scales, None, fmt, torch.bfloat16)
+    for rows in (1, 5, 1000):  # the GEMV over the twin; the GEMM from 512 KiB of rounded rows
+        x = torch.randn(rows, 576, dtype=torch.bfloat16)
+        by_gemm = products_served_natively(by_gemm=True)
+        got = layer(x).float()
+        assert products_served_natively(by_gemm=True) == by_gemm + (rows == 1000)
+        assert torch.isfinite(got).all()
+        want = F.linear(rounded_rows(x) if rows < 1000 else x.float(), weight.float())
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2.0)
 
 
 def test_the_4bit_twins_lanes_order_holds_each_columns_codes():

@@ -125,8 +125,8 @@ void rows(int r, const uint16_t* a, int64_t k, const uint16_t* panel, const floa
 // pair row p, its last two those of pair row p + 1 (4-bit: the low nibbles rows 2d and 2d + 1, the
 // high ones 8 + 2d and 9 + 2d; int8: rows 2d and 2d + 1); spread to 16 bits each they are already
 // the panel's element order (column c's input 2p, then 2p + 1), so 16 columns of a pair row come
-// out of one vector. w = code * scale + offset (int8: -128 scale) in float32, rounded to bf16
-// once: the weight `fastgen.quantization.dequantize` gives in bf16.
+// out of one vector. w = code * scale + offset (4-bit: the twin's; int8: -128 scale, in float32)
+// in float32, rounded to bf16 once: the weight `fastgen.quantization.dequantize` gives in bf16.
 template <int BITS>
 void dequantize_lanes_panel(const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets, int64_t pairs,
                             int64_t group_size, uint16_t* out) {
@@ -142,8 +142,9 @@ void dequantize_lanes_panel(const uint8_t* codes, const uint16_t* scales, const 
                 const int64_t at = group * kPanel + 16 * set + 8 * h;
                 scale[h] = _mm512_permutexvar_ps(
                     twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)(scales + at)))));
-                offset[h] = _mm512_permutexvar_ps(
-                    twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)(offsets + at)))));
+                offset[h] = BITS == 8 ? _mm512_mul_ps(scale[h], _mm512_set1_ps(-128.0f))
+                                      : _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_zextsi128_si256(
+                                                                         _mm_loadu_si128((const __m128i*)(offsets + at)))));
             }
             for (int d = 0; d < kRuns; ++d) {
                 const __m512i v = _mm512_loadu_si512(codes + (block * 3 + set) * kRuns * 64 + d * 64);
@@ -270,14 +271,14 @@ int fastgen_gemm(const uint16_t* a, const uint16_t* packed, const float* bias, u
 
 // C [m, n] = A [m, k] . W^T (+ bias) for a weight quantized into panels: codes, ceil(n / 48)
 // panels of k / 32 blocks in the lanes order (dequantize_lanes_panel; k and group_size multiples
-// of 32); scales and offsets float16 [panels][k / group_size][48]. Each thread dequantizes its
+// of 32); scales and (4-bit only, else null) offsets float16 [panels][k / group_size][48]. Each thread dequantizes its
 // panels one at a time into a bf16 panel of its own (in L2 for the model's widths) and sweeps
 // every row of A over it with the bf16 kernel: a weight is converted once a call, not once a row.
 int fastgen_gemm_quantized(const uint16_t* a, const uint8_t* codes, const uint16_t* scales, const uint16_t* offsets,
                            const float* bias, uint16_t* c, int64_t m, int64_t n, int64_t k, int bits,
                            int64_t group_size, int num_threads) {
 #if FASTGEN_HAVE_BF16
-    if (k % 32 || group_size % 32 || (bits != 8 && bits != 4) || !offsets) return -1;
+    if (k % 32 || group_size <= 0 || group_size % 32 || (bits != 8 && bits != 4) || (bits == 4 && !offsets)) return -1;
     const int64_t pairs = k / 2, panels = (n + kPanel - 1) / kPanel, groups = k / group_size;
     const int64_t panel_bytes = pairs * (bits == 8 ? 96 : 48), panel_scales = groups * kPanel;
     const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);

@@ -82,7 +82,7 @@ def kernel_available() -> bool:
 
 def products_served_natively(by_gemm: bool = False, by_twin_gemv: bool = False) -> int:
     """How many quantized products the C++ kernel computed in this process (`by_gemm`: of them,
-    through a twin and the GEMM; `by_twin_gemv`: through a 4-bit twin and the GEMV that reads it);
+    through a twin and the GEMM; `by_twin_gemv`: through a twin and the GEMV that reads it);
     0 while it is not loaded (asking does not load it)."""
     if not load_kernel.cache_info().currsize:
         return 0
@@ -127,7 +127,7 @@ class QuantizedTwin(NamedTuple):
     codes: torch.Tensor  # uint8: int8 + 128 [panels, K / 32, 3, 8, 16, 4] (`_lanes_order8`); 4-bit
     #                      [panels, K / 32, 3, 4, 16, 4] (`_lanes_order`)
     scales: torch.Tensor  # float16 [panels, groups, 48]
-    offsets: torch.Tensor | None  # float16 [panels, groups, 48]: w = code * scale + offset
+    offsets: torch.Tensor | None  # float16 [panels, groups, 48]: 4-bit, w = code * scale + offset
     source: torch.Tensor
 
 
@@ -149,9 +149,10 @@ def pack_twin(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | No
     padded = values.new_zeros(panels * PANEL, k)
     padded[:n] = values
     if fmt.bits == 8:
-        # Unsigned for vpdpbusd: code + 128, and an offset of -128 scale (exact in float16).
-        panel_codes = _lanes_order8((padded.to(torch.int16) + 128).to(torch.uint8), panels)
-        offsets = _by_panel_column((scales.float() * -128).half(), panels)
+        # Unsigned for vpdpbusd: code + 128; the readers take the 128 off as an offset of -128 scale,
+        # computed in float32 (in float16 it would overflow for scales past 511.75).
+        panel_codes = _lanes_order8(padded.view(torch.uint8) ^ 0x80, panels)
+        offsets = None
     else:
         panel_codes = _lanes_order(padded.to(torch.uint8), panels)
         offsets = _by_panel_column(mins if mins is not None else (scales.float() * -8).half(), panels)
@@ -214,7 +215,7 @@ def twin_bytes(model: nn.Module) -> int:
         k = module.weight_codes.shape[1] * (2 if module.quant_format.bits == 4 else 1)
         panels = -(-n // PANEL)
         total += panels * PANEL * k * module.quant_format.bits // 8
-        total += panels * PANEL * groups * 2 * 2  # scales and offsets
+        total += panels * PANEL * groups * 2 * (1 if module.quant_format.bits == 8 else 2)  # scales (and offsets)
     return total
 
 

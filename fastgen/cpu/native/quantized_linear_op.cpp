@@ -410,12 +410,12 @@ inline void dot4_vnni(const uint8_t* w, int64_t stride, const RoundedRow* x, int
         }
 }
 // The outputs of one panel of a twin (48 columns; codes in the lanes order of gemm.cpp's
-// dequantize_lanes_panel: 4-bit, or int8 + 128; scales and offsets [groups][48]) for R rows,
+// dequantize_lanes_panel: 4-bit, or int8 + 128; scales and 4-bit offsets [groups][48]) for R rows,
 // out[r * 48 + column]. Per block of 32 inputs: for each run d of four inputs, the three sets of
 // 16 columns' code vectors (a column a 32-bit lane) are loaded once, and each row's four inputs
 // of that run are broadcast to every lane once for all three sets (vpdpbusd: 16 columns' sums in
 // one vector; 4-bit codes give two runs a vector, their low and high nibbles); each block's scale
-// and offset (int8: -128 scale, taking off the + 128) then apply as vectors, and nothing is summed
+// and offset (int8: -128 scale in float32, taking off the + 128) then apply as vectors, and nothing is summed
 // across lanes. One row keeps two chains of sums a set (so their latency overlaps). x[r].q: the
 // rounded inputs in natural order.
 template <int BITS, int R>
@@ -465,7 +465,8 @@ inline void panel_dot_vnni(const uint8_t* codes, const uint16_t* scales, const u
         const int64_t group = block * 32 / group_size;
         for (int set = 0; set < 3; ++set) {
             const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + group * 48 + 16 * set)));
-            const __m512 offset = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(offsets + group * 48 + 16 * set)));
+            const __m512 offset = BITS == 8 ? _mm512_mul_ps(scale, _mm512_set1_ps(-128.0f))
+                : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(offsets + group * 48 + 16 * set)));
             for (int r = 0; r < R; ++r) {
                 const __m512i sum = kChains == 2 ? _mm512_add_epi32(sums[0][set][r], sums[kChains - 1][set][r])
                                                  : sums[0][set][r];
@@ -624,7 +625,7 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
         for (int64_t p = 0; p < panels; ++p) {
             const uint8_t* pc = twin.codes + p * panel_bytes;
             const uint16_t* ps = twin.scales + p * panel_scales;
-            const uint16_t* po = twin.offsets + p * panel_scales;
+            const uint16_t* po = twin.offsets ? twin.offsets + p * panel_scales : nullptr;
             const int64_t cols = std::min<int64_t>(48, n - p * 48);
             float v[4 * 48];
             for (int64_t r = 0; r < m; r += 4) {
