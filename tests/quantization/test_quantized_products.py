@@ -198,8 +198,8 @@ class QuantizedLinear(QuantizableWeight, nn.Linear):
 @pytest.mark.parametrize("fmt", FORMATS + [QuantFormat(4, 32, has_mins=True)], ids=str)
 @pytest.mark.parametrize("rows", [2, 3, 4, 9, 40, 64, 300, 1000, 2000])  # 300: more than one chunk of rows
 def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
-    """Four rows or more in bf16 (where the GEMV rounds its rows: past 1 MiB of rounded rows for
-    4-bit codes, 512 KiB for int8), with a twin: the bf16 GEMM over dequantized panels (the weight rounded
+    """Four rows or more in bf16 (where the GEMV rounds its rows: past 1 MiB of rounded rows), with
+    a twin: the bf16 GEMM over dequantized panels (the weight rounded
     to bf16 first, as the reference does). 100 outputs: two whole panels and a part."""
     if not gemm_available() or not kernel_available():
         pytest.skip("fastgen's bf16 GEMM needs AVX-512 BF16")
@@ -210,10 +210,10 @@ def test_many_rows_go_through_the_gemm_over_the_packed_twin(fmt, rows):
         # Q4_1's minimums: each group's lowest weight, some 4 to 12 steps below zero
         tensors = tensors._replace(mins=(-tensors.scales.float() * (4 + 8 * torch.rand(tensors.scales.shape))).half())
     layer.quantize_(fmt, tensors)
-    # Where the GEMV rounds its rows to int8 it stays ahead of the GEMM: for 4-bit codes up to 1 MiB
-    # of rounded rows (1,820 rows of 576 inputs), for int8 ones up to 512 KiB (910 rows).
+    # Where the GEMV rounds its rows to int8 it stays ahead of the GEMM up to 1 MiB of rounded rows
+    # (1,820 rows of 576 inputs).
     threshold = gemm_rows(fmt, 576)
-    assert threshold == (4 if not kernel_rounds(fmt) else (1024 if fmt.bits == 4 else 512) * 1024 // 576)
+    assert threshold == (4 if not kernel_rounds(fmt) else 1024 * 1024 // 576)
     assert pack_quantized_weights(layer) == 1 and twin_bytes(layer) > 0
     x = torch.randn(rows, 576, dtype=torch.bfloat16)
     weight = dequantize(layer.weight_codes, layer.weight_scales, layer.weight_mins, fmt, torch.bfloat16)
@@ -266,13 +266,13 @@ def test_int8_scales_too_large_for_a_float16_offset_stay_finite():
     assert layer.weight_scales.float().max() > 512
     assert pack_quantized_weights(layer) == 1
     weight = dequantize(layer.weight_codes, layer.weight_scales, None, fmt, torch.bfloat16)
-    for rows in (1, 5, 1000):  # the GEMV over the twin; the GEMM from 512 KiB of rounded rows
+    for rows in (1, 5, 2000):  # the GEMV over the twin; the GEMM from 1 MiB of rounded rows
         x = torch.randn(rows, 576, dtype=torch.bfloat16)
         by_gemm = products_served_natively(by_gemm=True)
         got = layer(x).float()
-        assert products_served_natively(by_gemm=True) == by_gemm + (rows == 1000)
+        assert products_served_natively(by_gemm=True) == by_gemm + (rows == 2000)
         assert torch.isfinite(got).all()
-        want = F.linear(rounded_rows(x) if rows < 1000 else x.float(), weight.float())
+        want = F.linear(rounded_rows(x) if rows < 2000 else x.float(), weight.float())
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2.0)
 
 

@@ -12,8 +12,8 @@ of the op's dequantize-then-multiply Python kernel:
   code is converted to float in registers. Codes with a twin (below) go to a GEMV over the twin,
   a column a vpdpbusd lane (`panel_dot_vnni`);
 - more rows (where the GEMV rounds its rows, whose integer products load each chunk of codes
-  once for four rows: past 1 MiB of rounded rows for 4-bit codes and 512 KiB for int8, a long
-  prompt's chunk; else from four rows; `gemm_rows`), bf16, where the weight has a twin packed by
+  once for four rows: past 1 MiB of rounded rows, a long prompt's chunk; else from four rows;
+  `gemm_rows`), bf16, where the weight has a twin packed by
   `pack_quantized_weights`: the bf16 GEMM's register tile over panels that each thread
   dequantizes one at a time into its cache, so each weight is converted once a call rather than
   once a row.

@@ -80,19 +80,18 @@ bool lookup(const void* codes, Twin* out) {
 // the GEMV below converts every code once per row, the GEMM once per call.
 constexpr int64_t kGemmRows = 4;
 // Where the GEMV rounds its rows to int8, its integer products (each chunk of codes loaded once
-// for four rows) beat the GEMM over dequantized panels at every batch measured (int8 codes, a
-// step of SmolLM2-135M's products: 1.25x at 32 rows, 1.11x at 256; 4-bit codes over the lanes
-// twin, 1.1-1.4x at 64-512 rows); but each block of channels reads all the rounded rows again, so
-// past some bytes of them (a long prompt's chunk) the GEMM, which converts each panel once for
-// every row, takes over: 512 KiB for int8 codes, 1 MiB for 4-bit ones (at 1,024 rows of
-// SmolLM2's products the GEMV still led on the 576-wide inputs and lost on the 1,536-wide).
-constexpr int64_t kRoundedRowsBytes8 = 512 * 1024, kRoundedRowsBytes4 = 1024 * 1024;
+// for four rows; over a twin, 16 columns a vector) beat the GEMM over dequantized panels at every
+// batch measured (over the twin, SmolLM2-135M's products at 64-512 rows: 1.1-1.4x for 4-bit
+// codes, int8 likewise); but each block of channels reads all the rounded rows again, so past
+// kRoundedRowsBytes of them (a long prompt's chunk) the GEMM, which converts each panel once for
+// every row, takes over: at 1,024 rows of 576 inputs the GEMV still led, at 1,024 of 1,536 (1.5
+// MiB) the GEMM did.
+constexpr int64_t kRoundedRowsBytes = 1024 * 1024;
 constexpr int64_t kGemmRowsRounded = 64;
 
-int64_t gemm_rows_for(bool rounding, int64_t bits, int64_t k) {
+int64_t gemm_rows_for(bool rounding, int64_t /*bits: the same for int8 and 4-bit codes*/, int64_t k) {
     if (!rounding) return kGemmRows;
-    return std::max<int64_t>(kGemmRowsRounded,
-                             (bits == 8 ? kRoundedRowsBytes8 : kRoundedRowsBytes4) / std::max<int64_t>(k, 1));
+    return std::max<int64_t>(kGemmRowsRounded, kRoundedRowsBytes / std::max<int64_t>(k, 1));
 }
 
 float bf16_to_float(uint16_t v) {
