@@ -60,6 +60,27 @@ def time_us(fn, copies: int, launches: int = 40) -> float:
     return statistics.median(times)
 
 
+def time_tilings(row: dict, tilings, launch, copies: int) -> dict[str, float]:
+    """Each tiling's time into row["tilings"] (or the error that kept it from compiling: a result
+    too) and the fastest into row["best"] / row["best_us"]; returns the timed ones."""
+    for tiling in tilings:
+        try:
+            row["tilings"][str(tiling)] = time_us(lambda i: launch(tiling, i), copies)
+        except Exception as exc:  # noqa: BLE001 - a tiling that does not compile is a result too
+            row["tilings"][str(tiling)] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    timed = {key: us for key, us in row["tilings"].items() if isinstance(us, float)}
+    if timed:
+        best = min(timed, key=timed.get)
+        row["best"], row["best_us"] = best, timed[best]
+    return timed
+
+
+def write_report(path: str, report: dict) -> None:
+    """The report so far (written after each row, so a run cut short keeps its rows)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu-quantized-matmul-sweep.json"))
@@ -83,29 +104,20 @@ def main() -> int:
             row = {"shape": name, "n": n, "k": k, "method": method, "batch": batch, "weight_bytes": weight_bytes,
                    "bf16_linear_us": time_us(lambda i: F.linear(x, dense[i % len(dense)]), len(dense)),
                    "default": str(default_tiling(batch, fmt.bits)), "tilings": {}}
-            for tiling in (GEMV if batch <= 4 else DOT):
-                block_k = tiling.block_k if fmt.bits == 8 else tiling.block_k // 2
-                t = Tiling(tiling.block_n, block_k, tiling.num_warps, tiling.programs_wanted, tiling.group_scales)
-                try:
-                    us = time_us(lambda i: quantized_matmul(x, *weights[i], None, fmt.bits, fmt.group_size, tiling=t),
-                                 copies)
-                except Exception as exc:  # noqa: BLE001 - a tiling that does not compile is a result too
-                    row["tilings"][str(t)] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                    continue
-                row["tilings"][str(t)] = us
-            timed = {key: us for key, us in row["tilings"].items() if isinstance(us, float)}
+            # 4-bit steps are in bytes: half the inputs' block
+            tilings = [Tiling(t.block_n, t.block_k if fmt.bits == 8 else t.block_k // 2, t.num_warps,
+                              t.programs_wanted, t.group_scales) for t in (GEMV if batch <= 4 else DOT)]
+            timed = time_tilings(row, tilings, lambda t, i: quantized_matmul(x, *weights[i], None, fmt.bits,
+                                                                             fmt.group_size, tiling=t), copies)
             row["default_us"] = time_us(lambda i: quantized_matmul(x, *weights[i], None, fmt.bits, fmt.group_size),
                                         copies)
             if timed:
-                best = min(timed, key=timed.get)
-                row["best"], row["best_us"] = best, timed[best]
-                row["best_gb_per_s"] = weight_bytes / timed[best] / 1e3
+                row["best_gb_per_s"] = weight_bytes / row["best_us"] / 1e3
             print(f"{name} {method} bs={batch}: bf16 {row['bf16_linear_us']:.1f} us, "
                   f"default {row['default_us']:.1f} us, best {row.get('best_us', float('nan')):.1f} us "
                   f"{row.get('best')}", flush=True)
             report["rows"].append(row)
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+            write_report(args.output, report)
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.gpu_quantized_matmul_sweep import SHAPES, time_us  # noqa: E402
+from benchmarks.gpu_quantized_matmul_sweep import SHAPES, time_tilings, time_us, write_report  # noqa: E402
 from fastgen.kernels.skinny_matmul import SkinnyTiling, default_skinny_tiling, skinny_matmul  # noqa: E402
 
 TILINGS = [SkinnyTiling(n, k, 4) for n, k in itertools.product((2, 4, 8, 16, 32), (256, 512, 1024))] + [
@@ -51,23 +50,15 @@ def main() -> int:
                    "relative_error": error, "default": str(default_skinny_tiling(k)),
                    "cublas_us": time_us(lambda i: F.linear(x, weights[i]), copies), "tilings": {}}
             row["default_us"] = time_us(lambda i: skinny_matmul(x, weights[i]), copies)
-            for tiling in TILINGS:
-                try:
-                    row["tilings"][str(tiling)] = time_us(lambda i: skinny_matmul(x, weights[i], tiling=tiling),
-                                                          copies)
-                except Exception as exc:  # noqa: BLE001 - a tiling that does not compile is a result too
-                    row["tilings"][str(tiling)] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            timed = {key: us for key, us in row["tilings"].items() if isinstance(us, float)}
-            best = min(timed, key=timed.get)
-            row["best"], row["best_us"] = best, timed[best]
+            time_tilings(row, TILINGS, lambda tiling, i: skinny_matmul(x, weights[i], tiling=tiling), copies)
+            best = row["best"]
             for key in ("cublas", "default", "best"):
                 row[f"{key}_gb_per_s"] = weight_bytes / row[f"{key}_us"] / 1e3
             print(f"{name} bs={batch}: cuBLAS {row['cublas_us']:.1f} us ({row['cublas_gb_per_s']:.0f} GB/s), "
                   f"default {row['default_us']:.1f} us ({row['default_gb_per_s']:.0f}), best {row['best_us']:.1f} "
                   f"us ({row['best_gb_per_s']:.0f}) {best}, error {error:.1e}", flush=True)
             report["rows"].append(row)
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+            write_report(args.output, report)
     return 0
 
 

@@ -166,19 +166,23 @@ def _lanes_order(nibbles: torch.Tensor, panels: int) -> torch.Tensor:
     in its high one). So one vector load gives the GEMV 16 output columns at once, a column a
     lane of vpdpbusd, and the GEMM's dequantizing reads the same bytes (`gemm.cpp`)."""
     k = nibbles.shape[1]
-    # [panel, set, column, block, half, d, byte]: input half * 16 + 4 d + byte of the block
+    # [panel, set, column, block, half, d, byte]: input half * 16 + 4 d + byte of the block; the
+    # halves share a byte (low, high nibble)
     v = nibbles.view(panels, 3, 16, k // 32, 2, 4, 4)
-    packed = v[:, :, :, :, 0] | (v[:, :, :, :, 1] << 4)  # [panel, set, column, block, d, byte]
-    return packed.permute(0, 3, 1, 4, 2, 5).contiguous()  # [panel, block, set, d, column, byte]
+    return _runs_in_lanes(v[:, :, :, :, 0] | (v[:, :, :, :, 1] << 4))
 
 
 def _lanes_order8(codes: torch.Tensor, panels: int) -> torch.Tensor:
     """int8 codes made unsigned (code + 128), [panels * 48, K], in the twin's order: for each panel
     and block of 32 inputs, its three sets of 16 columns, each eight 64-byte vectors whose 32-bit
     lane c holds column c's inputs 4d..4d+3 of the block (`_lanes_order`'s, a byte an input)."""
-    k = codes.shape[1]
-    v = codes.view(panels, 3, 16, k // 32, 8, 4)  # [panel, set, column, block, d, byte]
-    return v.permute(0, 3, 1, 4, 2, 5).contiguous()  # [panel, block, set, d, column, byte]
+    return _runs_in_lanes(codes.view(panels, 3, 16, codes.shape[1] // 32, 8, 4))
+
+
+def _runs_in_lanes(runs: torch.Tensor) -> torch.Tensor:
+    """[panel, set, column, block, d, byte] -> [panel, block, set, d, column, byte]: a run's 4
+    bytes of 16 columns side by side, one 64-byte vector."""
+    return runs.permute(0, 3, 1, 4, 2, 5).contiguous()
 
 
 def _forget(key: int, twin: QuantizedTwin) -> None:

@@ -601,7 +601,7 @@ Tensor quantized_linear(Tensor x, Tensor codes, Tensor scales, std::optional<Ten
                     lane[i] = (i / 16) * 4 + (i % 16) / 4 < blocks ? block_scales[r * blocks + (i / 16) * 4 + (i % 16) / 4]
                                                                  : 0.0f;
             }
-            if (bits == 8) {  // each group's blocks' scaled input sums, for the sign bits' correction
+            if (bits == 8 && !lanes) {  // each group's blocks' scaled input sums, for dot8_vnni's sign correction
                 const int64_t per_group = group_size / kInputBlock;
                 for (int64_t group = 0; group < groups; ++group) {
                     float sum = 0.0f;
