@@ -215,8 +215,9 @@ class EngineConfig:
     distributed_step_timeout_s: float = _knob(30.0, positive_real)
     """Seconds a collective inside a step may wait for another rank (a network partition, a rank
     stuck or slowed) before the engine fails with TensorParallelError (gloo, on CPU; on CUDA
-    NCCL's collectives keep distributed_timeout_s); also how long a worker goes on without
-    reaching rank 0 before it exits."""
+    NCCL's collectives keep distributed_timeout_s); how long rank 0's step broadcasts wait for
+    a worker to take them (every device); also how long a worker goes on without reaching rank
+    0 before it exits."""
     speculative_config: dict | None = _knob(None, optional(check_speculative_config))
     """Speculative decoding (vLLM's names): {"method": "ngram", "num_speculative_tokens": k,
     "prompt_lookup_max": n, "prompt_lookup_min": m} proposes up to k tokens a step for each

@@ -13,9 +13,10 @@ Two ways to have N processes:
 Every rank then joins two groups: the device group (NCCL on CUDA, gloo on CPU; the default
 group) that the model's all-reduces and all-gathers run on, with `distributed_timeout_s` for
 start-up and `distributed_step_timeout_s` once it is done (`bound_step_collectives`); and the
-step group (gloo, CPU tensors) that carries rank 0's step broadcasts and has no practical
-deadline, since an engine may sit idle for any time between steps (a worker watches rank 0
-through the store instead: `watch_rank0`). The store also carries a
+step group (gloo, CPU tensors) that carries rank 0's step broadcasts: rank 0's sends wait at
+most `distributed_step_timeout_s` for a worker to take them, while a worker's wait for the next
+step has no practical deadline, since an engine may sit idle for any time between steps (a
+worker watches rank 0 through the store instead: `watch_rank0`). The store also carries a
 failing rank's error report (`report_failure` / `failure_report`) and, for spawned ranks, the
 sign that each is up (`mark_joined` / `has_joined`), so that rank 0 never waits in a rendezvous
 for a process that already died.
@@ -140,20 +141,27 @@ def join_groups(config: EngineConfig, store, rank: int) -> ProcessGroups:
     return ProcessGroups(TensorParallelGroup(rank, size), step_group)
 
 
-def bound_step_collectives(config: EngineConfig) -> None:
+def bound_step_collectives(config: EngineConfig, step_group=None) -> None:
     """Once start-up is done: a step's collectives on the device group wait at most
     distributed_step_timeout_s for another rank, so a partition fails the engine in seconds
-    rather than after start-up's allowance (gloo, on CPU; see below). The step group keeps its
-    own: its broadcasts leave rank 0 without waiting for the far end (the forward's collectives
-    that follow are what waits), and bounding it made rank 0 abort at interpreter exit now and
-    then under torchrun ("terminate called without an active exception")."""
+    rather than after start-up's allowance (gloo, on CPU; see below).
+
+    Rank 0 passes its step group too. A gloo send is a rendezvous: its bytes leave only once the
+    receiver has asked for them, so a step's payload (asked for after the header arrived) or a
+    header the worker has not yet asked for waits on the far end. Unbounded, a host lost at that
+    moment (or a stopped worker) hung rank 0 for good. Workers keep the step group's own wait
+    (STEP_WAIT): an engine may sit idle for any time between steps, and a worker watches rank 0
+    through the store instead (`watch_rank0`)."""
     from torch.distributed.distributed_c10d import _set_pg_timeout
 
+    bound = timedelta(seconds=config.distributed_step_timeout_s)
+    if step_group is not None:
+        _set_pg_timeout(bound, group=step_group)
     if not config.device.startswith("cuda"):
         # gloo raises when a collective waits too long. NCCL's watchdog would kill the process
         # instead, and a collective replayed inside a CUDA graph is not watched at all: on CUDA
         # the device group keeps start-up's timeout.
-        _set_pg_timeout(timedelta(seconds=config.distributed_step_timeout_s))
+        _set_pg_timeout(bound)
 
 
 def leave_groups() -> None:

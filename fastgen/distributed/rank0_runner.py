@@ -92,7 +92,7 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
                                       make_step_sender=functools.partial(StepSender, groups.step_group))
             self.supervisor.send_stop = self.runner.step_sender.stop
             torch.distributed.barrier(group=groups.step_group)  # every rank has started
-            bound_step_collectives(config)
+            bound_step_collectives(config, groups.step_group)
 
     @property
     def num_kv_blocks(self) -> int:

@@ -164,12 +164,15 @@ class WorkerSupervisor:
             return
         self._stopped = True
         self._stopping.set()
+        told = False
         if self.send_stop is not None and self.failure is None and all(p.is_alive() for p in self.procs.values()):
             try:
                 self.send_stop()
+                told = True
             except Exception:
                 logger.exception("sending STOP to the tensor-parallel workers failed")
-        deadline = time.monotonic() + STOP_WAIT_S
+        # A worker that was not told to stop has no reason to leave: terminate it at once.
+        deadline = time.monotonic() + (STOP_WAIT_S if told else 0.0)
         for p in self.procs.values():
             p.join(max(0.0, deadline - time.monotonic()))
         for p in self.procs.values():

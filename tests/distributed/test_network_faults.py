@@ -13,13 +13,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.distributed.network_namespaces import Hosts, skip_reason
-from tests.distributed.tp_rank_script import PROMPTS
+from tests.distributed.tp_rank_script import HANG_S, PROMPTS
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("tp_rank_script.py")
@@ -37,8 +38,10 @@ def hosts_allowed():
 
 @pytest.fixture(autouse=True)
 def no_hang():
-    """A hang (a rank that never starts, say) fails the run loudly, with every thread's stack."""
-    faulthandler.dump_traceback_later(240, exit=True)
+    """The last resort, should the test itself hang: every thread's stack, then exit. (The ranks
+    dump their own stacks after HANG_S, and `run_two_hosts` kills whatever is left shortly
+    after, so a hung rank is a failing test with its stack in the message, not this.)"""
+    faulthandler.dump_traceback_later(HANG_S + 150, exit=True)
     yield
     faulthandler.cancel_dump_traceback_later()
 
@@ -46,7 +49,8 @@ def no_hang():
 def run_two_hosts(model: str, max_tokens: int, fault=None) -> tuple[dict, float | None, int, dict]:
     """Start rank 0 on host a and rank 1 on host b; apply `fault(hosts)` once rank 0 generates.
     Returns rank 0's RESULT, the seconds from the fault to that result, rank 0's torchrun exit
-    code, and the processes left on each host 30 s after rank 0's torchrun ended."""
+    code, and the processes left on each host 30 s after rank 0's torchrun ended. Whatever still
+    runs HANG_S + 30 s after the start is killed (a hung rank's stack is then in its host's log)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     logs = {host: tempfile.TemporaryFile("w+") for host in ("a", "b")}
     with Hosts() as hosts:
@@ -57,6 +61,8 @@ def run_two_hosts(model: str, max_tokens: int, fault=None) -> tuple[dict, float 
                     str(SCRIPT), model, str(max_tokens)]
             procs[host] = hosts.popen(host, argv, env={**env, "GLOO_SOCKET_IFNAME": hosts.links[host]},
                                       stdout=subprocess.PIPE, stderr=logs[host], text=True)
+        watchdog = threading.Timer(HANG_S + 30, lambda: [hosts.kill_all(host) for host in ("a", "b")])
+        watchdog.start()
         faulted_at, result = None, None
         for line in procs["a"].stdout:
             if line.startswith("READY") and fault is not None:
@@ -69,9 +75,13 @@ def run_two_hosts(model: str, max_tokens: int, fault=None) -> tuple[dict, float 
         seconds = None if faulted_at is None else time.monotonic() - faulted_at
         code = procs["a"].wait(timeout=60)
         left = {host: hosts.wait_empty(host, 30) for host in ("a", "b")}
-    logs["a"].seek(0)
-    log = logs["a"].read()[-3000:]
-    assert result is not None, f"rank 0 printed no result: {log}"
+        watchdog.cancel()
+    tails = {}
+    for host, log in logs.items():
+        log.seek(0)
+        tails[host] = log.read()[-4000:]
+    log = f"host a (rank 0):\n{tails['a']}\nhost b (rank 1):\n{tails['b']}"
+    assert result is not None, f"rank 0 printed no result (exit code {code}):\n{log}"
     if code != 0:
         result["log"] = log
     return result, seconds, code, left

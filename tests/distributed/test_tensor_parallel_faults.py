@@ -5,6 +5,7 @@ interpreter all stop the workers."""
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
 import json
@@ -59,6 +60,29 @@ def test_killed_worker_fails_the_running_step_within_seconds(tiny_models):
     assert not dist.is_initialized()  # rank 0 left the process group
     with pytest.raises(TensorParallelError, match=r"engine is down: tensor-parallel rank 1 died"):
         llm.generate([[1, 2, 3]], LONG)  # at once: no step is attempted
+
+
+def test_stuck_worker_fails_the_step_within_the_step_timeout(tiny_models):
+    """A worker that stops answering (SIGSTOP: alive, its sockets open, nothing read) while it
+    waits for the next step. Rank 0's header goes out (the worker had asked for it), but the
+    step's payload waits for the worker to ask again, which it never does: rank 0's own wait on
+    the step group must end after distributed_step_timeout_s as the engine's error, as a lost
+    host's or a downed link's does (a wait without end here was a hung engine)."""
+    llm = LLM(tiny_models["qwen3"], **ENGINE_ARGS, distributed_step_timeout_s=3.0)
+    proc = worker(llm)
+    time.sleep(0.5)  # the worker is back in its loop, waiting for a step's header
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TensorParallelError, match=r"distributed_step_timeout_s=3"):
+            llm.generate([[1, 2, 3]] * 2, LONG)
+        assert time.monotonic() - started < 3.0 + 10.0  # the timeout, then a wait for the cause
+        assert not dist.is_initialized()
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # killed and reaped by the engine already
+            os.kill(proc.pid, signal.SIGCONT)
+        proc.join(10)
+    assert not proc.is_alive()
 
 
 @pytest.mark.slow

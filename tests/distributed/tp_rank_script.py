@@ -2,8 +2,11 @@
 `torchrun --nnodes 2 --node-rank R ... tp_rank_script.py MODEL MAX_TOKENS`. Rank 0 prints READY
 before it generates, then one RESULT line (JSON: the tokens, or the error and how long it took),
 and exits 1 when the engine failed, as an application would (torchrun's agent then leaves at once
-instead of waiting for the lost host's agent at its exit barrier)."""
+instead of waiting for the lost host's agent at its exit barrier). A rank that is still running
+after HANG_S prints every thread's stack on its stderr and exits 1, so that the test reports
+where it hung instead of waiting for it."""
 
+import faulthandler
 import json
 import sys
 import time
@@ -11,8 +14,11 @@ import time
 from fastgen import LLM, SamplingParams
 
 PROMPTS = [[5, 9, 14, 2, 77], [31, 8, 120]]
+HANG_S = 150
+
 
 if __name__ == "__main__":
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
     model, max_tokens = sys.argv[1], int(sys.argv[2])
     llm = LLM(model, tensor_parallel_size=2, dtype="float32", block_size=8, max_model_len=1024, num_kv_blocks=512)
     print("READY", flush=True)  # ranks > 0 never get here: they serve as workers
