@@ -23,10 +23,12 @@ steps above use the model:
     features.py         what the CPU can do (/proc/cpuinfo, read once): native bf16, AMX.
 
 `fastgen.cpu` (above `worker`: whole steps over the model)
-    compiled_decode.py  the step compiled whole, one graph for prefill and decode:
-                        the CPU counterpart of the decode CUDA graphs. `ModelRunner` builds it
-                        when `EngineConfig.compiled_decode_enabled`; a step it cannot run (a
-                        slot of -1, prompt logprobs, a failed build) runs eagerly.
+    compiled_decode.py  the step compiled, the same graphs for prefill and decode: the CPU
+                        counterpart of the decode CUDA graphs. `ModelRunner` builds it when
+                        `EngineConfig.compiled_decode_enabled`; a step it cannot run (a slot of
+                        -1, prompt logprobs, a failed build) runs eagerly.
+    layer_groups.py     the layers cut into equal groups: one compiled group runs every group,
+                        then a small graph ends the step, so a compile walks a third of the model.
     saved_graphs.py     compiled graphs packaged on disk, so a later process loads instead of
                         tracing and compiling again.
     flat_weights.py     the weights as one buffer per dtype, so a compiled call takes few inputs.

@@ -1,10 +1,15 @@
-"""The CPU steps compiled whole: the CPU counterpart of the decode CUDA graphs.
+"""The CPU steps compiled: the CPU counterpart of the decode CUDA graphs.
 
 Eager decode on a CPU pays Python and dispatch for every op (about 25 a layer), and oneDNN's
-bf16 GEMM runs far below the memory bandwidth with one row. Here the whole step (the forward,
-the LM head and the greedy argmax) is one torch.compile'd function: Inductor's C++ backend fuses
-the element-wise work and the KV store into few loops, and its C++ wrapper runs them without
-Python in between. One graph serves every step, prefill, decode and both at once:
+bf16 GEMM runs far below the memory bandwidth with one row. Here the step (the forward, the LM
+head and the greedy argmax) is torch.compile'd: Inductor's C++ backend fuses the element-wise
+work and the KV store into few loops, and its C++ wrapper runs them without Python in between.
+The layers are compiled a group at a time (`fastgen.cpu.layer_groups`: one graph of a third of
+the layers or fewer, called once per group on that group's weights and caches, then a small
+graph for the final norm, LM head and argmax; the embedding runs eagerly before them), which
+took a cold compile of SmolLM2-135M from 49-50 s to 19-21 s at the same step speed; a model
+whose layers cannot be cut alike gets the whole step as one graph (`rows`). The same graphs
+serve every step, prefill, decode and both at once:
 
 - rows: every new token is a row of the C++ attention kernel
   (`fastgen.cpu.native.decode_attention`) with its sequence's block table and its own length
@@ -25,7 +30,9 @@ Python in between. One graph serves every step, prefill, decode and both at once
 
 One graph rather than three (a prefill graph, and decode graphs of one row and of many) halved
 what a first run compiles: a dummy-weight SmolLM2-135M benchmark with empty caches took 78.6 s
-where two graphs, side by side in two processes, took 87.7-92.1 s, at the same step speed.
+where two graphs, side by side in two processes, took 87.7-92.1 s, at the same step speed. Cut
+into groups of layers, the same benchmark took 30-31 s where the one graph took 60 s (another,
+faster machine).
 
 Every graph takes the model's weights as one flat buffer per dtype and forms each weight inside
 (`fastgen.cpu.flat_weights`), so a call hands over about 70 tensors, not 251: at batch 1 the
@@ -58,6 +65,7 @@ from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_paged import CausalRows, TorchStepPlan, plan_of
 from fastgen.cpu.background_compile import BackgroundCompile, CompileHelpers
 from fastgen.cpu.flat_weights import flatten_weights, weight_views
+from fastgen.cpu.layer_groups import GroupedWeights, LayerGroup, StepHead, group_weights, layers_per_group
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
 from fastgen.cpu.native.packed_linear import linears_as_packed, pack_linear_weights, packable_weights
 from fastgen.cpu.native.quantized_linear import pack_quantized_weights, twin_bytes
@@ -150,6 +158,35 @@ def make_decode_step(layout):
     return decode_step
 
 
+def make_layers_step(layout):
+    """A layer group's graph (`fastgen.cpu.layer_groups`): the group's layers over its weights
+    (laid out as `layout` says) and caches, every new token a row of the decode kernel, as in
+    the rows graph; returns (x, residual) for the next group."""
+
+    def layers_step(group, weights, x, residual, positions, slot_mapping, row_tables, row_lens, kv_caches):
+        plan = TorchStepPlan(causal_rows=CausalRows(row_tables, row_lens), every_slot_valid=True)
+        meta = AttentionMetadata(True, slot_mapping, row_tables, row_lens, None, 1, 1, None, backend_plan=plan)
+        layers = list(zip(kv_caches[0::2], kv_caches[1::2]))
+        return torch.func.functional_call(group, weight_views(weights, layout), (positions, x, residual, meta, layers))
+
+    return layers_step
+
+
+def make_head_step(layout):
+    """The step's end after the layer groups: final norm, the rows `logits_indices` picks, their
+    logits [S, vocab] and argmax."""
+
+    def head_step(head, weights, x, residual, logits_indices):
+        logits = torch.func.functional_call(head, weight_views(weights, layout), (x, residual, logits_indices))
+        return logits, logits.argmax(dim=-1)
+
+    return head_step
+
+
+# Per graph, how many of its last inputs are not one row per token (sampled rows, caches).
+_NOT_PER_ROW = {"rows": 2, "decode": 1, "layers": 1, "head": 1}
+
+
 def traced_example(name: str, args: tuple) -> tuple:
     """The inputs graph `name` is traced from, given its first call's `args` (weights first).
     A step of one token (a decode step of one sequence) is traced as two copies of that token's
@@ -162,12 +199,12 @@ def traced_example(name: str, args: tuple) -> tuple:
     stride."""
     if args[1].shape[0] != 1:
         return args
-    weights, *inputs, kv_caches = args
-    # The rows graph's last input, the sampled rows, is two or more already.
-    per_row, rest = (inputs[:-1], inputs[-1:]) if name == "rows" else (inputs, [])
+    # The sampled rows are two or more already; the caches are what they are.
+    end = len(args) - _NOT_PER_ROW[name]
+    per_row = args[1:end]
     # The copies are contiguous, so the graph assumes each input is: the step's inputs are.
     assert all(tensor.is_contiguous() for tensor in per_row), "a step's per-row inputs are contiguous"
-    return (weights, *(torch.cat([tensor, tensor]) for tensor in per_row), *rest, kv_caches)
+    return (args[0], *(torch.cat([tensor, tensor]) for tensor in per_row), *args[end:])
 
 
 class CompiledDecodeStep:
@@ -184,7 +221,7 @@ class CompiledDecodeStep:
     (compiling in the background) or could not be built: the caller then runs the step eagerly,
     and a failed build is never tried again."""
 
-    GRAPHS = ("rows", "decode")
+    GRAPHS = ("rows", "decode", "layers", "head")
 
     def __init__(self, model, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
                  background: BackgroundCompile | None = None, helpers: CompileHelpers | None = None):
@@ -200,19 +237,34 @@ class CompiledDecodeStep:
         # One cache and one weight layout for the engine's life: their sizes are constants.
         for tensor in (*self.kv_caches, *self.weights.buffers):
             torch._dynamo.mark_static(tensor)
-        keys = {name: graph_key(name, model, model.config, self.kv_caches) for name in self.GRAPHS}
-        self.paths = {name: cache_dir() / "compiled" / f"decode-{key}.pt" for name, key in keys.items()}
         self.runs_prefill = kernel_runs_prefill(model, self.kv_caches)
+        # Where the kernel covers prefill: a group of layers compiled once and called per group,
+        # then the head (`fastgen.cpu.layer_groups`); else (layers that cannot be cut alike) the
+        # rows graph, the whole step in one graph.
+        self.grouped = self._group_layers() if self.runs_prefill else None
+        names = {name: name for name in self.GRAPHS}
+        if self.grouped is not None:
+            self.layer_group = LayerGroup(model.decoder_layers, self.grouped.size)
+            self.step_head = StepHead(model)
+            names["layers"] = f"layers of {self.grouped.size}"
+            for group in self.grouped.groups:
+                for tensor in group:
+                    torch._dynamo.mark_static(tensor)
+        keys = {name: graph_key(key_name, model, model.config, self.kv_caches) for name, key_name in names.items()}
+        self.paths = {name: cache_dir() / "compiled" / f"decode-{key}.pt" for name, key in keys.items()}
         self.packed_weights = 0  # packed at the first use of a graph that reads them (`_pack_weights`)
         self._packing_tried = False
         self._graphs: dict[str, Callable] = {}
+        self._ran = False  # the grouped graphs have run a step (`_run_grouped`)
         self.first_call_seconds: dict[str, float] = {}  # graph name -> load or compile, plus first run
         self.loaded: set[str] = set()  # the graphs read from disk rather than compiled
         self.failed: set[str] = set()  # the graphs whose build raised: eager decode instead
         self.background_seconds: dict[str, float] = {}  # graph name -> from the child's start to its file
-        # The graph this engine's steps use: the rows graph for every step where the kernel
-        # covers the model's prefill (decode steps too: `_decode_as_rows`), else a decode graph.
-        self.needed = ("rows",) if self.runs_prefill else ("decode",)
+        # The graphs this engine's steps use: where the kernel covers the model's prefill, for
+        # every step (decode steps too: `_decode_as_rows`) the layer group's and the head's (or
+        # the rows graph); else a decode graph.
+        self.needed = (("layers", "head") if self.grouped is not None else ("rows",)) if self.runs_prefill \
+            else ("decode",)
         self._awaited = {name for name in self.needed if not self.paths[name].exists()}  # what the child builds
         if background is not None and self._awaited:
             background.start()  # now, not at the first step: the sooner it starts, the sooner it ends
@@ -259,12 +311,92 @@ class CompiledDecodeStep:
         num_sampled = picked.shape[0]
         if num_sampled < 2:
             picked = torch.cat([picked, picked.new_zeros(2 - num_sampled)])
-        out = self._run("rows", (inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, row_tables, row_lens,
-                                 picked, self.kv_caches))
+        if self.grouped is not None:
+            out = self._run_grouped(inputs, row_tables, row_lens, picked)
+        else:
+            out = self._run("rows", (inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, row_tables,
+                                     row_lens, picked, self.kv_caches))
         if out is None:
             return None
         logits, greedy = out
         return logits[:num_sampled], greedy[:num_sampled]
+
+    def _group_layers(self) -> GroupedWeights | None:
+        """The layers' weights cut into groups, or None where the model does not say what its
+        layers are or their weights do not lie alike."""
+        layers = getattr(self.model, "decoder_layers", None)
+        if layers is None:
+            return None
+        prefix = next(name for name, module in self.step_model.named_modules() if module is layers)
+        size = layers_per_group(len(layers), self.model.uniform_layers())
+        return group_weights(self.weights, prefix, len(layers), size)
+
+    def _run_grouped(self, inputs: StepInputs, row_tables: torch.Tensor, row_lens: torch.Tensor,
+                     picked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The step as the embedding (eager), the layer group's graph once per group, and the
+        head's graph: the logits and argmax of the rows `picked`, or None where a graph is not
+        ready."""
+        grouped, caches = self.grouped, self.kv_caches
+        per_group = 2 * grouped.size
+        positions, slots = inputs.positions, inputs.meta.slot_mapping
+        x, residual = self.model.embed(inputs.input_ids, positions)
+        layers = self._graph("layers", self.layer_group, (grouped.groups[0], x, residual, positions, slots,
+                                                           row_tables, row_lens, caches[:per_group]))
+        # Without the layers' graph the step runs eagerly: the head's is not built for it, unless
+        # this process is a helper that builds only the head's.
+        helping = self.only is not None and "layers" not in self.only
+        head = (self._graph("head", self.step_head, (self.weights.buffers, x, residual, picked))
+                if layers is not None or helping else None)
+        if layers is None or head is None:
+            return None
+        first_run = not self._ran
+        try:
+            for index, weights in enumerate(grouped.groups):
+                x, residual = layers(self.layer_group, weights, x, residual, positions, slots, row_tables, row_lens,
+                                     caches[index * per_group:(index + 1) * per_group])
+            out = head(self.step_head, self.weights.buffers, x, residual, picked)
+        except Exception:
+            if not first_run:
+                raise
+            # As for a build that fails: a graph that raised part-way may have stored some of
+            # this step's K/V; the eager forward the caller runs stores them again.
+            logger.exception("the CPU step graphs %s failed at their first run; running those steps eagerly",
+                             " and ".join(self.needed))
+            self.failed.update(self.needed)
+            return None
+        self._ran = True
+        return out
+
+    def _graph(self, name: str, module: torch.nn.Module, args: tuple) -> Callable | None:
+        """Graph `name` over `module`, loaded or compiled at its first use (args: an example of its
+        inputs), or None where it is not ready (compiling in the background) or failed."""
+        graph = self._graphs.get(name)
+        if graph is not None or name in self.failed or not self._ready_to_build(name):
+            return graph
+        if self.helpers is not None and not self.helpers.started and self.only is None:
+            self.helpers.start([other for other in self.needed if other != name and not self.paths[other].exists()])
+        self._pack_weights()
+        factory = {"layers": lambda: make_layers_step(self.grouped.layout),
+                   "head": lambda: make_head_step(self.grouped.head_slots)}[name]
+        start = time.perf_counter()
+        try:
+            graph, loaded = load_or_compile(factory(), inductor_backend, traced_example(name, args), module,
+                                            self.paths[name])
+        except Exception:  # a compiler bug or a missing C++ toolchain must not stop serving
+            logger.exception("could not build the CPU step graph %s; running those steps eagerly", name)
+            self.failed.add(name)
+            self._await_helpers()
+            return None
+        self._graphs[name] = graph
+        self.first_call_seconds[name] = time.perf_counter() - start
+        self._await_helpers()
+        if loaded:
+            self.loaded.add(name)
+        logger.info("%s the CPU step graph %s in %.1fs (%s)%s", "loaded" if loaded else "compiled",
+                    name, self.first_call_seconds[name], self.paths[name],
+                    f", {self.background_seconds[name]:.0f}s after the background compile started"
+                    if name in self.background_seconds else "")
+        return graph
 
     def _ready_to_build(self, name: str) -> bool:
         """Whether this process should load or compile graph `name` now: always without a

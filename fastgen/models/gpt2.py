@@ -67,9 +67,11 @@ class GPT2Block(nn.Module):
         self.ln_2 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ops)
         self.mlp = GPT2MLP(cfg, ops, tp)
 
-    def forward(self, x, residual, meta: AttentionMetadata, kv: LayerCache):
+    def forward(self, positions, x, residual, meta: AttentionMetadata, kv: LayerCache):
         """x: the previous block's MLP output (or the token embeddings); residual: the stream it
-        is added to. Returns this block's (MLP output, residual), for the next norm to add."""
+        is added to. Returns this block's (MLP output, residual), for the next norm to add.
+        positions: unused (GPT-2's positions enter as embeddings), taken as every family's
+        layers take it."""
         x, residual = self.ln_1(x, residual)
         x = self.attn(x, meta, kv)
         x, residual = self.ln_2(x, residual)
@@ -105,11 +107,27 @@ class GPT2LMHeadModel(nn.Module):
                 kv_caches: Sequence[LayerCache]) -> torch.Tensor:
         # The position embeddings enter as the first residual, so the first block's fused
         # add+LayerNorm forms wte + wpe, the very sum transformers forms before its ln_1.
-        x, residual = self.wte(input_ids), self.wpe(positions)
+        x, residual = self.embed(input_ids, positions)
         for block, kv in zip(self.h, kv_caches, strict=True):
-            x, residual = block(x, residual, meta, kv)
-        x, _ = self.ln_f(x, residual)
-        return x
+            x, residual = block(positions, x, residual, meta, kv)
+        return self.final_hidden(x, residual)
+
+    # The forward in three parts, for steps compiled a group of layers at a time
+    # (`fastgen.cpu.layer_groups`).
+    @property
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.h
+
+    def uniform_layers(self) -> bool:
+        """Whether every block runs the same code on its own weights: not where each layer's
+        scores are scaled by its own index."""
+        return not self.config.scale_attn_by_inverse_layer_idx
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.wte(input_ids), self.wpe(positions)
+
+    def final_hidden(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.ln_f(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

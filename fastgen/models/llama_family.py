@@ -141,5 +141,24 @@ class LlamaFamilyForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
+    # The forward in three parts, for steps compiled a group of layers at a time
+    # (`fastgen.cpu.layer_groups`): every layer is called as layer(positions, x, residual, meta, kv).
+    @property
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.layers
+
+    def uniform_layers(self) -> bool:
+        """Whether every layer runs the same code on its own weights (one compiled layer serves all)."""
+        return True
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first layer's (x, residual). The residual is zeros, so that the first layer, too,
+        adds it before its norm (x + 0 is x exactly) and runs the same code as the others."""
+        x = self.embed_tokens(input_ids)
+        return x, torch.zeros_like(x)
+
+    def final_hidden(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.norm(x, residual)[0]
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

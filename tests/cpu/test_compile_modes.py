@@ -56,8 +56,8 @@ def test_engines_of_other_lengths_run_the_same_graphs_correctly(tiny_models, ref
     constant of the first engine's. Both equal transformers.
 
     The first engine compiles as blocking engines do by default: its first step compiles the
-    one graph every step runs, here (no helper process starts: there is no other graph for it);
-    the bench's report gives its time."""
+    layer group's graph here while a helper process compiles the head's, and waits for it; the
+    bench's report gives their times."""
     from fastgen.bench.environment import compile_times
 
     model = tiny_models["qwen3"]
@@ -68,16 +68,16 @@ def test_engines_of_other_lengths_run_the_same_graphs_correctly(tiny_models, ref
                       compile_processes=processes)
         compiled = llm.engine.runner.compiled_decode
         assert_equal_transformers(reference, model, prompts[:1], llm.generate(prompts[:1], GREEDY))
-        assert compiled.paths["rows"].is_file()  # after one request
+        assert all(compiled.paths[name].is_file() for name in ("layers", "head"))  # after one request
         assert_equal_transformers(reference, model, prompts[1:], llm.generate(prompts[1:], GREEDY))
         runners.append(llm.engine.runner)
     first, second = (runner.compiled_decode for runner in runners)
-    assert first.helpers.seconds == {} and first.helpers.children == []
-    assert first.paths == second.paths and first.loaded == set() and not first.failed
+    assert set(first.helpers.seconds) == {"head"} and first.helpers.children == []  # the helper's, ended
+    assert first.paths == second.paths and first.loaded == {"head"} and not first.failed  # the head: saved by it
     times = compile_times(runners[0])
-    assert not times["compiled_graphs"]["rows"]["from_cache"]
-    assert times["compile_s"] >= first.first_call_seconds["rows"]
-    assert second.loaded == {"rows"} and not second.failed and second.helpers is None
+    assert not times["compiled_graphs"]["layers"]["from_cache"] and times["compiled_graphs"]["head"]["from_cache"]
+    assert times["compile_s"] >= first.first_call_seconds["layers"]
+    assert second.loaded == {"layers", "head"} and not second.failed and second.helpers is None
 
 
 def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cache, monkeypatch):
@@ -93,7 +93,7 @@ def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cach
     monkeypatch.setattr(compiled_decode, "inductor_backend", recording_backend)
     llm = cpu_llm(tiny_models["qwen3"], "blocking")
     llm.generate(random_prompts([7], seed=81), GREEDY)  # prefill graph, then decode
-    assert llm.engine.runner.compiled_decode.failed == {"rows"}  # traced
+    assert llm.engine.runner.compiled_decode.failed == {"layers"}  # traced (so no head is built)
     roots = (Path(fastgen.__file__).resolve().parent, Path(fastgen.kernels.__file__).resolve().parent)
     ours = {Path(f).resolve() for f in seen if Path(f).resolve().is_relative_to(roots[0])
             or Path(f).resolve().is_relative_to(roots[1])}
@@ -115,7 +115,7 @@ def test_background_compile_serves_eagerly_then_switches_to_the_graphs(tiny_mode
     alone = random_prompts([9], seed=72)
     assert_equal_transformers(reference, model, alone, llm.generate(alone, GREEDY))
     assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
-    assert compiled.loaded == {"rows"}  # from the child, none compiled here
+    assert compiled.loaded == {"layers", "head"}  # from the child, none compiled here
     assert set(compiled.background_seconds) == compiled.loaded
     llm.engine.shutdown()
 
@@ -143,7 +143,7 @@ def test_a_failed_background_compile_leaves_the_engine_eager_and_correct(tiny_mo
     prompts = random_prompts([6, 10], seed=73) + random_prompts([4], seed=74)
     with caplog.at_level(logging.WARNING):
         assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
-    assert compiled.failed == {"rows"} and compiled.first_call_seconds == {}
+    assert compiled.failed == {"layers"} and compiled.first_call_seconds == {}
     assert "the background compile ended (exit status 1" in caplog.text and "background.log" in caplog.text
 
 

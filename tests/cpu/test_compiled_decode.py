@@ -16,6 +16,9 @@ from fastgen.cpu.saved_graphs import UNUSED_DAYS, graph_key
 from tests.conftest import random_prompts
 from tests.tiny_models import hf_greedy
 
+# The graphs a model whose layers are alike compiles: one group of layers, and the head.
+GROUPED = {"layers", "head"}
+
 
 def assert_each_equals_transformers(reference, model: str, prompts, max_tokens, outputs) -> None:
     """Each output is transformers' greedy continuation of its prompt, max_tokens[i] long."""
@@ -48,21 +51,23 @@ def check_family(model, reference):
     assert outputs[0].outputs[0].token_ids == reference(model, alone, 14)[0]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     assert_each_equals_transformers(reference, model, batch, max_tokens, llm.generate(batch, params))
-    assert set(runner.compiled_decode.first_call_seconds) == {"rows"}
+    assert set(runner.compiled_decode.first_call_seconds) == GROUPED
     return runner.compiled_decode
 
 
 def test_compiled_decode_matches_transformers(tiny_models, reference, private_cache):
-    """The first engine compiles its graph and saves it; a second engine loads it, and both
-    match transformers."""
+    """The first engine compiles its graphs (a group of layers and the head) and saves them; a
+    second engine loads them, and both match transformers."""
     first = check_family(tiny_models["qwen3"], reference)
-    path = first.paths["rows"]
-    assert first.needed == ("rows",) and first.loaded == set() and path.is_file()
+    paths = [first.paths[name] for name in sorted(GROUPED)]
+    assert first.needed == ("layers", "head") and first.loaded == set() and all(p.is_file() for p in paths)
+    assert first.grouped.size == 1 and len(first.grouped.groups) == 2  # the tiny model's two layers
     week_ago = time.time() - 7 * 86400
-    os.utime(path, (week_ago, week_ago))
+    for path in paths:
+        os.utime(path, (week_ago, week_ago))
     second = check_family(tiny_models["qwen3"], reference)
-    assert second.loaded == {"rows"} and second.paths == first.paths
-    assert path.stat().st_mtime > week_ago + 86400  # loading marks use
+    assert second.loaded == GROUPED and second.paths == first.paths
+    assert all(path.stat().st_mtime > week_ago + 86400 for path in paths)  # loading marks use
 
 
 def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, private_cache, monkeypatch):
@@ -82,7 +87,7 @@ def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, 
     model = tiny_models["qwen3"]
     prompts = random_prompts([5, 30, 64], seed=3)
     expected = hf_greedy(model, prompts, 3, dtype=torch.bfloat16)
-    for loaded in (set(), {"rows"}):
+    for loaded in (set(), GROUPED):
         packed_products.clear()
         native_before = packed_linear.products_served_natively()
         llm = LLM(model, enforce_eager=False, compile_mode="blocking", compile_processes=1, dtype="bfloat16",
@@ -90,7 +95,7 @@ def test_compiled_steps_in_bfloat16_track_transformers_in_bfloat16(tiny_models, 
         outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
         assert [o.outputs[0].token_ids[:2] for o in outputs] == [e[:2] for e in expected]
         compiled = llm.engine.runner.compiled_decode
-        assert set(compiled.first_call_seconds) == {"rows"} and compiled.loaded == loaded
+        assert set(compiled.first_call_seconds) == GROUPED and compiled.loaded == loaded
         if has_native_bf16():  # every linear of a forward found its packed twin
             linears = sum(isinstance(m, torch.nn.Linear) for m in llm.engine.runner.model.modules())
             through_twins = len(packed_products) + packed_linear.products_served_natively() - native_before
@@ -134,7 +139,7 @@ def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, pri
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     first = compiled_llm(model)
     first.generate(prompt, params)
-    path = first.engine.runner.compiled_decode.paths["rows"]
+    path = first.engine.runner.compiled_decode.paths["layers"]
     path.write_bytes(b"not a compiled graph")
     # Packages beside it: one left unused for longer than UNUSED_DAYS, one used more recently.
     day = 86400
@@ -146,7 +151,7 @@ def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, pri
     with caplog.at_level(logging.WARNING, logger="fastgen.cpu.saved_graphs"):
         out = llm.generate(prompt, params)
     assert out[0].outputs[0].token_ids == reference(model, prompt, 6)[0]
-    assert llm.engine.runner.compiled_decode.loaded == set()  # compiled anew
+    assert llm.engine.runner.compiled_decode.loaded == {"head"}  # the layers' graph compiled anew
     assert "could not load the compiled graph" in caplog.text
     assert path.stat().st_size > 1000  # saved anew
     assert not stale.exists() and recent.exists()
@@ -169,8 +174,8 @@ def test_a_graph_that_cannot_be_built_decodes_eagerly(tiny_models, reference, pr
     with caplog.at_level(logging.ERROR, logger="fastgen.cpu.compiled_decode"):
         outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert_each_equals_transformers(reference, model, prompts, [8, 8], outputs)
-    assert llm.engine.runner.compiled_decode.failed == {"rows"} and len(calls) == 1
-    assert "could not build the CPU step graph rows" in caplog.text
+    assert llm.engine.runner.compiled_decode.failed == {"layers"} and len(calls) == 1
+    assert "could not build the CPU step graph layers" in caplog.text
     out = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
     assert out[0].outputs[0].token_ids == reference(model, prompts[:1], 5)[0]
     assert len(calls) == 1  # never tried again
