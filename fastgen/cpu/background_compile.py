@@ -15,9 +15,10 @@ its process exits; whatever it saved by then stays in the cache for the next eng
 In blocking mode the same children are helpers (`CompileHelpers`): while the engine compiles the
 graph its first step needs, each helper compiles other missing graphs at normal priority, and
 the engine waits for them before it goes on. Compiling a graph is one core's work for most of its
-time (Python, then one C++ compiler process), so by default there is one process a core. Since
-one graph serves every step (`fastgen.cpu.compiled_decode`) an engine has no other graph to
-hand a helper, and none starts.
+time (Python, then one C++ compiler process), so by default there is one process a core: on two
+cores the engine compiles the layer group's graph while a helper compiles the head's
+(`fastgen.cpu.layer_groups`). A background child compiles its graphs one after the other, with
+no helper of its own: one process beside the engine it serves.
 """
 
 from __future__ import annotations
@@ -190,6 +191,8 @@ def background_compile(config: EngineConfig, num_kv_blocks: int, graphs: list[st
     spec = {"model": str(config.model), "engine": engine, "threads": torch.get_num_threads()}
     if graphs is not None:
         spec.update(graphs=graphs, nice=False)
+    else:
+        engine["compile_processes"] = 1  # no helpers of its own (see the module's docstring)
     return BackgroundCompile(spec, cache_dir() / "compiled" / f"background-{os.getpid()}-{next(_engines)}.log")
 
 

@@ -335,35 +335,46 @@ class CompiledDecodeStep:
                      picked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The step as the embedding (eager), the layer group's graph once per group, and the
         head's graph: the logits and argmax of the rows `picked`, or None where a graph is not
-        ready."""
+        ready or failed (the step then runs eagerly)."""
         grouped, caches = self.grouped, self.kv_caches
+        # A helper that builds only the head's graph gets no layers graph here, and needs none.
+        helping = self.only is not None and "layers" not in self.only
+        if not helping and "layers" not in self._graphs and ("layers" in self.failed
+                                                              or not self._ready_to_build("layers")):
+            return None  # before the embedding: an eager step embeds its tokens itself
         per_group = 2 * grouped.size
         positions, slots = inputs.positions, inputs.meta.slot_mapping
         x, residual = self.model.embed(inputs.input_ids, positions)
         layers = self._graph("layers", self.layer_group, (grouped.groups[0], x, residual, positions, slots,
                                                            row_tables, row_lens, caches[:per_group]))
-        # Without the layers' graph the step runs eagerly: the head's is not built for it, unless
-        # this process is a helper that builds only the head's.
-        helping = self.only is not None and "layers" not in self.only
         head = (self._graph("head", self.step_head, (self.weights.buffers, x, residual, picked))
                 if layers is not None or helping else None)
         if layers is None or head is None:
             return None
         first_run = not self._ran
+        start = time.perf_counter()
         try:
             for index, weights in enumerate(grouped.groups):
                 x, residual = layers(self.layer_group, weights, x, residual, positions, slots, row_tables, row_lens,
                                      caches[index * per_group:(index + 1) * per_group])
+            layers_done = time.perf_counter()
             out = head(self.step_head, self.weights.buffers, x, residual, picked)
         except Exception:
             if not first_run:
                 raise
-            # As for a build that fails: a graph that raised part-way may have stored some of
-            # this step's K/V; the eager forward the caller runs stores them again.
+            # As for a build that fails, once: a graph that raised part-way may have stored some
+            # of this step's K/V; the eager forward the caller runs stores them again.
             logger.exception("the CPU step graphs %s failed at their first run; running those steps eagerly",
                              " and ".join(self.needed))
+            for name in self.needed:
+                self._graphs.pop(name, None)
+                self.first_call_seconds.pop(name, None)
+                self.loaded.discard(name)
             self.failed.update(self.needed)
             return None
+        if first_run:  # as for the rows graph: load or compile, plus the first run
+            self.first_call_seconds["layers"] += layers_done - start
+            self.first_call_seconds["head"] += time.perf_counter() - layers_done
         self._ran = True
         return out
 
@@ -373,7 +384,8 @@ class CompiledDecodeStep:
         graph = self._graphs.get(name)
         if graph is not None or name in self.failed or not self._ready_to_build(name):
             return graph
-        if self.helpers is not None and not self.helpers.started and self.only is None:
+        if self.helpers is not None and not self.helpers.started and self.only is None \
+                and not self.paths[name].exists():  # (a graph on disk loads in seconds: no helper then)
             self.helpers.start([other for other in self.needed if other != name and not self.paths[other].exists()])
         self._pack_weights()
         factory = {"layers": lambda: make_layers_step(self.grouped.layout),

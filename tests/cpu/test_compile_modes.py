@@ -94,6 +94,10 @@ def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cach
     llm = cpu_llm(tiny_models["qwen3"], "blocking")
     llm.generate(random_prompts([7], seed=81), GREEDY)  # prefill graph, then decode
     assert llm.engine.runner.compiled_decode.failed == {"layers"}  # traced (so no head is built)
+    head = cpu_llm(tiny_models["qwen3"], "blocking")
+    head.engine.runner.compiled_decode.only = {"head"}  # as a helper that builds the head's graph
+    head.generate(random_prompts([7], seed=81), GREEDY)
+    assert head.engine.runner.compiled_decode.failed == {"head"}  # traced too
     roots = (Path(fastgen.__file__).resolve().parent, Path(fastgen.kernels.__file__).resolve().parent)
     ours = {Path(f).resolve() for f in seen if Path(f).resolve().is_relative_to(roots[0])
             or Path(f).resolve().is_relative_to(roots[1])}

@@ -181,6 +181,46 @@ def test_a_graph_that_cannot_be_built_decodes_eagerly(tiny_models, reference, pr
     assert len(calls) == 1  # never tried again
 
 
+def test_graphs_that_raise_at_their_first_run_are_dropped_once(tiny_models, reference, private_cache,
+                                                               monkeypatch, caplog):
+    """Graphs that build but raise when first run (a broken package, say) are logged once and
+    dropped: every step after runs eagerly, none calls them again, outputs equal transformers."""
+    from fastgen.cpu import compiled_decode
+
+    calls = []
+
+    def raising(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("a graph that cannot run")
+
+    monkeypatch.setattr(compiled_decode, "load_or_compile", lambda *args, **kwargs: (raising, False))
+    model = tiny_models["qwen3"]
+    llm = compiled_llm(model)
+    prompts = random_prompts([7, 12], seed=69)
+    with caplog.at_level(logging.ERROR, logger="fastgen.cpu.compiled_decode"):
+        outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    assert_each_equals_transformers(reference, model, prompts, [8, 8], outputs)
+    compiled = llm.engine.runner.compiled_decode
+    assert len(calls) == 1 and caplog.text.count("failed at their first run") == 1
+    assert compiled.failed == GROUPED and compiled.first_call_seconds == {} and compiled.loaded == set()
+
+
+def test_layers_that_cannot_be_grouped_run_as_one_graph(tiny_models, reference, private_cache, monkeypatch):
+    """Where the layers' weights cannot be cut into groups, the whole step is the rows graph."""
+    from fastgen.cpu.compiled_decode import CompiledDecodeStep
+
+    monkeypatch.setattr(CompiledDecodeStep, "_group_layers", lambda self: None)
+    model = tiny_models["llama"]
+    llm = compiled_llm(model)
+    prompts = random_prompts([9], seed=70) + random_prompts([4, 25], seed=71)
+    params = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
+    alone = llm.generate(prompts[:1], params)
+    assert_each_equals_transformers(reference, model, prompts[:1], [7], alone)
+    assert_each_equals_transformers(reference, model, prompts[1:], [7, 7], llm.generate(prompts[1:], params))
+    compiled = llm.engine.runner.compiled_decode
+    assert compiled.needed == ("rows",) and set(compiled.first_call_seconds) == {"rows"} and not compiled.failed
+
+
 def test_graph_key_follows_shapes_and_configuration():
     model = torch.nn.Linear(8, 4)
     cache = [torch.zeros(16, 4, 2, 8)]
