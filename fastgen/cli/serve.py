@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     background = getattr(compiled, "background", None)
     if compiled is not None and not (background is not None and background.running):
         # Load (or, in blocking mode, compile) the CPU step graphs now: otherwise the first
-        # requests to need each would wait for it (a few seconds when saved, a minute or more
+        # requests to need each would wait for it (a few seconds when saved, tens of seconds or more
         # without). While a background compile runs there is nothing to load yet: the server
         # answers at once, eagerly, and takes each graph between two steps as it lands.
         from fastgen.bench.runner import warm_up
