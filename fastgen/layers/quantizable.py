@@ -47,7 +47,14 @@ class QuantizableWeight:
     """Mixin for nn.Linear / nn.Embedding subclasses (see the module's docstring)."""
 
     quant_format: QuantFormat | None = None
-    activation_dtype: torch.dtype | None = None  # the dtype of the weight quantized away, and of the outputs
+    # The dtype of the weight quantized away, and of the outputs, kept by name: a torch.dtype in a
+    # module's attributes that a compiled graph never reads is pickled as missing in the graph's
+    # saved guards, and with it every tensor of that dtype, so the package no longer loads.
+    activation_dtype_name: str | None = None
+
+    @property
+    def activation_dtype(self) -> torch.dtype | None:
+        return None if self.activation_dtype_name is None else getattr(torch, self.activation_dtype_name)
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] times the weight's transpose, plus `bias`: [..., out]."""
@@ -85,4 +92,4 @@ class QuantizableWeight:
         del self.weight
         self.weight_codes, self.weight_scales = codes, scales
         self.register_parameter("weight_mins", mins)
-        self.quant_format, self.activation_dtype = fmt, dtype
+        self.quant_format, self.activation_dtype_name = fmt, str(dtype).removeprefix("torch.")

@@ -66,17 +66,21 @@ def test_quantization_settings_are_checked(tiny_models):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_compiled_cpu_graphs_run_the_quantized_kernel(tiny_models, fake_quantized, private_cache, method):
-    """One request alone (the decode graph over one row) and a batch (the decode graph over many
-    rows, and the prefill graph)."""
-    llm = LLM(tiny_models["llama"], dtype="float32", quantization=method, enforce_eager=False,
-              compile_mode="blocking", compile_processes=1, block_size=4, num_kv_blocks=256, max_num_seqs=8,
-              max_num_batched_tokens=64)
+    """One request alone (the graphs over one row) and a batch (over many rows, prompts and
+    decodes); then a second engine loads the saved graphs (a quantized layer's dtype attribute
+    once made their saved guards unloadable) and gives the same tokens."""
     prompts = random_prompts([11], seed=61) + random_prompts([3, 30, 100, 6], seed=64)
-    alone = llm.generate(prompts[:1], GREEDY)[0].token_ids
-    batch = [out.token_ids for out in llm.generate(prompts[1:], GREEDY)]
-    assert [alone, *batch] == hf_greedy(fake_quantized("llama", method), prompts, MAX_TOKENS)
-    compiled = llm.engine.runner.compiled_decode
-    assert set(compiled.first_call_seconds) == {"layers", "head"} and not compiled.failed
+    expected = hf_greedy(fake_quantized("llama", method), prompts, MAX_TOKENS)
+    for loaded in (set(), {"layers", "head"}):
+        llm = LLM(tiny_models["llama"], dtype="float32", quantization=method, enforce_eager=False,
+                  compile_mode="blocking", compile_processes=1, block_size=4, num_kv_blocks=256, max_num_seqs=8,
+                  max_num_batched_tokens=64)
+        alone = llm.generate(prompts[:1], GREEDY)[0].token_ids
+        batch = [out.token_ids for out in llm.generate(prompts[1:], GREEDY)]
+        assert [alone, *batch] == expected
+        compiled = llm.engine.runner.compiled_decode
+        assert set(compiled.first_call_seconds) == {"layers", "head"} and not compiled.failed
+        assert compiled.loaded == loaded
 
 
 @pytest.mark.slow
