@@ -388,7 +388,12 @@ class CompiledDecodeStep:
                 and not self.paths[name].exists():  # (a graph on disk loads in seconds: no helper then)
             self.helpers.start([other for other in self.needed if other != name and not self.paths[other].exists()])
         self._pack_weights()
-        factory = {"layers": lambda: make_layers_step(self.grouped.layout),
+        # Each graph is symbolic in every size that changes (decode rows >= 1, prefill tokens
+        # >= 2, contexts >= 2: a decode row attends to its prompt and its new token), so it is
+        # built once.
+        factory = {"rows": lambda: make_rows_step(self.weights.slots),
+                   "decode": lambda: make_decode_step(self.weights.slots),
+                   "layers": lambda: make_layers_step(self.grouped.layout),
                    "head": lambda: make_head_step(self.grouped.head_slots)}[name]
         start = time.perf_counter()
         try:
@@ -454,41 +459,28 @@ class CompiledDecodeStep:
             logger.warning("not packing the linear weights: %s", exc)
 
     def _run(self, name: str, args: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The whole step in one graph (`rows` or `decode`) over args (weights first added here):
+        the logits and argmax, or None where the graph is not ready or failed."""
         args = (self.weights.buffers, *args)
-        graph = self._graphs.get(name)
-        if graph is not None:
-            return graph(self.step_model, *args)
-        if name in self.failed or not self._ready_to_build(name):
+        first_run = name not in self._graphs
+        graph = self._graph(name, self.step_model, args)
+        if graph is None:
             return None
-        if self.helpers is not None and not self.helpers.started and self.only is None:
-            self.helpers.start([other for other in self.needed if other != name and not self.paths[other].exists()])
-        self._pack_weights()
-        # Each graph is symbolic in every size that changes (decode rows >= 1, prefill tokens
-        # >= 2, contexts >= 2: a decode row attends to its prompt and its new token), so it is
-        # built once.
+        if not first_run:
+            return graph(self.step_model, *args)
         start = time.perf_counter()
         try:
-            step = (make_rows_step(self.weights.slots) if name == "rows"
-                    else make_decode_step(self.weights.slots))
-            graph, loaded = load_or_compile(step, inductor_backend, traced_example(name, args), self.step_model,
-                                            self.paths[name])
             out = graph(self.step_model, *args)
-        except Exception:  # a compiler bug or a missing C++ toolchain must not stop serving
-            # A graph that raised part-way may have stored some of this step's K/V; the eager
-            # forward the caller runs stores them again.
-            logger.exception("could not build the CPU step graph %s; running those steps eagerly", name)
+        except Exception:
+            # As for a build that fails, once: a graph that raised part-way may have stored some
+            # of this step's K/V; the eager forward the caller runs stores them again.
+            logger.exception("the CPU step graph %s failed at its first run; running those steps eagerly", name)
+            self._graphs.pop(name)
+            self.first_call_seconds.pop(name, None)
+            self.loaded.discard(name)
             self.failed.add(name)
-            self._await_helpers()
             return None
-        self._graphs[name] = graph
-        self.first_call_seconds[name] = time.perf_counter() - start
-        self._await_helpers()
-        if loaded:
-            self.loaded.add(name)
-        logger.info("%s the CPU step graph %s in %.1fs (%s)%s", "loaded" if loaded else "compiled",
-                    name, self.first_call_seconds[name], self.paths[name],
-                    f", {self.background_seconds[name]:.0f}s after the background compile started"
-                    if name in self.background_seconds else "")
+        self.first_call_seconds[name] += time.perf_counter() - start  # load or compile, plus the first run
         return out
 
     def _await_helpers(self) -> None:

@@ -221,6 +221,23 @@ def test_layers_that_cannot_be_grouped_run_as_one_graph(tiny_models, reference, 
     assert compiled.needed == ("rows",) and set(compiled.first_call_seconds) == {"rows"} and not compiled.failed
 
 
+def test_where_the_kernel_runs_no_prefill_decode_steps_run_the_decode_graph(tiny_models, reference, private_cache,
+                                                                           monkeypatch):
+    """A model whose prefill the C++ kernel does not cover: prompts run eagerly and decode steps
+    through the decode graph (the whole step in one graph, attention in torch)."""
+    from fastgen.cpu import compiled_decode
+
+    monkeypatch.setattr(compiled_decode, "kernel_runs_prefill", lambda model, kv_caches: False)
+    model = tiny_models["qwen3"]
+    llm = compiled_llm(model)
+    prompts = random_prompts([8], seed=72) + random_prompts([5, 19], seed=73)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    assert_each_equals_transformers(reference, model, prompts[:1], [6], llm.generate(prompts[:1], params))
+    assert_each_equals_transformers(reference, model, prompts[1:], [6, 6], llm.generate(prompts[1:], params))
+    compiled = llm.engine.runner.compiled_decode
+    assert compiled.needed == ("decode",) and set(compiled.first_call_seconds) == {"decode"} and not compiled.failed
+
+
 def test_graph_key_follows_shapes_and_configuration():
     model = torch.nn.Linear(8, 4)
     cache = [torch.zeros(16, 4, 2, 8)]
