@@ -8,7 +8,7 @@ The layers are compiled a group at a time (`fastgen.cpu.layer_groups`: one graph
 the layers or fewer, called once per group on that group's weights and caches, then a small
 graph for the final norm, LM head and argmax; the embedding runs eagerly before them), which
 took a cold compile of SmolLM2-135M from 49-50 s to 19-21 s at the same step speed; a model
-whose layers cannot be cut alike gets the whole step as one graph (`rows`). The same graphs
+whose layers' weights do not lie alike gets the whole step as one graph (`rows`). The same graphs
 serve every step, prefill, decode and both at once:
 
 - rows: every new token is a row of the C++ attention kernel
@@ -247,6 +247,9 @@ class CompiledDecodeStep:
             self.layer_group = LayerGroup(model.decoder_layers, self.grouped.size)
             self.step_head = StepHead(model)
             names["layers"] = f"layers of {self.grouped.size}"
+            per_group = 2 * self.grouped.size  # each layer's K and V cache
+            self.group_caches = [self.kv_caches[g * per_group:(g + 1) * per_group]
+                                 for g in range(len(self.grouped.groups))]
             for group in self.grouped.groups:
                 for tensor in group:
                     torch._dynamo.mark_static(tensor)
@@ -255,7 +258,6 @@ class CompiledDecodeStep:
         self.packed_weights = 0  # packed at the first use of a graph that reads them (`_pack_weights`)
         self._packing_tried = False
         self._graphs: dict[str, Callable] = {}
-        self._ran = False  # the grouped graphs have run a step (`_run_grouped`)
         self.first_call_seconds: dict[str, float] = {}  # graph name -> load or compile, plus first run
         self.loaded: set[str] = set()  # the graphs read from disk rather than compiled
         self.failed: set[str] = set()  # the graphs whose build raised: eager decode instead
@@ -336,47 +338,49 @@ class CompiledDecodeStep:
         """The step as the embedding (eager), the layer group's graph once per group, and the
         head's graph: the logits and argmax of the rows `picked`, or None where a graph is not
         ready or failed (the step then runs eagerly)."""
-        grouped, caches = self.grouped, self.kv_caches
+        grouped, caches = self.grouped, self.group_caches
         # A helper that builds only the head's graph gets no layers graph here, and needs none.
         helping = self.only is not None and "layers" not in self.only
         if not helping and "layers" not in self._graphs and ("layers" in self.failed
                                                               or not self._ready_to_build("layers")):
             return None  # before the embedding: an eager step embeds its tokens itself
-        per_group = 2 * grouped.size
         positions, slots = inputs.positions, inputs.meta.slot_mapping
         x, residual = self.model.embed(inputs.input_ids, positions)
         layers = self._graph("layers", self.layer_group, (grouped.groups[0], x, residual, positions, slots,
-                                                           row_tables, row_lens, caches[:per_group]))
+                                                           row_tables, row_lens, caches[0]))
+        first_run = not {"layers", "head"} <= self._graphs.keys()  # both run together from the first
         head = (self._graph("head", self.step_head, (self.weights.buffers, x, residual, picked))
                 if layers is not None or helping else None)
         if layers is None or head is None:
             return None
-        first_run = not self._ran
         start = time.perf_counter()
         try:
-            for index, weights in enumerate(grouped.groups):
+            for weights, group_caches in zip(grouped.groups, caches):
                 x, residual = layers(self.layer_group, weights, x, residual, positions, slots, row_tables, row_lens,
-                                     caches[index * per_group:(index + 1) * per_group])
+                                     group_caches)
             layers_done = time.perf_counter()
             out = head(self.step_head, self.weights.buffers, x, residual, picked)
         except Exception:
             if not first_run:
                 raise
-            # As for a build that fails, once: a graph that raised part-way may have stored some
-            # of this step's K/V; the eager forward the caller runs stores them again.
-            logger.exception("the CPU step graphs %s failed at their first run; running those steps eagerly",
-                             " and ".join(self.needed))
-            for name in self.needed:
-                self._graphs.pop(name, None)
-                self.first_call_seconds.pop(name, None)
-                self.loaded.discard(name)
-            self.failed.update(self.needed)
+            self._drop_failed_at_first_run(self.needed)
             return None
         if first_run:  # as for the rows graph: load or compile, plus the first run
             self.first_call_seconds["layers"] += layers_done - start
             self.first_call_seconds["head"] += time.perf_counter() - layers_done
-        self._ran = True
         return out
+
+    def _drop_failed_at_first_run(self, names: tuple[str, ...]) -> None:
+        """Graphs that built but raised at their first run: logged once, forgotten, never tried
+        again, as a build that fails (a graph that raised part-way may have stored some of this
+        step's K/V; the eager forward the caller runs stores them again)."""
+        logger.exception("the CPU step graphs %s failed at their first run; running those steps eagerly",
+                         " and ".join(names))
+        for name in names:
+            self._graphs.pop(name, None)
+            self.first_call_seconds.pop(name, None)
+            self.loaded.discard(name)
+        self.failed.update(names)
 
     def _graph(self, name: str, module: torch.nn.Module, args: tuple) -> Callable | None:
         """Graph `name` over `module`, loaded or compiled at its first use (args: an example of its
@@ -472,13 +476,7 @@ class CompiledDecodeStep:
         try:
             out = graph(self.step_model, *args)
         except Exception:
-            # As for a build that fails, once: a graph that raised part-way may have stored some
-            # of this step's K/V; the eager forward the caller runs stores them again.
-            logger.exception("the CPU step graph %s failed at its first run; running those steps eagerly", name)
-            self._graphs.pop(name)
-            self.first_call_seconds.pop(name, None)
-            self.loaded.discard(name)
-            self.failed.add(name)
+            self._drop_failed_at_first_run((name,))
             return None
         self.first_call_seconds[name] += time.perf_counter() - start  # load or compile, plus the first run
         return out

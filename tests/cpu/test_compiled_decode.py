@@ -26,6 +26,16 @@ def assert_each_equals_transformers(reference, model: str, prompts, max_tokens, 
         assert out.outputs[0].token_ids == reference(model, [prompt], m)[0]
 
 
+def failing(calls: list, message: str):
+    """A stand-in that records each call's arguments in `calls` and raises RuntimeError(message)."""
+
+    def fail(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError(message)
+
+    return fail
+
+
 def compiled_llm(model: str) -> LLM:
     """Every graph compiled in this process (no helpers), so each test sees what it built or loaded."""
     return LLM(model, enforce_eager=False, compile_mode="blocking", compile_processes=1, dtype="float32",
@@ -162,12 +172,7 @@ def test_a_graph_that_cannot_be_built_decodes_eagerly(tiny_models, reference, pr
     """A compile that raises (a compiler bug, no C++ toolchain) is logged once, never retried,
     and its steps run eagerly: outputs still equal transformers."""
     calls = []
-
-    def broken(*args, **kwargs):
-        calls.append(args)
-        raise RuntimeError("no C++ compiler")
-
-    monkeypatch.setattr("fastgen.cpu.compiled_decode.load_or_compile", broken)
+    monkeypatch.setattr("fastgen.cpu.compiled_decode.load_or_compile", failing(calls, "no C++ compiler"))
     model = tiny_models["qwen3"]
     llm = compiled_llm(model)
     prompts = random_prompts([7, 12], seed=68)
@@ -188,11 +193,7 @@ def test_graphs_that_raise_at_their_first_run_are_dropped_once(tiny_models, refe
     from fastgen.cpu import compiled_decode
 
     calls = []
-
-    def raising(*args, **kwargs):
-        calls.append(args)
-        raise RuntimeError("a graph that cannot run")
-
+    raising = failing(calls, "a graph that cannot run")
     monkeypatch.setattr(compiled_decode, "load_or_compile", lambda *args, **kwargs: (raising, False))
     model = tiny_models["qwen3"]
     llm = compiled_llm(model)
