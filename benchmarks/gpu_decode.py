@@ -61,6 +61,7 @@ from benchmarks.gpu_measure import (  # noqa: E402
 from fastgen import LLM  # noqa: E402
 from fastgen.bench.workload import WorkloadSpec, build_workload  # noqa: E402
 from fastgen.cli.arg_types import int_range  # noqa: E402
+import fastgen.kernels.programmatic_launch as launch_policy  # noqa: E402
 from fastgen.layers import quantizable  # noqa: E402
 from fastgen.models.presets import preset_config, preset_model_dir  # noqa: E402
 
@@ -99,8 +100,10 @@ def decode_sweep(args, eager: bool, report: dict) -> dict:
         if batch == 1:
             row["floor"] = streaming_floor_ms(llm, context, bandwidth)
         section["steps"].append(row)
-        print(f"{'eager' if eager else 'graphs'} bs={batch} ctx={context}: {row['wall_ms']['median']:.3f} ms",
-              flush=True)
+        device_ms = row.get("device_step_ms", {}).get("median")
+        exposed_ms = row.get("exposed_host_ms", {}).get("median")
+        print(f"{'eager' if eager else 'graphs'} bs={batch} ctx={context}: {row['wall_ms']['median']:.3f} ms"
+              + (f", device step {device_ms:.3f} ms, exposed host {exposed_ms:.4f} ms" if device_ms else ""), flush=True)
     mode = "eager" if eager else "graphs"
     if "kernels" in args.sections:
         kernels = report.setdefault("kernels", {})
@@ -258,6 +261,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output", default=None, help="exact JSON path (overrides --output-dir's file name)")
     p.add_argument("--dense-products", choices=("skinny", "cublas"), default="skinny",
                    help="decode batches' bf16 products: fastgen's Triton kernel (the default) or cuBLAS")
+    p.add_argument("--fused-norms", choices=("on", "off"), default="on",
+                   help="RMSNorm (and SwiGLU) inside the decode batches' products (the default), or apart")
+    p.add_argument("--programmatic-launch", choices=("on", "off"), default="on",
+                   help="decode kernels launched as programmatic dependents on Hopper (the default), or not")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     args.quant_batch_sizes = [int(b) for b in args.quant_batch_sizes.split(",") if b]
@@ -281,6 +288,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quantizable.SKINNY_MATMUL_ON_CUDA = args.dense_products == "skinny"
+    quantizable.RMS_NORM_IN_PRODUCTS_ON_CUDA = args.fused_norms == "on"
+    launch_policy.PROGRAMMATIC_LAUNCH_ON_CUDA = args.programmatic_launch == "on"
     args.model_dir = preset_model_dir(args.preset)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{device_slug(gpu)}.json")
@@ -297,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"torch": torch.__version__, "triton": _version("triton"), "transformers": _version("transformers"),
                      "python": sys.version.split()[0], "cuda": torch.version.cuda},
         "model": {"preset": args.preset, "dtype": args.dtype, "weights": "dummy"},
-        "settings": {"steps": args.steps, "dense_products": args.dense_products, "block_size": args.block_size,
+        "settings": {"steps": args.steps, "dense_products": args.dense_products, "fused_norms": args.fused_norms,
+                     "programmatic_launch": args.programmatic_launch, "block_size": args.block_size,
                      "max_model_len": args.max_model_len,
                      "points": args.points, "workload": {"num_prompts": args.num_prompts,
                                                          "input_len": str(args.input_len),

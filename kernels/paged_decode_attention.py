@@ -15,6 +15,7 @@ import triton
 from .attention_tile import paged_strides
 from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms
 from .paged_decode_kernels import decode_combine_kernel, decode_split_kernel
+from .programmatic_launch import programmatic_launch
 from .triton_types import dot_dtype
 
 
@@ -99,6 +100,7 @@ def paged_decode_attention(
         raise ValueError(f"max_splits must be in [1, {MAX_SPLITS}], got {max_splits}")
 
     group = num_heads // num_kv_heads
+    pdl = programmatic_launch(q.device)
     # tl.dot needs at least 16 rows and an inner dimension of at least 16.
     block_g = max(16, triton.next_power_of_2(group))
     block_d = max(16, triton.next_power_of_2(head_dim))
@@ -119,8 +121,8 @@ def paged_decode_attention(
         num_heads, max_splits,
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim,
         ONE_SPLIT=max_splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
-        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DOT_DTYPE=dot,
-        num_warps=4,
+        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DOT_DTYPE=dot, PDL=pdl,
+        num_warps=4, launch_pdl=pdl,
     )
     if max_splits > 1:
         decode_combine_kernel[(batch, num_heads)](
@@ -128,7 +130,7 @@ def paged_decode_attention(
             out.stride(0), out.stride(1),
             num_heads, max_splits,
             HEAD_DIM=head_dim, MIN_TOKENS=MIN_TOKENS_PER_SPLIT, BLOCK_S=triton.next_power_of_2(MAX_SPLITS),
-            BLOCK_D=block_d,
-            num_warps=4,
+            BLOCK_D=block_d, PDL=pdl,
+            num_warps=4, launch_pdl=pdl,
         )
     return out

@@ -14,11 +14,13 @@
 The number of splits a sequence uses comes from its context length, read on the device
 (`splits_for`, mirrored by `decode_split_policy.splits_for_lengths`), so a captured graph
 re-decides it on every replay. The grid's split count is a runtime argument (one compiled
-kernel serves every batch size); only "one split" is a compile-time switch.
+kernel serves every batch size); only "one split" is a compile-time switch. With PDL (Hopper,
+`programmatic_launch`) both launch as programmatic dependents and wait before any load.
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .attention_tile import attend_tile, row_mask
 
@@ -44,8 +46,11 @@ def decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # q and the cache come from the kernels in front
+        gdc_launch_dependents()
+        gdc_wait()
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -99,7 +104,11 @@ def decode_combine_kernel(
     stride_ob, stride_oh,
     num_heads, grid_splits,
     HEAD_DIM: tl.constexpr, MIN_TOKENS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # the partials come from the split kernel
+        gdc_launch_dependents()
+        gdc_wait()
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     num_splits = splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS)

@@ -9,6 +9,7 @@ cos/sin table cast to the activation dtype; each RoPE product and the sum rounde
 q and k are rewritten in place (they are views into the fused QKV projection's output, which
 nothing else reads); slot -1 stores nothing for that token (CUDA-graph padding rows,
 prefix-cached tokens). One program per token; shapes only, so the launch is graph-capturable.
+On Hopper it launches as a programmatic dependent (`programmatic_launch`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .programmatic_launch import programmatic_launch
 from .store_kvcache import check_store_args
 
 
@@ -57,8 +60,12 @@ def qk_norm_rope_store_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_HALF: tl.constexpr, QK_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
+    if PDL:  # every input comes from the kernels in front: nothing to do before they finish
+        gdc_launch_dependents()
+        gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     dtype = q_ptr.dtype.element_ty
     offs = tl.arange(0, BLOCK_HALF)
@@ -129,6 +136,7 @@ def qk_norm_rope_store(
     if num_tokens == 0:
         return q, k
     qk_norm = q_norm_weight is not None
+    pdl = programmatic_launch(q.device)
     qk_norm_rope_store_kernel[(num_tokens,)](
         q, k, v, positions, cos_sin,
         q_norm_weight if qk_norm else cos_sin, k_norm_weight if qk_norm else cos_sin,  # unread without norm
@@ -137,7 +145,7 @@ def qk_norm_rope_store(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KV=triton.next_power_of_2(num_kv_heads),
-        BLOCK_HALF=triton.next_power_of_2(head_dim // 2), QK_NORM=qk_norm,
-        num_warps=4,
+        BLOCK_HALF=triton.next_power_of_2(head_dim // 2), QK_NORM=qk_norm, PDL=pdl,
+        num_warps=4, launch_pdl=pdl,
     )
     return q, k

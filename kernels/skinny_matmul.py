@@ -13,7 +13,8 @@ cache. No K split: the grid is N / BLOCK_N programs, narrow enough to cover the 
 launch writes the finished product (no partial sums, no second kernel), and a row's result does
 not depend on the other rows. Its sums per row make it slower than cuBLAS's tensor-core tiles
 from four rows on, so the layers call it for one or two. Launches depend only on shapes, so
-they can be captured in CUDA graphs.
+they can be captured in CUDA graphs. On Hopper it launches as a programmatic dependent
+(`programmatic_launch`): its first weight tile streams in while the kernel in front finishes.
 """
 
 from __future__ import annotations
@@ -23,37 +24,60 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .programmatic_launch import programmatic_launch
 from .triton_types import TL_DTYPES
 
 SKINNY_ROWS = 8
 
 
 @triton.jit
+def _weight_tile(w_rows, k0, K, col_ok, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] weight tile at inputs k0.., in float32 (zeros past N and K)."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None], other=0.0)
+    else:
+        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _add_rows_times_tile(acc, w, x_ptr, stride_xm, M, K, k0, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc[r] += w @ x[r, k0:k0 + BLOCK_K] for each of x's rows (rows past M read nothing)."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    row_ids = tl.arange(0, ROWS)
+    for r in tl.static_range(ROWS):
+        row_ok = tl.full((BLOCK_K,), r, tl.int32) < M
+        x = tl.load(x_ptr + r * stride_xm + ks, mask=(ks < K) & row_ok, other=0.0).to(tl.float32)
+        part = tl.sum(w * x[None, :], axis=1)
+        acc = tl.where(row_ids[:, None] == r, acc + part[None, :], acc)
+    return acc
+
+
+@triton.jit
 def _skinny_matmul_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[:M, cols] for this program's BLOCK_N columns; ROWS is M rounded up to a power of two."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     row_ids = tl.arange(0, ROWS)
     w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_wn
-    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None], other=0.0)
-        else:
-            w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
-        w = w.to(tl.float32)
-        for r in tl.static_range(ROWS):
-            # x's rows past M read nothing; their sums are zero and never stored.
-            row_ok = tl.full((BLOCK_K,), r, tl.int32) < M
-            x = tl.load(x_ptr + r * stride_xm + ks, mask=(ks < K) & row_ok, other=0.0).to(tl.float32)
-            part = tl.sum(w * x[None, :], axis=1)
-            acc = tl.where(row_ids[:, None] == r, acc + part[None, :], acc)
+    # The first weight tile is asked for before waiting on the kernel in front (no kernel of a
+    # step writes weights): launched as its dependent, the load overlaps that kernel's tail.
+    w = _weight_tile(w_rows, 0, K, col_ok, BLOCK_K, EVEN_K)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    acc = _add_rows_times_tile(tl.zeros((ROWS, BLOCK_N), dtype=tl.float32), w, x_ptr, stride_xm, M, K, 0,
+                               ROWS, BLOCK_K)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w = _weight_tile(w_rows, k0, K, col_ok, BLOCK_K, EVEN_K)
+        acc = _add_rows_times_tile(acc, w, x_ptr, stride_xm, M, K, k0, ROWS, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     out_at = out_ptr + row_ids[:, None].to(tl.int64) * stride_om + cols[None, :]
@@ -100,9 +124,11 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m and n:
         tiling = tiling or default_skinny_tiling(k)
+        pdl = programmatic_launch(x.device)
         _skinny_matmul_kernel[(triton.cdiv(n, tiling.block_n),)](
             rows, weight, bias if bias is not None else weight, out, m, n, k, rows.stride(0), weight.stride(0), n,
             ROWS=triton.next_power_of_2(m), BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,
-            EVEN_K=k % tiling.block_k == 0, HAS_BIAS=bias is not None, num_warps=tiling.num_warps,
+            EVEN_K=k % tiling.block_k == 0, HAS_BIAS=bias is not None, PDL=pdl, num_warps=tiling.num_warps,
+            launch_pdl=pdl,
         )
     return out.reshape(*x.shape[:-1], n)

@@ -25,6 +25,22 @@ class RMSNorm(nn.Module):
             return self.ops.rms_norm(x, self.weight, self.eps)
         return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
+    def project(self, x: torch.Tensor, residual: torch.Tensor | None, linear: nn.Module, swiglu: bool = False):
+        """`linear` applied to this norm's output, and SwiGLU of its two halves with `swiglu`,
+        the residual handled as `forward` handles it: returns (output, new residual), the new
+        residual being x itself when there is none yet. One launch where the linear layer's
+        product can take the norm in (`QuantizableWeight.rms_norm_product`), the ops in turn
+        elsewhere."""
+        fused = linear.rms_norm_product(x, residual, self.weight, self.eps, linear.bias, swiglu)
+        if fused is not None:
+            return fused
+        if residual is None:
+            normed, residual = self(x), x
+        else:
+            normed, residual = self(x, residual)
+        y = linear(normed)
+        return (self.ops.silu_and_mul(y) if swiglu else y), residual
+
 
 class LayerNorm(nn.Module):
     """LayerNorm with weight and bias (GPT-2), over the last dim."""

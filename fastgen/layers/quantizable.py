@@ -23,6 +23,10 @@ from fastgen.quantization.quantize import QuantizedTensors, quantize_weight
 # cuBLAS on every projection of Qwen3-0.6B there, and lost from four rows on. A switch so that
 # benchmarks can compare the two (`benchmarks/gpu_decode.py --dense-products cublas`).
 SKINNY_MATMUL_ON_CUDA = True
+# The same products behind an RMSNorm (q|k|v, gate|up) take the norm into the product's launch,
+# and gate|up its SwiGLU too (`fastgen.kernels.normed_skinny_matmul`): two launches a layer
+# where there were five. A switch for the same comparison (`--fused-norms off`).
+RMS_NORM_IN_PRODUCTS_ON_CUDA = True
 _SKINNY_MAX_ROWS = 2
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -37,6 +41,20 @@ def _skinny_on_cuda(x: torch.Tensor, weight: torch.Tensor) -> bool:
     k = x.shape[-1]
     return (x.is_cuda and SKINNY_MATMUL_ON_CUDA and 0 < k and x.numel() <= _SKINNY_MAX_ROWS * k
             and x.dtype in _FLOAT_DTYPES and weight.dtype == x.dtype)
+
+
+def _normed_skinny_matmul():
+    from fastgen.kernels.normed_skinny_matmul import normed_skinny_matmul
+
+    return normed_skinny_matmul
+
+
+def _normed_on_cuda(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    if not (RMS_NORM_IN_PRODUCTS_ON_CUDA and _skinny_on_cuda(x, weight)):
+        return False
+    from fastgen.kernels.normed_skinny_matmul import MAX_NORMED_K
+
+    return x.shape[-1] <= MAX_NORMED_K
 
 
 def _frozen(tensor: torch.Tensor | None) -> nn.Parameter | None:
@@ -65,6 +83,16 @@ class QuantizableWeight:
             return F.linear(x, self.weight, bias)
         return quantized_linear(x, self.weight_codes, self.weight_scales, self.weight_mins, bias, fmt.bits,
                                 fmt.group_size)
+
+    def rms_norm_product(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                         eps: float, bias: torch.Tensor | None, swiglu: bool):
+        """(y, h) with h = x + residual (x without one) and y this product of rms_norm(h) *
+        norm_weight plus `bias`, then SwiGLU of its two halves with `swiglu`, from one launch:
+        on CUDA for one or two rows of a float weight. None where that kernel does not apply
+        (the caller runs the ops in turn)."""
+        if self.quant_format is not None or not _normed_on_cuda(x, self.weight) or norm_weight.dtype != x.dtype:
+            return None
+        return _normed_skinny_matmul()(x, residual, norm_weight, eps, self.weight, bias, swiglu)
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """The weight's rows `ids`: [*ids.shape, hidden]."""

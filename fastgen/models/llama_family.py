@@ -56,8 +56,10 @@ class SelfAttention(nn.Module):
         self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, backend)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata, kv: LayerCache) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata,
+                kv: LayerCache) -> torch.Tensor:
+        """qkv: this layer's q|k|v projection (`qkv_proj`, which the layer runs behind its norm)."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -67,15 +69,14 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: LlamaFamilyConfig, ops: OpSet, tp: TensorParallelGroup):
+    """gate|up, SwiGLU, down; the layer runs gate|up and SwiGLU behind its norm
+    (`RMSNorm.project`) and `down_proj` on their output."""
+
+    def __init__(self, cfg: LlamaFamilyConfig, tp: TensorParallelGroup):
         super().__init__()
         columns = even_shard(cfg.intermediate_size, tp.rank, tp.size)
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [columns, columns], bias=False)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False, tp=tp)
-        self.ops = ops
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -83,19 +84,16 @@ class DecoderLayer(nn.Module):
                  tp: TensorParallelGroup):
         super().__init__()
         self.self_attn = SelfAttention(cfg, rotary, backend, ops, tp)
-        self.mlp = MLP(cfg, ops, tp)
+        self.mlp = MLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
     def forward(self, positions, x, residual, meta: AttentionMetadata, kv: LayerCache):
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, meta, kv)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        # Each norm feeds the product after it (one launch for both at decode batches on CUDA).
+        qkv, residual = self.input_layernorm.project(x, residual, self.self_attn.qkv_proj)
+        x = self.self_attn(positions, qkv, meta, kv)
+        h, residual = self.post_attention_layernorm.project(x, residual, self.mlp.gate_up_proj, swiglu=True)
+        return self.mlp.down_proj(h), residual
 
 
 class LlamaFamilyForCausalLM(nn.Module):

@@ -14,6 +14,8 @@ both present from 3.2 to 3.6 and later; exit code 3 means this Triton lacks them
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import inspect
 import json
 import os
@@ -74,7 +76,8 @@ def resource_usage(kernel) -> dict:
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     usage = {"shared_bytes": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps,
              "num_stages": kernel.metadata.num_stages, "tensor_core_ops": len(re.findall(r"\b(w?gmma|mma)\b",
-                                                                                          kernel.asm["ptx"]))}
+                                                                                          kernel.asm["ptx"])),
+             "grid_dependency_ops": len(re.findall(r"\bgriddepcontrol\.", kernel.asm["ptx"]))}
     if tool.exists():
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(kernel.asm["cubin"])
@@ -85,6 +88,33 @@ def resource_usage(kernel) -> dict:
             if match:
                 usage[key.lower()] = int(match.group(1))
     return usage
+
+
+@contextlib.contextmanager
+def programmatic_launches():
+    """The decode path's launchers as on an H100, where they launch as programmatic dependents
+    (`kernels/programmatic_launch.py`): the stand-in device here is a CPU, which never does."""
+    modules = [importlib.import_module(f"fastgen.kernels.{name}") for name in (
+        "normed_skinny_matmul", "paged_decode_attention", "qk_norm_rope_store", "skinny_matmul")]
+    saved = [m.programmatic_launch for m in modules]
+    for m in modules:
+        m.programmatic_launch = lambda device: True
+    try:
+        yield
+    finally:
+        for m, launch in zip(modules, saved):
+            m.programmatic_launch = launch
+
+
+def with_and_without_pdl(tag: dict, launch):
+    """Both variants of a decode-path launch."""
+    yield tag | {"pdl": False}, launch
+
+    def launch_pdl():
+        with programmatic_launches():
+            return launch()
+
+    yield tag | {"pdl": True}, launch_pdl
 
 
 def launch_everything() -> None:
@@ -106,14 +136,15 @@ def launch_everything() -> None:
             cos_sin = torch.zeros(64, head_dim)
             weight = torch.ones(head_dim, dtype=dtype)
             for max_splits in (1, 8):
-                yield tag | {"max_splits": max_splits}, lambda m=max_splits: paged_decode_attention(
-                    q, cache, cache, tables, lens, 0.1, max_splits=m)
+                yield from with_and_without_pdl(tag | {"max_splits": max_splits}, lambda m=max_splits: (
+                    paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=m)))
             yield tag, lambda: paged_prefill_attention(q, cache, cache, tables, starts, lens, 100, 0.1)
             for norm in (True, False):
-                yield tag | {"qk_norm": norm}, lambda n=norm: qk_norm_rope_store(
-                    q, kv, kv, slots, cos_sin, weight if n else None, weight if n else None, 1e-6, cache, cache, slots)
+                yield from with_and_without_pdl(tag | {"qk_norm": norm}, lambda n=norm: qk_norm_rope_store(
+                    q, kv, kv, slots, cos_sin, weight if n else None, weight if n else None, 1e-6, cache, cache, slots))
             yield tag, lambda: store_kvcache(kv, kv, cache, cache, slots)
     yield from _skinny_products()
+    yield from _normed_products()
 
 
 def _skinny_products():
@@ -125,7 +156,21 @@ def _skinny_products():
             for rows in (1, 2, 4, 8):
                 x, weight = torch.zeros(rows, k, dtype=dtype), torch.zeros(n, k, dtype=dtype)
                 tag = {"dtype": str(dtype).split(".")[1], "n": n, "k": k, "rows": rows}
-                yield tag, lambda x=x, w=weight: skinny_matmul(x, w)
+                yield from with_and_without_pdl(tag, lambda x=x, w=weight: skinny_matmul(x, w))
+
+
+def _normed_products():
+    """RMSNorm + q|k|v, and + gate|up + SwiGLU, at Qwen3-0.6B's and Llama-3-8B's widths."""
+    from fastgen.kernels.normed_skinny_matmul import normed_skinny_matmul
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for n, k, swiglu in ((4096, 1024, False), (6144, 1024, True), (6144, 4096, False), (28672, 4096, True)):
+            for rows in (1, 2):
+                x, weight = torch.zeros(rows, k, dtype=dtype), torch.zeros(n, k, dtype=dtype)
+                norm = torch.ones(k, dtype=dtype)
+                tag = {"dtype": str(dtype).split(".")[1], "n": n, "k": k, "rows": rows, "swiglu": swiglu}
+                yield from with_and_without_pdl(tag, lambda x=x, w=weight, g=norm, s=swiglu: normed_skinny_matmul(
+                    x, x, g, 1e-6, w, swiglu=s))
 
 
 def main() -> int:

@@ -32,7 +32,8 @@ def compiled() -> list[dict]:
 def test_every_kernel_compiles_within_h100_limits(compiled):
     names = {r["kernel"] for r in compiled}
     assert names == {"decode_split_kernel", "decode_combine_kernel", "prefill_kernel",
-                     "qk_norm_rope_store_kernel", "_store_kvcache_kernel", "_skinny_matmul_kernel"}
+                     "qk_norm_rope_store_kernel", "_store_kvcache_kernel", "_skinny_matmul_kernel",
+                     "_normed_skinny_matmul_kernel"}
     for row in compiled:
         assert row["shared_bytes"] <= H100_SHARED_BYTES, row
         if row["config"]["dtype"] != "float32" and "stack" in row:
@@ -47,3 +48,15 @@ def test_half_precision_attention_runs_on_tensor_cores_for_every_group(compiled)
             assert row["tensor_core_ops"] > 0, row
             groups.add(row["config"]["group"])
     assert groups == {1, 2, 4, 8}
+
+
+@pytest.mark.slow
+def test_decode_kernels_wait_on_the_kernel_in_front_only_when_launched_as_its_dependents(compiled):
+    """With programmatic launch (Hopper) each decode-path kernel signals its dependents and
+    waits for its predecessor (griddepcontrol); without it, neither instruction is compiled in."""
+    variants = [r for r in compiled if "pdl" in r["config"]]
+    assert {r["kernel"] for r in variants} == {"decode_split_kernel", "decode_combine_kernel",
+                                               "qk_norm_rope_store_kernel", "_skinny_matmul_kernel",
+                                               "_normed_skinny_matmul_kernel"}
+    for row in variants:
+        assert (row["grid_dependency_ops"] >= 2) == row["config"]["pdl"], row
