@@ -59,6 +59,7 @@ from benchmarks.gpu_measure import (  # noqa: E402
     time_decode_steps,
 )
 from fastgen import LLM  # noqa: E402
+from fastgen.attention import triton_paged  # noqa: E402
 from fastgen.bench.workload import WorkloadSpec, build_workload  # noqa: E402
 from fastgen.cli.arg_types import int_range  # noqa: E402
 import fastgen.kernels.programmatic_launch as launch_policy  # noqa: E402
@@ -102,8 +103,9 @@ def decode_sweep(args, eager: bool, report: dict) -> dict:
         section["steps"].append(row)
         device_ms = row.get("device_step_ms", {}).get("median")
         exposed_ms = row.get("exposed_host_ms", {}).get("median")
-        print(f"{'eager' if eager else 'graphs'} bs={batch} ctx={context}: {row['wall_ms']['median']:.3f} ms"
-              + (f", device step {device_ms:.3f} ms, exposed host {exposed_ms:.4f} ms" if device_ms else ""), flush=True)
+        detail = f", device step {device_ms:.3f} ms, exposed host {exposed_ms:.4f} ms" if device_ms else ""
+        print(f"{'eager' if eager else 'graphs'} bs={batch} ctx={context}: {row['wall_ms']['median']:.3f} ms{detail}",
+              flush=True)
     mode = "eager" if eager else "graphs"
     if "kernels" in args.sections:
         kernels = report.setdefault("kernels", {})
@@ -263,6 +265,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="decode batches' bf16 products: fastgen's Triton kernel (the default) or cuBLAS")
     p.add_argument("--fused-norms", choices=("on", "off"), default="on",
                    help="RMSNorm (and SwiGLU) inside the decode batches' products (the default), or apart")
+    p.add_argument("--decode-new-token", choices=("on", "off"), default="on",
+                   help="decode attention normalises, rotates and stores the new token itself (the default), "
+                        "or a launch of its own does")
     p.add_argument("--programmatic-launch", choices=("on", "off"), default="on",
                    help="decode kernels launched as programmatic dependents on Hopper (the default), or not")
     args = p.parse_args(argv)
@@ -290,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     quantizable.SKINNY_MATMUL_ON_CUDA = args.dense_products == "skinny"
     quantizable.RMS_NORM_IN_PRODUCTS_ON_CUDA = args.fused_norms == "on"
     launch_policy.PROGRAMMATIC_LAUNCH_ON_CUDA = args.programmatic_launch == "on"
+    triton_paged.DECODE_PREPARES_NEW_TOKEN = args.decode_new_token == "on"
     args.model_dir = preset_model_dir(args.preset)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{device_slug(gpu)}.json")
@@ -307,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                      "python": sys.version.split()[0], "cuda": torch.version.cuda},
         "model": {"preset": args.preset, "dtype": args.dtype, "weights": "dummy"},
         "settings": {"steps": args.steps, "dense_products": args.dense_products, "fused_norms": args.fused_norms,
+                     "decode_new_token": args.decode_new_token,
                      "programmatic_launch": args.programmatic_launch, "block_size": args.block_size,
                      "max_model_len": args.max_model_len,
                      "points": args.points, "workload": {"num_prompts": args.num_prompts,

@@ -103,10 +103,12 @@ class NormedTiling:
 
 
 def default_normed_tiling(k: int) -> NormedTiling:
-    """Four weight rows a program: every program normalises x again, so fewer, wider programs
-    than the plain product's two rows halve that repeated work; more warps as K grows keep
-    the tile in registers."""
-    return NormedTiling(4, 4 if k <= 1024 else 8)
+    """Eight weight rows a program (of each half, with SwiGLU) up to 1,024 inputs, four with 8
+    warps beyond, so that a program holds at most 128 weight values a thread. Every program
+    normalises x again, so fewer, wider programs than the plain product's two rows pay off: on
+    an H100 eight rows and 4 warps were the fastest of 2/4/8 rows x 4/8 warps at one and two
+    rows for Qwen3-0.6B's q|k|v and gate|up (`benchmarks/gpu_normed_matmul_sweep.py`)."""
+    return NormedTiling(8, 4) if k <= 1024 else NormedTiling(4, 8)
 
 
 def normed_skinny_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

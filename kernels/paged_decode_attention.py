@@ -9,6 +9,8 @@ graph; a sequence with context_len 0 comes out as exact zeros.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 
@@ -16,7 +18,26 @@ from .attention_tile import paged_strides
 from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms
 from .paged_decode_kernels import decode_combine_kernel, decode_split_kernel
 from .programmatic_launch import programmatic_launch
+from .qk_norm_rope_store import check_qk_norm_rope_args
 from .triton_types import dot_dtype
+
+
+@dataclass(frozen=True)
+class NewToken:
+    """The step's new token as projected, for `paged_decode_attention` to prepare and store
+    before it attends (what `qk_norm_rope_store` does in a launch of its own): k, v
+    `[batch, num_kv_heads, head_dim]`; positions `[batch]` int64; cos_sin float32
+    `[max_positions, head_dim]` (cos | sin); q/k RMSNorm weights `[head_dim]` (Qwen3) or None,
+    and their eps; slot_mapping `[batch]` (-1 stores nothing)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    cos_sin: torch.Tensor
+    q_norm_weight: torch.Tensor | None
+    k_norm_weight: torch.Tensor | None
+    eps: float
+    slot_mapping: torch.Tensor
 
 
 def check_decode_args(q, k_cache, v_cache, block_tables, context_lens, out) -> None:
@@ -65,6 +86,7 @@ def paged_decode_attention(
     scale: float,
     max_splits: int | None = None,
     out: torch.Tensor | None = None,
+    new_token: NewToken | None = None,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged context (Triton).
 
@@ -82,11 +104,18 @@ def paged_decode_attention(
         max_splits: the launch's split count (an upper bound: each sequence uses
             `splits_for_lengths` of them); default `grid_splits` from the shapes.
         out: optional `[batch, num_heads, head_dim]` output buffer (e.g. a CUDA-graph buffer).
+        new_token: with it, q is the projection as it comes (not yet normalised or rotated) and
+            the cache does not hold the new token yet: the kernel prepares q and the new key as
+            `qk_norm_rope_store` would and stores the new K/V (q is not rewritten).
 
     Returns:
         `out` (allocated in q's dtype when not given), `[batch, num_heads, head_dim]`.
     """
     check_decode_args(q, k_cache, v_cache, block_tables, context_lens, out)
+    if new_token is not None:
+        t = new_token
+        check_qk_norm_rope_args(q, t.k, t.v, t.positions, t.cos_sin, t.q_norm_weight, t.k_norm_weight, k_cache,
+                                v_cache, t.slot_mapping)
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if out is None:
@@ -119,9 +148,11 @@ def paged_decode_attention(
         scale,
         *paged_strides(q, k_cache, v_cache, out, block_tables),
         num_heads, max_splits,
+        *_new_token_args(new_token, q),
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim,
         ONE_SPLIT=max_splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
         BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DOT_DTYPE=dot, PDL=pdl,
+        NEW_TOKEN=new_token is not None, QK_NORM=new_token is not None and new_token.q_norm_weight is not None,
         num_warps=4, launch_pdl=pdl,
     )
     if max_splits > 1:
@@ -134,3 +165,13 @@ def paged_decode_attention(
             num_warps=4, launch_pdl=pdl,
         )
     return out
+
+
+def _new_token_args(t: NewToken | None, q: torch.Tensor) -> tuple:
+    """The kernel's new-token arguments (pointers, eps, strides); q stands in for every pointer
+    the kernel does not read."""
+    if t is None:
+        return (q, q, q, q, q, q, q, 0.0, 0, 0, 0, 0, 0)
+    return (t.k, t.v, t.positions, t.cos_sin, q if t.q_norm_weight is None else t.q_norm_weight,
+            q if t.k_norm_weight is None else t.k_norm_weight, t.slot_mapping, t.eps,
+            t.k.stride(0), t.k.stride(1), t.v.stride(0), t.v.stride(1), t.cos_sin.stride(0))

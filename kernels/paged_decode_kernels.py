@@ -6,7 +6,10 @@
    share it, padded to BLOCK_G >= 16 rows so that both products run on `tl.dot` (tensor cores)
    whatever the group size (SGLang does the same). Each K/V tile is loaded once per group. A
    sequence with one split writes its normalised output directly; otherwise the program writes
-   an unnormalised fp32 partial plus its running max and sum of exponentials.
+   an unnormalised fp32 partial plus its running max and sum of exponentials. With NEW_TOKEN
+   it also does `qk_norm_rope_store`'s work for the step's token first (each program its own
+   q heads; the program whose slice holds the new token stores that token's K/V), which saves
+   a launch a layer on the path where launches, not bytes, set the time.
 2. `decode_combine_kernel`, grid (batch, num_heads), launched only when grid_splits > 1:
    rescales a sequence's partials to a common max and normalises; sequences that used one
    split are skipped.
@@ -33,6 +36,27 @@ def splits_for(context_len, grid_splits, MIN_TOKENS: tl.constexpr):
 
 
 @triton.jit
+def norm_rope_rows(row_ptrs, row_ok, offs_d, partner_d, weight_ptr, eps, cos, sin_signed,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, QK_NORM: tl.constexpr):
+    """Rows of heads ([rows, BLOCK_D], read at row_ptrs + d) normalised (if QK_NORM) and rotated,
+    in their dtype, rounding where `qk_norm_rope_store` does. Rotate-half written per element:
+    d takes x[d] cos[d] + sign(d) x[partner(d)] sin[d], partner(d) = (d + HEAD_DIM/2) mod
+    HEAD_DIM, sign -1 in the first half (sin_signed carries it)."""
+    dtype = row_ptrs.dtype.element_ty
+    mask = row_mask(row_ok, offs_d, HEAD_DIM, BLOCK_D)
+    x = tl.load(row_ptrs + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(row_ptrs + partner_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
+        d_ok = offs_d < HEAD_DIM
+        w = tl.load(weight_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        wp = tl.load(weight_ptr + partner_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        x = (w * (x * inv_rms).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        xp = (wp * (xp * inv_rms).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    return ((x * cos).to(dtype).to(tl.float32) + (xp * sin_signed).to(dtype).to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
@@ -43,10 +67,12 @@ def decode_split_kernel(
     stride_ob, stride_oh,
     stride_bt,
     num_heads, grid_splits,
+    k_new_ptr, v_new_ptr, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, slot_mapping_ptr, eps,
+    stride_knt, stride_knh, stride_vnt, stride_vnh, stride_cs,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PDL: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PDL: tl.constexpr, NEW_TOKEN: tl.constexpr, QK_NORM: tl.constexpr,
 ):
     if PDL:  # q and the cache come from the kernels in front
         gdc_launch_dependents()
@@ -67,8 +93,40 @@ def decode_split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_g = offs_g < GROUP
     heads = kv_head * GROUP + offs_g  # the query heads sharing this KV head; rows >= GROUP pad
-    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D), other=0.0).to(DOT_DTYPE)
+    q_rows = q_ptr + seq * stride_qb + heads[:, None] * stride_qh
+    if NEW_TOKEN:
+        # q and the new key arrive as projected: normalise (Qwen3) and rotate them here, and the
+        # program whose slice holds the new token stores its K/V before reading the cache.
+        HALF: tl.constexpr = HEAD_DIM // 2
+        partner_d = (offs_d + HALF) % HEAD_DIM
+        table = cos_sin_ptr + tl.load(positions_ptr + seq) * stride_cs
+        d_ok = offs_d < HEAD_DIM
+        # Eager torch casts the float32 table to the activation dtype before multiplying.
+        act = q_ptr.dtype.element_ty
+        cos = tl.load(table + offs_d % HALF, mask=d_ok, other=0.0).to(act).to(tl.float32)[None, :]
+        sin = tl.load(table + HALF + offs_d % HALF, mask=d_ok, other=0.0).to(act).to(tl.float32)
+        sin_signed = tl.where(offs_d < HALF, -sin, sin)[None, :]
+        q = norm_rope_rows(q_rows, mask_g, offs_d, partner_d, q_norm_ptr, eps, cos, sin_signed,
+                           HEAD_DIM, BLOCK_D, QK_NORM).to(DOT_DTYPE)
+        slot = tl.load(slot_mapping_ptr + seq).to(tl.int64)
+        holds_new_token = (context_len - 1) // tl.maximum(tokens_per_split, 1) == split
+        if holds_new_token & (context_len > 0) & (slot >= 0):
+            one_row = tl.arange(0, 1) == 0
+            k_new = norm_rope_rows(k_new_ptr + seq * stride_knt + kv_head * stride_knh + tl.zeros([1, 1], tl.int32),
+                                   one_row, offs_d, partner_d, k_norm_ptr, eps, cos, sin_signed,
+                                   HEAD_DIM, BLOCK_D, QK_NORM)
+            v_new = tl.load(v_new_ptr + seq * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
+                            mask=row_mask(one_row, offs_d, HEAD_DIM, BLOCK_D))
+            block, in_block = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+            new_mask = row_mask(one_row, offs_d, HEAD_DIM, BLOCK_D)
+            tl.store(k_cache_ptr + block * stride_kb + in_block * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                     k_new, mask=new_mask)
+            tl.store(v_cache_ptr + block * stride_vb + in_block * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                     v_new, mask=new_mask)
+            tl.debug_barrier()  # this program's threads read the stored row back below
+    else:
+        q = tl.load(q_rows + offs_d[None, :], mask=row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D),
+                    other=0.0).to(DOT_DTYPE)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)

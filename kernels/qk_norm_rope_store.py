@@ -92,6 +92,24 @@ def qk_norm_rope_store_kernel(
         tl.store(v_cache_ptr + row + HALF, tl.load(v_ptrs + HALF, mask=mask), mask=mask)
 
 
+def check_qk_norm_rope_args(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, k_cache, v_cache,
+                            slot_mapping) -> None:
+    """Validate what `qk_norm_rope_store` (and decode attention preparing its new token) takes."""
+    check_store_args(k, v, k_cache, v_cache, slot_mapping)
+    num_tokens, _, head_dim = q.shape
+    if q.dtype != k.dtype or q.shape[::2] != k.shape[::2] or head_dim % 2:
+        raise ValueError(f"q {tuple(q.shape)} {q.dtype} does not pair with k {tuple(k.shape)} {k.dtype} "
+                         "(same tokens, dtype and even head_dim)")
+    if positions.shape != (num_tokens,) or cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim:
+        raise ValueError(f"positions must be [{num_tokens}] and cos_sin [max_positions, {head_dim}], got "
+                         f"{tuple(positions.shape)} and {tuple(cos_sin.shape)}")
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("q_norm_weight and k_norm_weight come together or not at all")
+    for name, t in (("q", q), ("k", k), ("v", v), ("cos_sin", cos_sin)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a unit stride along its last dim, got strides {t.stride()}")
+
+
 def qk_norm_rope_store(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -119,20 +137,10 @@ def qk_norm_rope_store(
     Returns:
         (q, k), the same tensors, now normalised and rotated.
     """
-    check_store_args(k, v, k_cache, v_cache, slot_mapping)
+    check_qk_norm_rope_args(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, k_cache, v_cache,
+                            slot_mapping)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    if q.dtype != k.dtype or q.shape[::2] != k.shape[::2] or head_dim % 2:
-        raise ValueError(f"q {tuple(q.shape)} {q.dtype} does not pair with k {tuple(k.shape)} {k.dtype} "
-                         "(same tokens, dtype and even head_dim)")
-    if positions.shape != (num_tokens,) or cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim:
-        raise ValueError(f"positions must be [{num_tokens}] and cos_sin [max_positions, {head_dim}], got "
-                         f"{tuple(positions.shape)} and {tuple(cos_sin.shape)}")
-    if (q_norm_weight is None) != (k_norm_weight is None):
-        raise ValueError("q_norm_weight and k_norm_weight come together or not at all")
-    for name, t in (("q", q), ("k", k), ("v", v), ("cos_sin", cos_sin)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must have a unit stride along its last dim, got strides {t.stride()}")
     if num_tokens == 0:
         return q, k
     qk_norm = q_norm_weight is not None

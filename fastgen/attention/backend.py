@@ -46,9 +46,24 @@ class AttentionBackend(Protocol):
         """Store k and v at meta.slot_mapping (-1: nothing), for models without rotary embedding."""
         ...
 
+    def rope_store_and_decode(self, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
+                              k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """A decode step's attention from the projections: `rope_and_store`, then `decode`, in
+        as few launches as the backend has for the pair (`rope_store_then_decode` where it has
+        none)."""
+        ...
+
     def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor: ...
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor: ...
+
+
+def rope_store_then_decode(backend: AttentionBackend, positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight,
+                           norm_eps, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """`rope_store_and_decode` as its two steps, for backends without a kernel doing both."""
+    q, _ = backend.rope_and_store(positions, q, k, v, cos_sin, q_norm_weight, k_norm_weight, norm_eps,
+                                  k_cache, v_cache, meta)
+    return backend.decode(q, k_cache, v_cache, meta, scale)
 
 
 def flash_attn_available() -> bool:

@@ -7,12 +7,17 @@ import torch
 import torch.nn.functional as F
 from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
+from fastgen.attention.backend import rope_store_then_decode
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.triton_paged import TritonPagedBackend
 
 
 class FlashAttnBackend(TritonPagedBackend):
     name = "flash-attn"
+
+    def rope_store_and_decode(self, *args, **kwargs) -> torch.Tensor:
+        # flash-attn's decode kernel attends: q/k preparation and the store stay a launch apart.
+        return rope_store_then_decode(self, *args, **kwargs)
 
     def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         # Everything the queries see is in the cache by now (new K/V were stored first), so one

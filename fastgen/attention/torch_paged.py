@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastgen.attention.backend import rope_store_then_decode
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports, paged_decode_attention_cpu
 from fastgen.cpu.native.torch_decode import DecodeKVIndex, build_decode_kv_index, decode_attention
@@ -113,6 +114,9 @@ class TorchPagedBackend:
         q, k = self.ops.apply_rope(positions, q, k, cos_sin)
         self.store(k, v, k_cache, v_cache, meta)
         return q, k
+
+    def rope_store_and_decode(self, *args, **kwargs) -> torch.Tensor:
+        return rope_store_then_decode(self, *args, **kwargs)
 
     def store(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
         # Metadata no prepare() saw (a store outside a step) gets the filter, which is always right.

@@ -38,6 +38,9 @@ class PagedAttention(nn.Module):
             self.backend.store(k, v, k_cache, v_cache, meta)
         else:
             q_weight, k_weight, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
+            if not meta.is_prefill:
+                return self.backend.rope_store_and_decode(positions, q, k, v, cos_sin, q_weight, k_weight, eps,
+                                                          k_cache, v_cache, meta, self.scale)
             q, k = self.backend.rope_and_store(positions, q, k, v, cos_sin, q_weight, k_weight, eps,
                                                k_cache, v_cache, meta)
         if meta.is_prefill:

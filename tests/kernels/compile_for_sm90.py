@@ -121,6 +121,7 @@ def launch_everything() -> None:
     """Every kernel with the shapes fastgen gives it: Qwen3-0.6B-like (16 q / 8 kv heads, head
     dim 128), GQA groups 1-8, head dim 64, block sizes 16 and 256, bf16 and the fp32 test path."""
     from fastgen.kernels import paged_decode_attention, paged_prefill_attention, qk_norm_rope_store, store_kvcache
+    from fastgen.kernels.paged_decode_attention import NewToken
 
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for group, head_dim, block_size in ((1, 128, 256), (2, 128, 256), (4, 64, 16), (8, 128, 16)):
@@ -138,6 +139,13 @@ def launch_everything() -> None:
             for max_splits in (1, 8):
                 yield from with_and_without_pdl(tag | {"max_splits": max_splits}, lambda m=max_splits: (
                     paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=m)))
+                for norm in (True, False):
+                    new_token = NewToken(kv, kv, slots, cos_sin, weight if norm else None, weight if norm else None,
+                                         1e-6, slots)
+                    yield from with_and_without_pdl(
+                        tag | {"max_splits": max_splits, "new_token": True, "qk_norm": norm},
+                        lambda m=max_splits, t=new_token: paged_decode_attention(q, cache, cache, tables, lens, 0.1,
+                                                                                 max_splits=m, new_token=t))
             yield tag, lambda: paged_prefill_attention(q, cache, cache, tables, starts, lens, 100, 0.1)
             for norm in (True, False):
                 yield from with_and_without_pdl(tag | {"qk_norm": norm}, lambda n=norm: qk_norm_rope_store(

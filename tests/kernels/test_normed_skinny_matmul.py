@@ -122,7 +122,7 @@ def test_a_row_does_not_depend_on_the_others():
 
 
 def test_the_default_tiling_widens_with_k():
-    assert default_normed_tiling(1024) == NormedTiling(4, 4)
+    assert default_normed_tiling(1024) == NormedTiling(8, 4)
     assert default_normed_tiling(4096) == NormedTiling(4, 8)
 
 

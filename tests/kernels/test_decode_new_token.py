@@ -1,0 +1,80 @@
+"""Decode attention that prepares the step's new token itself (`paged_decode_attention(...,
+new_token=...)`: q/k RMSNorm, RoPE and the K/V store inside the split kernel) equals the two
+launches it replaces, `qk_norm_rope_store` then `paged_decode_attention`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastgen.kernels import paged_decode_attention, qk_norm_rope_store
+from fastgen.kernels.paged_decode_attention import NewToken
+from fastgen.layers.rotary import RotaryEmbedding
+from tests.kernels.paged_cases import DEVICE, int32, paged_cache
+
+pytestmark = pytest.mark.triton
+
+HEADS, KV_HEADS, BLOCK = 4, 2, 16
+EPS = 1e-6
+
+
+def step(dtype, head_dim, context_lens, seed=0):
+    """A cache holding each row's context but its last token (that slot is NaN: the kernel must
+    store the new K/V before reading it), the new token's q|k|v as views of one projection, its
+    positions and slots; a row of length 0 is graph padding (slot -1)."""
+    gen = torch.Generator().manual_seed(seed)
+    k_cache, v_cache, tables = paged_cache(context_lens, KV_HEADS, head_dim, BLOCK, 24, dtype, gen)
+    slots = []
+    for row, n in enumerate(context_lens):
+        if n == 0:
+            slots.append(-1)
+            continue
+        block = int(tables[row, (n - 1) // BLOCK])
+        slots.append(block * BLOCK + (n - 1) % BLOCK)
+        for cache in (k_cache, v_cache):
+            cache.view(-1, KV_HEADS, head_dim)[slots[-1]] = float("nan")
+    batch = len(context_lens)
+    qkv = torch.randn(batch, (HEADS + 2 * KV_HEADS) * head_dim, generator=gen).to(dtype).to(DEVICE)
+    q, k, v = (t.view(batch, -1, head_dim) for t in qkv.split([HEADS * head_dim, KV_HEADS * head_dim,
+                                                               KV_HEADS * head_dim], dim=-1))
+    positions = torch.tensor([max(n - 1, 0) for n in context_lens], device=DEVICE)
+    cos_sin = RotaryEmbedding(head_dim, 1024, 10000.0, None).cos_sin.to(DEVICE)
+    weights = [(torch.rand(head_dim, generator=gen) + 0.5).to(dtype).to(DEVICE) for _ in range(2)]
+    return q, k, v, k_cache, v_cache, tables, int32(context_lens), positions, cos_sin, weights, \
+        torch.tensor(slots, device=DEVICE)
+
+
+@pytest.mark.parametrize("max_splits", [1, 3, None], ids=["grid1", "grid3", "grid-auto"])
+@pytest.mark.parametrize("qk_norm", [True, False], ids=["qk-norm", "rope-only"])
+@pytest.mark.parametrize("dtype,head_dim", [(torch.float32, 64), (torch.bfloat16, 128), (torch.float32, 80)],
+                         ids=["fp32-d64", "bf16-d128", "fp32-d80"])
+def test_preparing_the_new_token_in_the_kernel_equals_the_separate_launch(dtype, head_dim, qk_norm, max_splits):
+    """Rows of 1 token (only the new one), of one and of several splits, and a padding row."""
+    q, k, v, k_cache, v_cache, tables, lens, positions, cos_sin, (qw, kw), slots = step(
+        dtype, head_dim, [1, 40, 300, 0], seed=head_dim)
+    norm = (qw, kw) if qk_norm else (None, None)
+    scale = head_dim**-0.5
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    q_ref = q.clone()
+    qk_norm_rope_store(q_ref, k.clone(), v, positions, cos_sin, *norm, EPS, k_ref, v_ref, slots)
+    want = paged_decode_attention(q_ref, k_ref, v_ref, tables, lens, scale, max_splits=max_splits)
+
+    q_before = q.clone()
+    got = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, max_splits=max_splits,
+                                 new_token=NewToken(k, v, positions, cos_sin, *norm, EPS, slots))
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got, want, **tolerance)
+    torch.testing.assert_close(k_cache, k_ref, equal_nan=True, **tolerance)
+    assert torch.equal(v_cache.nan_to_num(7.0), v_ref.nan_to_num(7.0))
+    assert torch.equal(q, q_before)  # q is read as projected, not rewritten
+    assert not got[-1].any()  # the padding row
+
+
+def test_a_new_token_that_does_not_fit_the_queries_is_refused():
+    q, k, v, k_cache, v_cache, tables, lens, positions, cos_sin, (qw, kw), slots = step(torch.float32, 64, [5, 9])
+    with pytest.raises(ValueError, match="positions must be"):
+        paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.1,
+                               new_token=NewToken(k, v, positions[:1], cos_sin, qw, kw, EPS, slots))
+    with pytest.raises(ValueError, match="together or not at all"):
+        paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.1,
+                               new_token=NewToken(k, v, positions, cos_sin, qw, None, EPS, slots))
