@@ -1,0 +1,63 @@
+"""Prompt-lookup speculative decoding on a GPU at a preset's shapes (Qwen3-0.6B, dummy weights):
+batch-1 decode speed with drafts and without, engines in turn (`speculative_decoding.batch_one`).
+
+Random weights write whatever the model falls into, so the acceptance is that model's, not a
+workload's. Two prompts: random tokens, and a random passage repeated (lookup finds drafts in
+it). What carries over to real weights is the cost side: a verify step's time against a decode
+step's, which the ratio at a given acceptance shows. One JSON:
+
+    python3 benchmarks/gpu_speculative.py [--output FILE] [--num-speculative-tokens 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.speculative_decoding import batch_one  # noqa: E402
+from fastgen import LLM, SamplingParams  # noqa: E402
+from fastgen.models.presets import preset_model_dir  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="qwen3-0.6b")
+    p.add_argument("--device", default="cuda", help="cuda (the point); cpu only smoke-tests this script")
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu-speculative.json"))
+    args = p.parse_args()
+    model = str(preset_model_dir(args.preset))
+    on_gpu = args.device == "cuda"
+    common = dict(load_format="dummy", skip_tokenizer_init=True, device=args.device, dtype="bfloat16",
+                  max_model_len=2048, max_num_seqs=8, enforce_eager=not on_gpu, compile_mode="blocking",
+                  **(dict(gpu_memory_utilization=0.4) if on_gpu else dict(num_kv_blocks=160)))
+    speculative = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
+                   "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    engines = {"plain": LLM(model, **common), "speculative": LLM(model, speculative_config=speculative, **common)}
+    rng = random.Random(0)
+    passage = [rng.randrange(1000, 30000) for _ in range(48)]
+    prompts = {"random": [rng.randrange(1000, 30000) for _ in range(256)], "repeated": passage * 6}
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    for llm in engines.values():  # compile and capture before timing
+        llm.generate([prompts["random"][:16]], params, use_tqdm=False)
+    rows = batch_one(engines, prompts, params, args.rounds)
+    report = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "preset": args.preset, "weights": "dummy",
+              "speculative_config": speculative, "max_tokens": args.max_tokens, "batch_1": rows}
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
