@@ -84,7 +84,7 @@ def time_decode_steps(llm: LLM, batch: int, context: int, steps: int, device: st
     if graphs is not None and graphs.can_run(batch):
         size = padded_size(batch, graphs.sizes)
         row["padded_to"] = size
-        row["graph_replay_gpu_ms"] = replay_ms(graphs.graphs[size]) if _cuda(device) and graphs.graphs else None
+        row["graph_replay_gpu_ms"] = replay_ms(graphs.graphs[size, False]) if _cuda(device) and graphs.graphs else None
     for request_id in ids:
         engine.abort(request_id)
     return row

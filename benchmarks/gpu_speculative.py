@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 from benchmarks.speculative_decoding import batch_one  # noqa: E402
 from fastgen import LLM, SamplingParams  # noqa: E402
+from fastgen.graphs import runner as graph_runner  # noqa: E402
 from fastgen.models.presets import preset_model_dir  # noqa: E402
 
 
@@ -34,8 +35,11 @@ def main() -> int:
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--verify-graphs", choices=("on", "off"), default="on",
+                   help="verify steps replayed from CUDA graphs (the default) or run eagerly")
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu-speculative.json"))
     args = p.parse_args()
+    graph_runner.CAPTURE_VERIFY_STEPS = args.verify_graphs == "on"
     model = str(preset_model_dir(args.preset))
     on_gpu = args.device == "cuda"
     common = dict(load_format="dummy", skip_tokenizer_init=True, device=args.device, dtype="bfloat16",
@@ -52,6 +56,7 @@ def main() -> int:
         llm.generate([prompts["random"][:16]], params, use_tqdm=False)
     rows = batch_one(engines, prompts, params, args.rounds)
     report = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "preset": args.preset, "weights": "dummy",
+              "verify_graphs": args.verify_graphs,
               "speculative_config": speculative, "max_tokens": args.max_tokens, "batch_1": rows}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2) + "\n")

@@ -160,8 +160,11 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         # them: where the next step's pending input ids come from (overlap scheduling).
         self.last_sampled: tuple[torch.Tensor, dict[int, int]] | None = None
         self.step_clock: StepClock | None = None  # set by whoever measures (the benchmarks)
+        # Verify steps get graphs of their own on one rank (other ranks receive steps in the
+        # layouts `distributed.step_protocol` carries: decode and prefill).
+        verify_rows = 1 + max_drafts if tp.size == 1 else 0
         self.graphs = CudaGraphRunner(self.model, self.inputs, self.kv_cache.layers, sizes, config.max_model_len,
-                                      self.device) if sizes else None
+                                      self.device, verify_rows_per_seq=verify_rows) if sizes else None
         self.compiled_decode = None
         if config.compiled_decode_enabled:  # CPU only: CUDA runs never load the CPU fast path
             from fastgen.cpu.background_compile import CompileHelpers, background_compile
@@ -285,8 +288,13 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
                                      tokens.index_select(0, src.to(self.device, non_blocking=True)))
 
     def _fill(self, out: SchedulerOutput) -> StepLayout:
-        """The step's host rows; a decode batch a graph can run is padded to its size."""
+        """The step's host rows; a decode batch a graph can run is padded to its size, and so is
+        a verify step (drafts) that a verify graph can run, laid out as decode rows."""
         if out.is_prefill:
+            if self.graphs is not None and self.graphs.verify_sizes and self.inputs.can_fill_verify(out):
+                size = self.graphs.verify_size(out.num_tokens)
+                if size is not None:
+                    return self.inputs.fill_verify(out, pad_to=size)
             return self.inputs.fill_prefill(out)
         n = len(out.seqs)
         if self.graphs is not None and self.graphs.can_run(n):
@@ -311,7 +319,8 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         # The compiled CPU graphs form the sampling rows' logits only, so a step that wants
         # other rows' logits (prompt logprobs) runs eagerly.
         compiled_cpu = self.compiled_decode is not None and not layout.logit_spans
-        if decode and self.graphs is not None and layout.num_rows in self.graphs.sizes:
+        if decode and self.graphs is not None and self.graphs.can_replay(layout.num_rows,
+                                                                         layout.several_rows_a_sequence):
             logits, greedy = self.graphs.replay(inputs)
         elif compiled_cpu and (compiled := self.compiled_decode.step(inputs)) is not None:
             logits, greedy = compiled  # (None: that graph could not be built; the eager forward below)

@@ -26,6 +26,10 @@ class AttentionMetadata:
         each sequence that samples this step); None in decode, where every row does.
     backend_plan: what the step's attention backend worked out for itself, once for every layer,
         in its `prepare` (its own type; None before). Only that backend reads it.
+    several_rows_a_sequence: decode rows of which several are consecutive tokens of one sequence
+        (a speculative verify step laid out as decode rows, `StepInputBuilder.fill_verify`): each
+        row has its own context length and block-table row, and reads the K/V that rows before
+        it store in the same step, so every row's K/V is stored before any row attends.
     """
 
     is_prefill: bool
@@ -37,3 +41,4 @@ class AttentionMetadata:
     max_context_len: int
     logits_indices: torch.Tensor | None
     backend_plan: object | None = None
+    several_rows_a_sequence: bool = False

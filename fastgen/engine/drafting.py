@@ -41,7 +41,9 @@ def build_drafter(config: EngineConfig, runner: StepRunner, load_format: str,
     adds the draft model's step, taken as its weights' share of the engine's: at batch 1 both
     stream their weights."""
     spec = SpeculativeConfig.from_dict(config.speculative_config)
-    row_cost = ROW_COST[config.torch_device.type]
+    device = config.torch_device.type
+    verify_graphs = runner.graphs is not None and bool(runner.graphs.verify_sizes)
+    row_cost = ROW_COST["cuda-graphs" if device == "cuda" and verify_graphs else device]
     if spec.method != "draft_model":
         return Drafter(spec, row_cost, prediction_of)
     from fastgen.model_runner import ModelRunner  # torch and the model: not for `import fastgen`

@@ -14,6 +14,12 @@ Start-up first warms every size up eagerly (Triton JIT, torch.compile, cuBLAS he
 `warmup_seconds`), then captures them all (`capture_seconds`), so each number means one thing.
 
 `capture=False` runs the very same pad-copy-slice path eagerly: that is how CPU tests check it.
+
+Speculative decoding's verify steps get graphs too (`verify_rows_per_seq`, 1 + the draft
+length): such a step is laid out as decode rows, one a token (`StepInputBuilder.fill_verify`),
+each row with its own context length and its sequence's block-table row, so a graph of R rows
+serves any verify step of up to R tokens. Those graphs store every row's K/V before any row
+attends (rows of one sequence read each other's), which the decode graphs fold into one launch.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
 
+# A switch so that benchmarks can compare verify steps replayed from graphs with eager ones
+# (`benchmarks/gpu_speculative.py --verify-graphs off`); read when a runner is built.
+CAPTURE_VERIFY_STEPS = True
+
 
 class CudaGraphRunner:
     """model: the decoder; inputs: the step-input builder whose buffers the graphs read;
@@ -38,7 +48,7 @@ class CudaGraphRunner:
     max_model_len: the widest context a graph must serve."""
 
     def __init__(self, model, inputs: StepInputBuilder, kv_layers: list, sizes: list[int], max_model_len: int,
-                 device: torch.device, capture: bool = True):
+                 device: torch.device, capture: bool = True, verify_rows_per_seq: int = 0):
         self.model = model
         self.inputs = inputs
         self.kv_layers = kv_layers
@@ -46,8 +56,11 @@ class CudaGraphRunner:
         self.max_model_len = max_model_len
         self.device = device
         self.capture_enabled = capture
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # size -> (logits, greedy ids)
+        self.verify_sizes = verify_sizes(self.sizes, verify_rows_per_seq if CAPTURE_VERIFY_STEPS else 0,
+                                         inputs.max_verify_rows)
+        # (rows, is a verify step) -> graph, and its outputs: (logits, greedy ids)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self.warmup_seconds = 0.0
         self.capture_seconds = 0.0
         self.graph_memory_bytes = 0
@@ -67,10 +80,11 @@ class CudaGraphRunner:
         logits = self.model.compute_logits(hidden)
         return logits, logits.argmax(dim=-1)
 
-    def _padding_inputs(self, size: int) -> StepInputs:
+    def _padding_inputs(self, size: int, verify: bool) -> StepInputs:
         """Inputs for `size` rows that are all padding (what capture records)."""
         empty = SchedulerOutput.empty_decode()
-        inputs = self.inputs.build_decode(empty, pad_to=size)
+        fill = self.inputs.fill_verify if verify else self.inputs.fill_decode
+        inputs = self.inputs.upload(fill(empty, pad_to=size))
         # A graph serves every later context length: record the widest one.
         meta = dataclasses.replace(inputs.meta, max_context_len=self.max_model_len)
         return dataclasses.replace(inputs, meta=meta)
@@ -78,10 +92,11 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def _capture_all(self) -> None:
         device = self.device
-        inputs = {size: self._padding_inputs(size) for size in self.sizes}
+        shapes = sorted([(size, False) for size in self.sizes] + [(size, True) for size in self.verify_sizes])
+        inputs = {shape: self._padding_inputs(*shape) for shape in shapes}
         start = time.perf_counter()
-        for size in reversed(self.sizes):  # compile, autotune and JIT every shape outside capture
-            self._decode(inputs[size])
+        for shape in reversed(shapes):  # compile, autotune and JIT every shape outside capture
+            self._decode(inputs[shape])
         torch.cuda.synchronize(device)
         self.warmup_seconds = time.perf_counter() - start
         free_before, _ = torch.cuda.mem_get_info(device)
@@ -92,12 +107,12 @@ class CudaGraphRunner:
         gc.collect()
         gc.freeze()
         try:
-            for size in reversed(self.sizes):  # largest first: smaller graphs reuse its pool
+            for shape in reversed(shapes):  # largest first: smaller graphs reuse its pool
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[size] = self._decode(inputs[size])
+                    self.outputs[shape] = self._decode(inputs[shape])
                 pool = graph.pool()
-                self.graphs[size] = graph
+                self.graphs[shape] = graph
         finally:
             gc.unfreeze()
         torch.cuda.synchronize(device)
@@ -105,8 +120,8 @@ class CudaGraphRunner:
         free_after, _ = torch.cuda.mem_get_info(device)
         self.graph_memory_bytes = max(0, free_before - free_after)
         logger.info(
-            "decode CUDA graphs for batch sizes %s: warm-up %.2fs, capture %.2fs, %.1f MiB",
-            self.sizes, self.warmup_seconds, self.capture_seconds, self.graph_memory_bytes / 2**20,
+            "decode CUDA graphs for batch sizes %s (verify steps of %s rows): warm-up %.2fs, capture %.2fs, %.1f MiB",
+            self.sizes, self.verify_sizes, self.warmup_seconds, self.capture_seconds, self.graph_memory_bytes / 2**20,
         )
 
     def padded_size(self, n: int) -> int:
@@ -122,12 +137,31 @@ class CudaGraphRunner:
         logits, greedy = self.replay(inputs)
         return inputs, logits[:n], greedy[:n]
 
+    def verify_size(self, rows: int) -> int | None:
+        """The captured verify-step size a verify step of `rows` rows runs in (None: none fits)."""
+        return next((size for size in self.verify_sizes if size >= rows), None)
+
+    def can_replay(self, rows: int, verify: bool) -> bool:
+        return rows in (self.verify_sizes if verify else self.sizes)
+
     @torch.inference_mode()
     def replay(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run uploaded decode inputs whose row count is a captured size; logits and greedy ids
-        of every row, padding included (the graph's own output tensors)."""
+        """Run uploaded decode (or verify, `StepInputBuilder.fill_verify`) inputs whose row count
+        is a captured size; logits and greedy ids of every row, padding included (the graph's
+        own output tensors)."""
         if self.capture_enabled:
-            size = inputs.input_ids.shape[0]
-            self.graphs[size].replay()
-            return self.outputs[size]
+            shape = (inputs.input_ids.shape[0], inputs.meta.several_rows_a_sequence)
+            self.graphs[shape].replay()
+            return self.outputs[shape]
         return self._decode(inputs)
+
+
+def verify_sizes(sizes: list[int], rows_per_seq: int, max_rows: int) -> list[int]:
+    """Row counts of the verify-step graphs: each decode size, and each times `rows_per_seq`
+    (a batch whose every sequence has a full draft), up to the largest decode size (its
+    activations are what the memory budget was measured with; one sequence's full draft always
+    fits, a few rows' more) and the builder's rows."""
+    if rows_per_seq <= 1 or not max_rows:
+        return []
+    limit = min(max(max(sizes), rows_per_seq), max_rows)
+    return sorted({r for size in sizes for r in (size, size * rows_per_seq) if r <= limit})

@@ -38,7 +38,7 @@ class PagedAttention(nn.Module):
             self.backend.store(k, v, k_cache, v_cache, meta)
         else:
             q_weight, k_weight, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
-            if not meta.is_prefill:
+            if not meta.is_prefill and not meta.several_rows_a_sequence:
                 return self.backend.rope_store_and_decode(positions, q, k, v, cos_sin, q_weight, k_weight, eps,
                                                           k_cache, v_cache, meta, self.scale)
             q, k = self.backend.rope_and_store(positions, q, k, v, cos_sin, q_weight, k_weight, eps,

@@ -54,11 +54,12 @@ DISCOUNT = 0.8  # weight of earlier verifications' counts at each new one
 FIRST_BACKOFF, MAX_BACKOFF = 8, 256
 MAX_THRESHOLD_FOR_TRIES = 0.9  # a measured threshold this high: tries only after the longest wait
 # A drafted row's cost relative to a one-sequence decode step, by device: measured on a 2-core
-# CPU for a 135M model in bf16 (about 1.5 ms a row against 15 ms a step). CUDA verifies drafts
-# eagerly (steps with drafts are not captured in graphs), many times a replayed step's cost: a
-# guess that makes a draft pay only when kept about two times in three alone in its step, until
-# the engine has measured its own verify steps.
-ROW_COST = {"cpu": 0.1, "cuda": 1.0}
+# CPU for a 135M model in bf16 (about 1.5 ms a row against 15 ms a step). On CUDA a verify step
+# that a verify graph runs ("cuda-graphs") streams the weights once as a decode step does, a row
+# a small share of it; one verified eagerly (no graph fits it, or graphs are off) costs many
+# times a replayed step: a guess that makes a draft pay only when kept about two times in three
+# alone in its step. Each is the start until the engine has measured its own verify steps.
+ROW_COST = {"cpu": 0.1, "cuda-graphs": 0.1, "cuda": 1.0}
 
 
 def pay_threshold(row_cost: float, batch_size: int) -> float:

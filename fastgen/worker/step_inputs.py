@@ -45,6 +45,9 @@ class StepLayout:
     pending_rows / pending_seq_ids: token rows whose input id is a token the previous step sampled
     and the host has not read (overlap scheduling), and whose token each is: the runner writes
     them on the device after the upload (the host rows hold 0 there).
+    several_rows_a_sequence: a verify step laid out as decode rows (`fill_verify`): row r is one
+    token of one sequence, with its own context length; num_seqs sequences' block tables are
+    gathered to the rows on upload.
     """
 
     is_prefill: bool
@@ -59,6 +62,7 @@ class StepLayout:
     logit_spans: tuple[tuple[int, int], ...] = ()
     pending_rows: tuple[int, ...] = ()
     pending_seq_ids: tuple[int, ...] = ()
+    several_rows_a_sequence: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,15 +84,23 @@ class StepInputBuilder:
                  device: torch.device, prepare_meta: PrepareMeta = lambda meta: meta, max_draft_tokens: int = 0):
         self.block_size = block_size
         self.prepare_meta = prepare_meta
-        tokens = max(max_num_tokens, max_num_seqs)
+        # A verify step laid out as decode rows (`fill_verify`) has up to 1 + max_draft_tokens
+        # rows a sequence, each with its own context length and block-table row.
+        self.max_verify_rows = max_num_seqs * (1 + max_draft_tokens) if max_draft_tokens else 0
+        tokens = max(max_num_tokens, max_num_seqs, self.max_verify_rows)
         self.input_ids = CpuGpuBuffer((tokens,), torch.int64, device)
         self.positions = CpuGpuBuffer((tokens,), torch.int64, device)
         self.slot_mapping = CpuGpuBuffer((tokens,), torch.int64, device, fill=-1)
         # Two columns at least (the spare one all -1): a compiled CPU graph traced over one-column
         # tables would hold that width as a constant (torch.compile specialises sizes of 1), and
         # graphs are shared between engines whose max_model_len gives other widths.
-        self.block_table = BlockTable(max_num_seqs, max(2, max_blocks_per_seq), device)
-        self.context_lens = CpuGpuBuffer((max_num_seqs,), torch.int32, device)
+        width = max(2, max_blocks_per_seq)
+        self.block_table = BlockTable(max_num_seqs, width, device)
+        self.context_lens = CpuGpuBuffer((max(max_num_seqs, self.max_verify_rows),), torch.int32, device)
+        if self.max_verify_rows:
+            self.row_seqs = CpuGpuBuffer((self.max_verify_rows,), torch.int64, device)
+            # The rows' tables, gathered on the device from the sequences' at upload.
+            self.row_block_tables = torch.full((self.max_verify_rows, width), -1, dtype=torch.int32, device=device)
         self.query_start_loc = CpuGpuBuffer((max_num_seqs + 1,), torch.int32, device)
         self.logits_indices = CpuGpuBuffer((max_num_seqs * (1 + max_draft_tokens),), torch.int64, device)
         # Host-to-device copies are asynchronous and read the pinned buffers when they run. Most
@@ -204,6 +216,59 @@ class StepInputBuilder:
         return StepLayout(True, start, rows, len(logits_idx), max(q_lens), max(ctx_lens), tuple(sample_rows), rows,
                           pending_rows=tuple(pending_rows), pending_seq_ids=tuple(pending_seq_ids))
 
+    def can_fill_verify(self, out: SchedulerOutput, rows: int | None = None) -> bool:
+        """Whether `out` is a verify step `fill_verify` lays out: every sequence decodes (its last
+        token, then its draft tokens if it has some) and samples, nothing forks, and its rows
+        (`rows`, padding included, else one a token) fit the buffers."""
+        n = len(out.seqs)
+        return (self.max_verify_rows > 0 and bool(out.draft_tokens) and out.num_decodes == n and not out.forks
+                and all(out.sampling) and all(out.num_new_tokens[i] == 1 + len(out.draft(i)) for i in range(n))
+                and (rows or out.num_tokens) <= self.max_verify_rows)
+
+    def fill_verify(self, out: SchedulerOutput, pad_to: int | None = None) -> StepLayout:
+        """A verify step as decode rows: sequence i's last token and then each of its draft tokens
+        is a row of its own, whose context ends at that token (so the rows of one sequence see
+        each other causally); rows [num_tokens, pad_to) are padding. Every row samples, in the
+        order `fill_prefill` would give: what a decode CUDA graph of pad_to rows can run."""
+        self.wait_for_previous_upload()
+        seqs, bs = out.seqs, self.block_size
+        rows = pad_to or out.num_tokens
+        ids, positions, slots, row_seqs, sample_rows, pending = [], [], [], [], [], []
+        for i, (seq, first, count) in enumerate(zip(seqs, out.starts, out.num_new_tokens)):
+            draft = out.draft(i)
+            known = seq.token_ids
+            if first < len(known):
+                ids.append(known[first])
+            else:  # the previous step's sample, still on the device (overlap scheduling)
+                assert not draft, "a drafted sequence's last token is known"
+                pending.append(len(ids))
+                ids.append(0)
+            ids += draft
+            pos = np.arange(first, first + count, dtype=np.int64)
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            row_seqs += [i] * count
+            sample_rows += [i] * count
+        n = len(ids)
+        pos = np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)
+        self.input_ids.np[:n] = ids
+        self.positions.np[:n] = pos
+        self.slot_mapping.np[:n] = np.concatenate(slots) if slots else pos
+        self.context_lens.np[:n] = pos + 1
+        self.row_seqs.np[:n] = row_seqs
+        self.input_ids.np[n:rows] = 0
+        self.positions.np[n:rows] = 0
+        self.slot_mapping.np[n:rows] = -1
+        self.context_lens.np[n:rows] = 0
+        self.row_seqs.np[n:rows] = 0  # any table row: a context of 0 reads none of it
+        self.block_table.arrange(out, len(seqs))
+        max_context = int(pos.max()) + 1 if n else 0
+        return StepLayout(False, rows, rows, 0, 1, max_context, tuple(sample_rows), len(seqs),
+                          pending_rows=tuple(pending), pending_seq_ids=tuple(seqs[sample_rows[r]].seq_id
+                                                                             for r in pending),
+                          several_rows_a_sequence=True)
+
     def upload(self, layout: StepLayout) -> StepInputs:
         """Copy a filled step's host rows to the device (one transfer per buffer) and describe
         them. Decode uploads only what a decode step (and its graph) reads: row i is sequence
@@ -211,7 +276,23 @@ class StepInputBuilder:
         rows, tokens = layout.num_rows, layout.num_tokens
         sample_rows = list(layout.sample_rows)
         num_seqs = rows if layout.num_seqs is None else layout.num_seqs
-        if not layout.is_prefill:
+        if layout.several_rows_a_sequence:
+            self.block_table.copy_to_gpu(layout.num_seqs)
+            tables = self.row_block_tables[:rows]
+            # From the whole table (padding rows name row 0, which exists even in an empty step).
+            torch.index_select(self.block_table.buffer.gpu, 0, self.row_seqs.copy_to_gpu(rows), out=tables)
+            meta = AttentionMetadata(
+                is_prefill=False,
+                slot_mapping=self.slot_mapping.copy_to_gpu(rows),
+                block_tables=tables,
+                context_lens=self.context_lens.copy_to_gpu(rows),
+                query_start_loc=None,
+                max_query_len=1,
+                max_context_len=layout.max_context_len,
+                logits_indices=None,
+                several_rows_a_sequence=True,
+            )
+        elif not layout.is_prefill:
             meta = AttentionMetadata(
                 is_prefill=False,
                 slot_mapping=self.slot_mapping.copy_to_gpu(rows),

@@ -238,20 +238,27 @@ def test_verify_steps_through_the_compiled_cpu_graphs(tiny_models, reference):
 
 
 @pytest.mark.cuda
-def test_verify_steps_on_cuda_beside_the_decode_graphs(tiny_models, reference):
-    """On CUDA, drafted steps are verified eagerly while plain decode steps replay the graphs:
-    the same tokens as transformers, drafts kept and rejected."""
+@pytest.mark.parametrize("max_num_seqs", [2, 16], ids=["some-drafts-eager", "every-draft-in-a-graph"])
+def test_verify_steps_on_cuda_beside_the_decode_graphs(tiny_models, reference, max_num_seqs, monkeypatch):
+    """On CUDA, drafted steps replay the verify graphs (laid out as decode rows, several a
+    sequence) where one fits, and are verified eagerly where none does, while plain decode steps
+    replay the decode graphs: the same tokens as transformers, drafts kept and rejected."""
     model = tiny_models["qwen3"]
     prompts = random_prompts([9, 20, 6], seed=16)
     want = reference(model, prompts, MAX_TOKENS)
     llm = LLM(model, device="cuda", dtype="float32", block_size=8, max_model_len=64, num_kv_blocks=64,
-              max_num_seqs=4, cuda_graph_batch_sizes=[1, 2, 4], enforce_eager=False, speculative_config=NGRAM)
+              max_num_seqs=max_num_seqs, cuda_graph_batch_sizes=[1, 2, 4, 8, 16], enforce_eager=False,
+              speculative_config=NGRAM)
     engine = llm.engine
-    assert engine.runner.graphs is not None
-    # Eager verify steps cost many graph replays, so the drafter would rarely draft: make every
-    # draft pay, so that verify and replayed steps alternate.
+    assert engine.runner.graphs is not None and engine.runner.graphs.verify_sizes
+    # Make every draft pay, so that verify and decode steps alternate whatever the costs.
     engine.drafter.threshold = lambda batch_size: 0.0
+    replays = []
+    replay = engine.runner.graphs.replay
+    monkeypatch.setattr(engine.runner.graphs, "replay", lambda inputs: replays.append(
+        inputs.meta.several_rows_a_sequence) or replay(inputs))
     outs = llm.generate(prompts, [greedy(prediction=want[0]), greedy(prediction=corrupted(want[1])), greedy()])
+    assert True in replays and False in replays
     assert [o.token_ids for o in outs] == want
     assert outs[0].metrics.num_accepted_draft_tokens > 0
     assert outs[1].metrics.num_draft_tokens > outs[1].metrics.num_accepted_draft_tokens > 0

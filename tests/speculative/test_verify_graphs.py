@@ -1,0 +1,69 @@
+"""Verify steps laid out as decode rows (`StepInputBuilder.fill_verify`), the layout the CUDA
+verify graphs replay, run here through the graph runner's pad-copy-slice path without capture:
+greedy tokens equal transformers', with drafts kept and rejected beside plain decode steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastgen import LLM, SamplingParams
+from fastgen.graphs import CudaGraphRunner
+from fastgen.graphs.runner import verify_sizes
+from tests.conftest import random_prompts
+from tests.speculative.test_speculative_engine import MAX_TOKENS, NGRAM, corrupted, greedy
+
+
+def test_verify_graph_sizes_cover_full_drafts_within_the_largest_decode_graph():
+    assert verify_sizes([1, 2, 4, 8], 5, 40) == [1, 2, 4, 5, 8]
+    assert verify_sizes([1, 2, 4, 8, 16], 5, 20) == [1, 2, 4, 5, 8, 10, 16]
+    assert verify_sizes([1, 2, 4, 8, 16], 5, 6) == [1, 2, 4, 5]  # the builder's rows bound it too
+    assert verify_sizes([1, 2, 4], 5, 20) == [1, 2, 4, 5]  # one sequence's full draft always fits
+    assert verify_sizes([1, 2], 1, 8) == [] and verify_sizes([1, 2], 5, 0) == []
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])  # RoPE (q/k-norm) / learned positions
+def test_verify_steps_as_decode_rows_equal_transformers(tiny_models, reference, family, monkeypatch):
+    model = tiny_models[family]
+    prompts = random_prompts([9, 20, 6], seed=16)
+    want = reference(model, prompts, MAX_TOKENS)
+    llm = LLM(model, dtype="float32", block_size=8, max_model_len=64, num_kv_blocks=96, max_num_seqs=4,
+              speculative_config=NGRAM)
+    engine = llm.engine
+    runner = engine.runner
+    runner.graphs = CudaGraphRunner(runner.model, runner.inputs, runner.kv_cache.layers, [1, 2, 4, 8, 16],
+                                    llm.config.max_model_len, runner.device, capture=False,
+                                    verify_rows_per_seq=1 + NGRAM["num_speculative_tokens"])
+    engine.drafter.threshold = lambda batch_size: 0.0  # every draft pays: verify steps all along
+    layouts = []
+    fill_verify = runner.inputs.fill_verify
+
+    def counted(out, pad_to=None):
+        layouts.append(fill_verify(out, pad_to))
+        return layouts[-1]
+
+    monkeypatch.setattr(runner.inputs, "fill_verify", counted)
+    outs = llm.generate(prompts, [greedy(prediction=want[0]), greedy(prediction=corrupted(want[1])), greedy()])
+    assert [o.token_ids for o in outs] == want
+    assert outs[0].metrics.num_accepted_draft_tokens > 0
+    assert outs[1].metrics.num_draft_tokens > outs[1].metrics.num_accepted_draft_tokens > 0
+    assert layouts and all(layout.num_rows in runner.graphs.verify_sizes for layout in layouts)
+    assert any(layout.num_rows > layout.num_seqs for layout in layouts)  # several rows a sequence
+    engine.check_invariants()
+
+
+def test_a_verify_step_with_a_pending_token_and_drafts_takes_the_prefill_layout_when_no_graph_fits(tiny_models):
+    """Too many rows for any verify graph: the step is verified in the prefill layout, still exact."""
+    model = tiny_models["llama"]
+    prompts = random_prompts([7, 7, 7, 7], seed=3)
+    llm = LLM(model, dtype="float32", block_size=8, max_model_len=64, num_kv_blocks=96, max_num_seqs=4,
+              speculative_config=NGRAM)
+    plain = LLM(model, dtype="float32", block_size=8, max_model_len=64, num_kv_blocks=96, max_num_seqs=4)
+    runner = llm.engine.runner
+    runner.graphs = CudaGraphRunner(runner.model, runner.inputs, runner.kv_cache.layers, [1, 2], 64, runner.device,
+                                    capture=False, verify_rows_per_seq=5)
+    llm.engine.drafter.threshold = lambda batch_size: 0.0
+    want = [o.token_ids for o in plain.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12,
+                                                                         ignore_eos=True))]
+    outs = llm.generate(prompts, [greedy(prediction=w, max_tokens=12) for w in want])
+    assert [o.token_ids for o in outs] == want
+    llm.engine.check_invariants()
