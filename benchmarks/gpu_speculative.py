@@ -44,7 +44,7 @@ def main() -> int:
     on_gpu = args.device == "cuda"
     common = dict(load_format="dummy", skip_tokenizer_init=True, device=args.device, dtype="bfloat16",
                   max_model_len=2048, max_num_seqs=8, enforce_eager=not on_gpu, compile_mode="blocking",
-                  **(dict(gpu_memory_utilization=0.4) if on_gpu else dict(num_kv_blocks=160)))
+                  num_kv_blocks=64 if on_gpu else 160)
     speculative = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
                    "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     engines = {"plain": LLM(model, **common), "speculative": LLM(model, speculative_config=speculative, **common)}

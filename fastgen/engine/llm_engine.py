@@ -127,8 +127,9 @@ class LLMEngine:
         self.factory = RequestFactory(config, self.tokenizer, self.structured.compile)
         self.driver = Driver()  # which thread may drive the engine
         # A tensor-parallel engine's other ranks get their input ids from rank 0's host rows, and
-        # drafts need each step's tokens on the host: neither overlaps.
-        self.overlap = bool(config.overlap_scheduling) and config.tensor_parallel_size == 1 and self.drafter is None
+        # drafts need each step's tokens on the host: a step stays in flight only where no
+        # sequence of it could draft in the next (`Drafter.may_draft`).
+        self.overlap = bool(config.overlap_scheduling) and config.tensor_parallel_size == 1
         self.in_flight: InFlightStep | None = None
         self._graphs_loaded = 0  # compiled graphs loaded as of the last step (`_count_graphs_loaded`)
 
@@ -376,7 +377,7 @@ class LLMEngine:
                 if current is not None and current.settled:  # lost with the step before it
                     current = None
             if current is not None:
-                if self.overlap and not current.out.draft_tokens and current.out.grammar is None:
+                if self._may_stay_in_flight(current.out):
                     self.in_flight = current
                 else:
                     more, n = self._finish(current)
@@ -392,6 +393,17 @@ class LLMEngine:
                 self.runner.recover(unlaunched)
                 delivered += self.live.deliver(made)
             raise
+
+    def _may_stay_in_flight(self, out: SchedulerOutput) -> bool:
+        """Whether a launched step's tokens may be read after the next step is launched: with
+        overlap scheduling, unless the step verifies drafts or follows a grammar (the next step
+        needs its tokens on the host either way) or one of its sequences could draft next."""
+        if not self.overlap or out.draft_tokens or out.grammar is not None:
+            return False
+        if self.drafter is None:
+            return True
+        sampling = [seq for i, seq in enumerate(out.seqs) if out.samples(i)]  # the next step's decodes
+        return not self.drafter.may_draft(sampling, len(sampling))
 
     def _finish(self, step: InFlightStep, also_lost: InFlightStep | None = None) -> tuple[list[RequestOutput], int]:
         """Read a launched step's tokens and post-process them; its requests' outputs (not yet

@@ -196,7 +196,9 @@ class Drafter:
         for_model: list[tuple[int, int]] = []  # (index, length) the draft model proposes for
         for i, (seq, room) in enumerate(zip(seqs, rooms)):
             length = self._length(seq, min(room, budget), batch_size, threshold)
-            if length == 0:
+            # A last token still on the device (overlap scheduling) leaves nothing to look up
+            # from: the sequence drafts once it is read (`may_draft` keeps that step in turn).
+            if length == 0 or seq.num_pending_tokens:
                 continue
             state = self.seqs[seq.seq_id]
             draft = self._from_prediction(seq, state, length)
@@ -221,7 +223,7 @@ class Drafter:
 
     def _length(self, seq: Sequence, limit: int, batch_size: int, threshold: float) -> int:
         """How many tokens the sequence drafts (0: none): what its rate pays for, or a one-token
-        try after its back-off."""
+        try after its back-off; a step without a draft counts towards the back-off."""
         if limit <= 0 or not self.eligible(seq):
             return 0
         state = self.seqs.get(seq.seq_id)
@@ -230,19 +232,39 @@ class Drafter:
         length = paying_length(state.rate, threshold, self.config.num_speculative_tokens)
         if length == 0:
             state.idle_steps += 1
-            # A try turns its whole step into a verify step, so among B sequences each tries B
-            # times less often; where measured steps say no draft pays at this batch size, only
-            # after the longest wait (the measurement is refreshed, never trusted for good).
-            # A draft model's try also computes what the sequence made since its last draft: where
-            # the model says no draft pays, only after the longest wait too.
-            wait = state.backoff * batch_size
-            if threshold >= MAX_THRESHOLD_FOR_TRIES and (self.model is not None
-                                                         or batch_bucket(batch_size) in self.draft_seconds):
-                wait = MAX_BACKOFF * batch_size
-            if state.idle_steps < wait:
+            if not self._try_due(state, batch_size, threshold, state.idle_steps):
                 return 0
             length = 1  # a try: the rate learns only from drafts
         return min(limit, length)
+
+    def _try_due(self, state: _SequenceDrafts, batch_size: int, threshold: float, idle_steps: int) -> bool:
+        """Whether a sequence whose rate pays for no draft tries one after `idle_steps` without."""
+        # A try turns its whole step into a verify step, so among B sequences each tries B
+        # times less often; where measured steps say no draft pays at this batch size, only
+        # after the longest wait (the measurement is refreshed, never trusted for good).
+        # A draft model's try also computes what the sequence made since its last draft: where
+        # the model says no draft pays, only after the longest wait too.
+        wait = state.backoff * batch_size
+        if threshold >= MAX_THRESHOLD_FOR_TRIES and (self.model is not None
+                                                     or batch_bucket(batch_size) in self.draft_seconds):
+            wait = MAX_BACKOFF * batch_size
+        return idle_steps >= wait
+
+    def may_draft(self, seqs: list[Sequence], batch_size: int) -> bool:
+        """Whether any of `seqs` could draft in the next step of `batch_size` decoding sequences
+        (its rate pays, or its try is due then), changing nothing. The engine lets a step's
+        tokens stay on the device while the next one runs (overlap scheduling) only where none
+        could: a draft is looked up from the last token."""
+        threshold = self.threshold(batch_size)
+        for seq in seqs:
+            if not self.eligible(seq):
+                continue
+            state = self.seqs.get(seq.seq_id) or _SequenceDrafts(self.prediction_of(seq))
+            if paying_length(state.rate, threshold, self.config.num_speculative_tokens) > 0:
+                return True
+            if self._try_due(state, batch_size, threshold, state.idle_steps + 1):
+                return True
+        return False
 
     def _from_prediction(self, seq: Sequence, state: _SequenceDrafts, length: int) -> tuple[int, ...] | None:
         """The request's predicted output where the output has followed it from its start (what

@@ -194,12 +194,32 @@ def test_sampled_outputs_are_the_same_with_and_without_overlap(tiny_models):
     assert results[0] == results[1]
 
 
-def test_cpu_defaults_to_steps_in_turn_and_speculation_never_overlaps(tiny_models):
+def test_cpu_defaults_to_steps_in_turn(tiny_models):
+    assert not LLM(tiny_models["qwen3"], dtype="float32", num_kv_blocks=16).engine.overlap
+
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.0], ids=["no-draft-pays", "every-draft-pays"])
+def test_speculation_overlaps_the_steps_after_which_no_sequence_could_draft(tiny_models, reference, threshold):
+    """Where no draft pays, steps overlap, the back-off's tries still come (each read in turn, so
+    the try looks up from the last token); where drafts pay, every step is read before the next
+    is scheduled. Greedy output equals transformers' both ways."""
     model = tiny_models["qwen3"]
-    assert not LLM(model, dtype="float32", num_kv_blocks=16).engine.overlap
-    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-    engine = LLM(model, dtype="float32", num_kv_blocks=16, overlap_scheduling=True, speculative_config=spec).engine
-    assert engine.config.overlap_scheduling and not engine.overlap
+    prompts = random_prompts([9, 20], seed=16) + [random_prompts([4], seed=2)[0] * 4]
+    want = reference(model, prompts, 32)
+    llm, engine = engine_for(model, True, speculative_config=SPEC)
+    engine.drafter.threshold = lambda batch_size: threshold
+    counter = LaunchCounter(engine.runner)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
+    assert [o.token_ids for o in outs] == want
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    if threshold == 1.0:
+        assert counter.most == 2 and drafted > 0  # overlapped, and tried (one token at a time)
+    else:
+        assert counter.most == 1 and sum(o.metrics.num_accepted_draft_tokens for o in outs) > 0
+    check_books(engine)
 
 
 @pytest.mark.parametrize("where", ["before the launch", "while reading the previous step"])

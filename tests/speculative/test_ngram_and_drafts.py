@@ -24,6 +24,15 @@ def test_lookup_continues_after_the_latest_earlier_match():
     assert draft(tokens) == [8, 7, 1]  # the match at 4..6 is later than 0..2
 
 
+def test_in_a_loop_shorter_than_a_draft_lookup_takes_a_match_with_a_whole_draft_after_it():
+    # The latest [1, 1] starts at 5, followed by one token before the end; the one at 3 by three.
+    assert draft([5, 1, 1, 1, 1, 1, 1, 1], n_max=2) == [1, 1, 1]
+    # A loop of two: the latest [4, 6] (at 3) leaves [4, 6]; the one at 1 continues for three.
+    assert draft([9, 4, 6, 4, 6, 4, 6], n_max=2) == [4, 6, 4]
+    # No match leaves a whole draft: the latest one, cut by the end.
+    assert draft([3, 8, 3], n_max=1) == [8, 3]
+
+
 def test_lookup_prefers_the_longest_n_gram():
     # The 1-gram [3] last occurred at 5 (followed by 6); the 2-gram [2, 3] at 1 (followed by 4).
     tokens = [1, 2, 3, 4, 0, 3, 6, 2, 3]
