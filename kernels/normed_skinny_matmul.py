@@ -25,9 +25,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .programmatic_launch import programmatic_launch
+from .programmatic_launch import gdc_launch_dependents, gdc_wait, launch_options, programmatic_launch
 from .skinny_matmul import SKINNY_ROWS
 from .triton_types import TL_DTYPES
 
@@ -156,7 +155,7 @@ def normed_skinny_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_we
             rows.stride(0), rows.stride(0), weight.stride(0), n, rows.stride(0),
             ROWS=triton.next_power_of_2(m), BLOCK_N=tiling.block_n, BLOCK_K=triton.next_power_of_2(k),
             HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu, PDL=pdl,
-            num_warps=tiling.num_warps, launch_pdl=pdl,
+            num_warps=tiling.num_warps, **launch_options(pdl),
         )
     if residual is not None:
         new_residual = new_residual.reshape(x.shape)

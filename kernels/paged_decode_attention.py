@@ -17,7 +17,7 @@ import triton
 from .attention_tile import paged_strides
 from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms
 from .paged_decode_kernels import decode_combine_kernel, decode_split_kernel
-from .programmatic_launch import programmatic_launch
+from .programmatic_launch import launch_options, programmatic_launch
 from .qk_norm_rope_store import check_qk_norm_rope_args
 from .triton_types import dot_dtype
 
@@ -153,7 +153,7 @@ def paged_decode_attention(
         ONE_SPLIT=max_splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
         BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DOT_DTYPE=dot, PDL=pdl,
         NEW_TOKEN=new_token is not None, QK_NORM=new_token is not None and new_token.q_norm_weight is not None,
-        num_warps=4, launch_pdl=pdl,
+        num_warps=4, **launch_options(pdl),
     )
     if max_splits > 1:
         decode_combine_kernel[(batch, num_heads)](
@@ -162,7 +162,7 @@ def paged_decode_attention(
             num_heads, max_splits,
             HEAD_DIM=head_dim, MIN_TOKENS=MIN_TOKENS_PER_SPLIT, BLOCK_S=triton.next_power_of_2(MAX_SPLITS),
             BLOCK_D=block_d, PDL=pdl,
-            num_warps=4, launch_pdl=pdl,
+            num_warps=4, **launch_options(pdl),
         )
     return out
 

@@ -23,9 +23,9 @@ kernel serves every batch size); only "one split" is a compile-time switch. With
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .attention_tile import attend_tile, row_mask
+from .programmatic_launch import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit

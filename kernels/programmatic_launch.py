@@ -20,6 +20,22 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
+
+try:  # Triton 3.4 and later
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    GRID_DEPENDENCY_CONTROL = True
+except ImportError:  # an older Triton (torch < 2.8 brings one): the kernels launch as before
+    GRID_DEPENDENCY_CONTROL = False
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+    @triton.jit
+    def gdc_wait():
+        pass
 
 # A switch so that benchmarks can compare launches with and without it
 # (`benchmarks/gpu_decode.py --programmatic-launch off`).
@@ -33,7 +49,13 @@ def _is_hopper_or_later(device_index: int) -> bool:
 
 def programmatic_launch(device: torch.device) -> bool:
     """Whether kernels on `device` launch as programmatic dependents: CUDA devices of compute
-    capability 9.0 or later (the interpreter on a CPU never does)."""
-    if not (PROGRAMMATIC_LAUNCH_ON_CUDA and device.type == "cuda"):
+    capability 9.0 or later, with a Triton that has grid dependency control (the interpreter on
+    a CPU never does)."""
+    if not (PROGRAMMATIC_LAUNCH_ON_CUDA and GRID_DEPENDENCY_CONTROL and device.type == "cuda"):
         return False
     return _is_hopper_or_later(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def launch_options(pdl: bool) -> dict:
+    """The launch keyword for a programmatic dependent (none otherwise, for older Tritons)."""
+    return {"launch_pdl": True} if pdl else {}

@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .programmatic_launch import programmatic_launch
+from .programmatic_launch import gdc_launch_dependents, gdc_wait, launch_options, programmatic_launch
 from .store_kvcache import check_store_args
 
 
@@ -154,6 +153,6 @@ def qk_norm_rope_store(
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KV=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2), QK_NORM=qk_norm, PDL=pdl,
-        num_warps=4, launch_pdl=pdl,
+        num_warps=4, **launch_options(pdl),
     )
     return q, k

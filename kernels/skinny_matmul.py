@@ -24,9 +24,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .programmatic_launch import programmatic_launch
+from .programmatic_launch import gdc_launch_dependents, gdc_wait, launch_options, programmatic_launch
 from .triton_types import TL_DTYPES
 
 SKINNY_ROWS = 8
@@ -129,6 +128,6 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             rows, weight, bias if bias is not None else weight, out, m, n, k, rows.stride(0), weight.stride(0), n,
             ROWS=triton.next_power_of_2(m), BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,
             EVEN_K=k % tiling.block_k == 0, HAS_BIAS=bias is not None, PDL=pdl, num_warps=tiling.num_warps,
-            launch_pdl=pdl,
+            **launch_options(pdl),
         )
     return out.reshape(*x.shape[:-1], n)

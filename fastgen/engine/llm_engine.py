@@ -308,7 +308,9 @@ class LLMEngine:
             before, self._graphs_loaded = self._graphs_loaded, self._count_graphs_loaded()
             # A step that loaded or compiled a graph (the engine's or the draft model's) timed
             # that, not drafting: it would make drafts look dear (or cheap) for many steps.
-            if out.num_prompt_tokens == 0 and before == self._graphs_loaded:
+            # A step left in flight timed the previous step's wait with its own host work hidden,
+            # where a verify step is always read in turn: only steps read in turn are compared.
+            if out.num_prompt_tokens == 0 and before == self._graphs_loaded and self.in_flight is None:
                 self.drafter.observe_step(out.num_decodes, out.num_draft_tokens, now() - started)
         return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes,
                           out.num_draft_tokens)

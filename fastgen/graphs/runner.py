@@ -164,4 +164,5 @@ def verify_sizes(sizes: list[int], rows_per_seq: int, max_rows: int) -> list[int
     if rows_per_seq <= 1 or not max_rows:
         return []
     limit = min(max(max(sizes), rows_per_seq), max_rows)
-    return sorted({r for size in sizes for r in (size, size * rows_per_seq) if r <= limit})
+    # A verify step has a draft token, so two rows at least.
+    return sorted({r for size in sizes for r in (size, size * rows_per_seq) if 2 <= r <= limit})

@@ -90,7 +90,9 @@ class QuantizableWeight:
         norm_weight plus `bias`, then SwiGLU of its two halves with `swiglu`, from one launch:
         on CUDA for one or two rows of a float weight. None where that kernel does not apply
         (the caller runs the ops in turn)."""
-        if self.quant_format is not None or not _normed_on_cuda(x, self.weight) or norm_weight.dtype != x.dtype:
+        if self.quant_format is not None or not _normed_on_cuda(x, self.weight):
+            return None
+        if norm_weight.dtype != x.dtype or (residual is not None and residual.dtype != x.dtype):
             return None
         return _normed_skinny_matmul()(x, residual, norm_weight, eps, self.weight, bias, swiglu)
 

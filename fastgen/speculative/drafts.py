@@ -53,6 +53,10 @@ PRIOR_WEIGHT = 1.0  # the prior counts as this many checked tokens
 DISCOUNT = 0.8  # weight of earlier verifications' counts at each new one
 FIRST_BACKOFF, MAX_BACKOFF = 8, 256
 MAX_THRESHOLD_FOR_TRIES = 0.9  # a measured threshold this high: tries only after the longest wait
+# Lookups in a row that found nothing, after which a sequence whose rate pays waits as one whose
+# rate does not: text that never repeats would otherwise look up every step (and, with overlap
+# scheduling, keep every step in turn for a draft that never comes).
+MISSES_BEFORE_WAITING = FIRST_BACKOFF
 # A drafted row's cost relative to a one-sequence decode step, by device: measured on a 2-core
 # CPU for a 135M model in bf16 (about 1.5 ms a row against 15 ms a step). On CUDA a verify step
 # that a verify graph runs ("cuda-graphs") streams the weights once as a decode step does, a row
@@ -84,6 +88,7 @@ class _SequenceDrafts:
         self.idle_steps = 0  # steps since the last draft, while the rate is too low to draft
         self.backoff = FIRST_BACKOFF
         self.trying = False  # the last draft was a try made despite the rate
+        self.misses = 0  # prompt lookups in a row that found nothing
 
     @property
     def rate(self) -> float:
@@ -208,6 +213,10 @@ class Drafter:
                 continue
             if draft is None:
                 draft = self._lookup(seq, state, length)
+                state.misses = 0 if draft else state.misses + 1
+                if not draft and state.idle_steps > 0:  # a try that found nothing: wait longer
+                    state.idle_steps = 0
+                    state.backoff = min(2 * state.backoff, MAX_BACKOFF)
             drafts[i] = draft
             budget -= len(draft)
         if for_model:
@@ -229,13 +238,20 @@ class Drafter:
         state = self.seqs.get(seq.seq_id)
         if state is None:
             state = self.seqs[seq.seq_id] = _SequenceDrafts(self.prediction_of(seq))
-        length = paying_length(state.rate, threshold, self.config.num_speculative_tokens)
+        length = self._paying(state, threshold)
         if length == 0:
             state.idle_steps += 1
             if not self._try_due(state, batch_size, threshold, state.idle_steps):
                 return 0
             length = 1  # a try: the rate learns only from drafts
         return min(limit, length)
+
+    def _paying(self, state: _SequenceDrafts, threshold: float) -> int:
+        """The draft length the sequence's rate pays for (0 after too many lookups in a row
+        that found nothing)."""
+        if state.misses >= MISSES_BEFORE_WAITING:
+            return 0
+        return paying_length(state.rate, threshold, self.config.num_speculative_tokens)
 
     def _try_due(self, state: _SequenceDrafts, batch_size: int, threshold: float, idle_steps: int) -> bool:
         """Whether a sequence whose rate pays for no draft tries one after `idle_steps` without."""
@@ -255,12 +271,17 @@ class Drafter:
         (its rate pays, or its try is due then), changing nothing. The engine lets a step's
         tokens stay on the device while the next one runs (overlap scheduling) only where none
         could: a draft is looked up from the last token."""
+        limit = self.config.disable_by_batch_size
+        if limit is not None and batch_size >= limit:  # the scheduler drafts for none of them
+            return False
         threshold = self.threshold(batch_size)
         for seq in seqs:
-            if not self.eligible(seq):
+            if seq.is_finished or not self.eligible(seq):
                 continue
-            state = self.seqs.get(seq.seq_id) or _SequenceDrafts(self.prediction_of(seq))
-            if paying_length(state.rate, threshold, self.config.num_speculative_tokens) > 0:
+            # A sequence never drafted for starts from the prior (its prediction, if any, is
+            # looked up when it drafts; the pay decision is the rate's alone).
+            state = self.seqs.get(seq.seq_id) or _SequenceDrafts(None)
+            if self._paying(state, threshold) > 0:
                 return True
             if self._try_due(state, batch_size, threshold, state.idle_steps + 1):
                 return True

@@ -91,8 +91,9 @@ def check_model_fits(config: EngineConfig) -> None:
 
 def check_step_inputs_fit(config: EngineConfig) -> None:
     """The step-input buffers (a host copy, and a device copy on CUDA), before they are allocated."""
+    drafts = config.speculative_config["num_speculative_tokens"] if config.speculative_config else 0
     per_copy = StepInputBuilder.num_bytes(config.max_num_seqs, config.max_num_batched_tokens,
-                                          config.max_blocks_per_seq)
+                                          config.max_blocks_per_seq, drafts)
     what = (f"the step-input buffers for max_num_seqs={config.max_num_seqs}, max_num_batched_tokens="
             f"{config.max_num_batched_tokens}, max_model_len={config.max_model_len} and "
             f"block_size={config.block_size}")

@@ -109,12 +109,15 @@ class StepInputBuilder:
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
 
     @staticmethod
-    def num_bytes(max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int) -> int:
+    def num_bytes(max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int, max_draft_tokens: int = 0) -> int:
         """Bytes of one copy (host, or device) of the buffers a builder of these sizes allocates,
-        with the block table's per-row Python records."""
-        tokens = max(max_num_tokens, max_num_seqs)
+        with the block table's per-row Python records (and a verify step's rows, with drafts)."""
+        verify_rows = max_num_seqs * (1 + max_draft_tokens) if max_draft_tokens else 0
+        tokens = max(max_num_tokens, max_num_seqs, verify_rows)
         per_row = 4 + 8 + 4 + 4 * max_blocks_per_seq + 16  # context len, logits index, query start, table
-        return 3 * 8 * tokens + max_num_seqs * per_row + 4
+        # A verify row: its context length, sequence index and gathered table row.
+        per_verify_row = 4 + 8 + 4 * max(2, max_blocks_per_seq)
+        return 3 * 8 * tokens + max_num_seqs * per_row + verify_rows * per_verify_row + 4
 
     def wait_for_previous_upload(self) -> None:
         """Call before overwriting host rows: the last upload may still be reading them."""

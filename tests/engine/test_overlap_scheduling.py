@@ -222,6 +222,25 @@ def test_speculation_overlaps_the_steps_after_which_no_sequence_could_draft(tiny
     check_books(engine)
 
 
+def test_with_speculation_a_stop_token_read_late_ends_its_request_and_harms_nobody(tiny_models, reference):
+    """A step in flight holds a sequence that the step before it just ended on a stop token: the
+    drafter asked whether that step's sequences could draft next must skip the finished one."""
+    model = tiny_models["qwen2"]
+    llm, engine = engine_for(model, True, speculative_config=SPEC)
+    engine.drafter.threshold = lambda batch_size: 1.0  # nothing pays: steps overlap
+    prompts = random_prompts([10, 5, 13], seed=2)
+    expected = [reference(model, [p], 12)[0] for p in prompts]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[ref[k]])
+              for ref, k in zip(expected, (3, 0, 7))]
+    counter = LaunchCounter(engine.runner)
+    outputs = llm.generate(prompts, params)
+    assert counter.most == 2
+    for out, ref in zip(outputs, expected):
+        stop = out.token_ids[-1]
+        assert out.finish_reason == "stop" and out.token_ids == ref[: ref.index(stop) + 1]
+    check_books(engine)
+
+
 @pytest.mark.parametrize("where", ["before the launch", "while reading the previous step"])
 def test_an_interrupt_with_a_step_in_flight_leaves_nothing_behind(tiny_models, reference, where):
     """A KeyboardInterrupt after the next step was scheduled (before its launch), or in the host's

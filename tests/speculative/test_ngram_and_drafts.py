@@ -7,9 +7,15 @@ import numpy as np
 import pytest
 
 from fastgen import SamplingParams
-from fastgen.sequence import Sequence
+from fastgen.sequence import Sequence, SequenceStatus
 from fastgen.speculative.config import SpeculativeConfig, check_speculative_config
-from fastgen.speculative.drafts import FIRST_BACKOFF, Drafter, pay_threshold, paying_length
+from fastgen.speculative.drafts import (
+    FIRST_BACKOFF,
+    MISSES_BEFORE_WAITING,
+    Drafter,
+    pay_threshold,
+    paying_length,
+)
 from fastgen.speculative.ngram import lookup_draft
 from fastgen.speculative.verify import accepted_prefix
 
@@ -131,6 +137,37 @@ def test_drafts_that_keep_failing_stop_and_are_tried_again_later():
         empties = 0
     drafter.release([seq.seq_id])
     assert not drafter.seqs
+
+
+def test_text_with_nothing_to_look_up_waits_like_text_whose_drafts_fail():
+    """A rate that pays but lookups that find nothing: after MISSES_BEFORE_WAITING of them the
+    sequence looks up only on tries (and may_draft says so, so steps may overlap), each try that
+    finds nothing doubling the wait."""
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=4), row_cost=0.1)
+    seq = sequence(list(range(10, 40)), 5)
+    for _ in range(MISSES_BEFORE_WAITING):
+        assert drafter.may_draft([seq], 1)
+        assert drafter.propose(seq, 8) == ()
+    assert not drafter.may_draft([seq], 1)
+    waits = []
+    for wait in (FIRST_BACKOFF, 2 * FIRST_BACKOFF):
+        steps = 0
+        while not drafter.may_draft([seq], 1):
+            assert drafter.propose(seq, 8) == ()
+            steps += 1
+        assert drafter.propose(seq, 8) == ()  # the try: nothing to look up either
+        waits.append(steps + 1)
+    assert waits == [FIRST_BACKOFF, 2 * FIRST_BACKOFF]
+
+
+def test_may_draft_changes_nothing_and_skips_what_the_scheduler_would_not_draft_for():
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3, disable_by_batch_size=4), row_cost=0.1)
+    seq = sequence([1, 2, 3, 1, 2], 2)
+    assert drafter.may_draft([seq], 1) and not drafter.seqs  # the prior pays; no state made
+    assert not drafter.may_draft([seq], 4)  # disabled at this batch size
+    assert not drafter.may_draft([sequence([1, 2, 3, 1, 2], 2, logprobs=1)], 1)  # not verified exactly
+    seq.status = SequenceStatus.FINISHED
+    assert not drafter.may_draft([seq], 1)
 
 
 def test_verification_keeps_drafts_up_to_the_first_difference():

@@ -14,10 +14,10 @@ from tests.speculative.test_speculative_engine import MAX_TOKENS, NGRAM, corrupt
 
 
 def test_verify_graph_sizes_cover_full_drafts_within_the_largest_decode_graph():
-    assert verify_sizes([1, 2, 4, 8], 5, 40) == [1, 2, 4, 5, 8]
-    assert verify_sizes([1, 2, 4, 8, 16], 5, 20) == [1, 2, 4, 5, 8, 10, 16]
-    assert verify_sizes([1, 2, 4, 8, 16], 5, 6) == [1, 2, 4, 5]  # the builder's rows bound it too
-    assert verify_sizes([1, 2, 4], 5, 20) == [1, 2, 4, 5]  # one sequence's full draft always fits
+    assert verify_sizes([1, 2, 4, 8], 5, 40) == [2, 4, 5, 8]  # a verify step has two rows at least
+    assert verify_sizes([1, 2, 4, 8, 16], 5, 20) == [2, 4, 5, 8, 10, 16]
+    assert verify_sizes([1, 2, 4, 8, 16], 5, 6) == [2, 4, 5]  # the builder's rows bound it too
+    assert verify_sizes([1, 2, 4], 5, 20) == [2, 4, 5]  # one sequence's full draft always fits
     assert verify_sizes([1, 2], 1, 8) == [] and verify_sizes([1, 2], 5, 0) == []
 
 
@@ -51,8 +51,9 @@ def test_verify_steps_as_decode_rows_equal_transformers(tiny_models, reference, 
     engine.check_invariants()
 
 
-def test_a_verify_step_with_a_pending_token_and_drafts_takes_the_prefill_layout_when_no_graph_fits(tiny_models):
-    """Too many rows for any verify graph: the step is verified in the prefill layout, still exact."""
+def test_a_verify_step_that_no_graph_fits_is_verified_in_the_prefill_layout(tiny_models, monkeypatch):
+    """Four sequences with drafts need more rows than the largest verify graph (5): those steps
+    take the prefill layout, eagerly; the tokens are the engine's without speculation."""
     model = tiny_models["llama"]
     prompts = random_prompts([7, 7, 7, 7], seed=3)
     llm = LLM(model, dtype="float32", block_size=8, max_model_len=64, num_kv_blocks=96, max_num_seqs=4,
@@ -61,9 +62,20 @@ def test_a_verify_step_with_a_pending_token_and_drafts_takes_the_prefill_layout_
     runner = llm.engine.runner
     runner.graphs = CudaGraphRunner(runner.model, runner.inputs, runner.kv_cache.layers, [1, 2], 64, runner.device,
                                     capture=False, verify_rows_per_seq=5)
+    assert runner.graphs.verify_sizes == [2, 5]
     llm.engine.drafter.threshold = lambda batch_size: 0.0
+    drafted_prefills = []
+    fill_prefill = runner.inputs.fill_prefill
+
+    def counted(out):
+        if out.draft_tokens:
+            drafted_prefills.append(out.num_tokens)
+        return fill_prefill(out)
+
+    monkeypatch.setattr(runner.inputs, "fill_prefill", counted)
     want = [o.token_ids for o in plain.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12,
                                                                          ignore_eos=True))]
     outs = llm.generate(prompts, [greedy(prediction=w, max_tokens=12) for w in want])
     assert [o.token_ids for o in outs] == want
+    assert drafted_prefills and min(drafted_prefills) > 5
     llm.engine.check_invariants()

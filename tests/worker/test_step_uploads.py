@@ -26,8 +26,8 @@ def uploads(monkeypatch) -> list[str]:
     return names
 
 
-def named_builder() -> StepInputBuilder:
-    builder = StepInputBuilder(4, 64, 4, 4, torch.device("cpu"))
+def named_builder(max_draft_tokens: int = 0) -> StepInputBuilder:
+    builder = StepInputBuilder(4, 64, 4, 4, torch.device("cpu"), max_draft_tokens=max_draft_tokens)
     for name, value in vars(builder).items():
         if isinstance(value, CpuGpuBuffer):
             value.name = name
@@ -60,3 +60,37 @@ def test_token_readback_returns_each_steps_ids_once():
     assert readback.wait() == [5, 7, 9]
     readback.start(torch.tensor([4]))
     assert readback.wait() == [4]
+
+
+def test_a_verify_step_as_decode_rows_gives_each_token_its_context_and_its_sequences_table(uploads):
+    """Sequence a verifies two drafts (three rows: its last token, then the drafts), b decodes a
+    token still on the device (overlap): a row each, padded to 8; every row's block table is
+    its sequence's, gathered on upload; the rows sample in `fill_prefill`'s order."""
+    builder = named_builder(max_draft_tokens=3)
+    a, b = decoding(0, 6, [1, 2]), decoding(1, 3, [3])
+    b.num_computed_tokens, b.num_pending_tokens = 3, 1
+    out = SchedulerOutput([a, b], [3, 1], True, [True, True], [(), ()], num_decodes=2, draft_tokens=((7, 8), ()))
+    assert builder.can_fill_verify(out) and not builder.can_fill_verify(out, rows=17)
+    layout = builder.fill_verify(out, pad_to=8)
+    assert layout.several_rows_a_sequence and not layout.is_prefill and layout.num_rows == 8
+    assert layout.sample_rows == (0, 0, 0, 1) and layout.num_seqs == 2
+    assert (layout.pending_rows, layout.pending_seq_ids) == ((3,), (1,))
+    inputs = builder.upload(layout)
+    assert inputs.input_ids.tolist() == [6, 7, 8, 0, 0, 0, 0, 0]
+    assert inputs.positions.tolist() == [5, 6, 7, 3, 0, 0, 0, 0]
+    assert inputs.meta.slot_mapping.tolist() == [9, 10, 11, 15, -1, -1, -1, -1]
+    assert inputs.meta.context_lens.tolist() == [6, 7, 8, 4, 0, 0, 0, 0]
+    tables = inputs.meta.block_tables.tolist()
+    assert tables[:4] == [[1, 2, -1, -1]] * 3 + [[3, -1, -1, -1]] and inputs.meta.several_rows_a_sequence
+    assert "row_seqs" in uploads and "query_start_loc" not in uploads
+
+
+def test_a_step_with_a_prompt_chunk_or_without_drafts_is_not_a_verify_step():
+    builder = StepInputBuilder(4, 64, 4, 4, torch.device("cpu"), max_draft_tokens=3)
+    a, b = decoding(0, 6, [1, 2]), decoding(1, 3, [3])
+    b.num_computed_tokens = 0  # its prompt: a chunk of 3
+    mixed = SchedulerOutput([a, b], [3, 3], True, [True, True], [(), ()], num_decodes=1, draft_tokens=((7, 8),))
+    plain = SchedulerOutput([a], [1], False, [True], [()], num_decodes=1)
+    assert not builder.can_fill_verify(mixed) and not builder.can_fill_verify(plain)
+    assert not StepInputBuilder(4, 64, 4, 4, torch.device("cpu")).can_fill_verify(
+        SchedulerOutput([a], [3], True, [True], [()], num_decodes=1, draft_tokens=((7, 8),)))
