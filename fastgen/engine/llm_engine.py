@@ -272,7 +272,7 @@ class LLMEngine:
         self._release_abandoned()
         started = now()
         outputs = self.outbox.take_between_steps()
-        out, handed_over = None, False
+        out, handed_over, after_a_step_in_flight = None, False, False
         try:
             out = self.scheduler.schedule()
             if out is None:
@@ -284,6 +284,7 @@ class LLMEngine:
                 if grammar is not None:
                     out = dataclasses.replace(out, grammar=grammar)
             handed_over = True  # from here `_advance` owns `out`, launched or not
+            after_a_step_in_flight = self.in_flight is not None
             made, num_sampled = self._advance(out, started, outputs)
         except EngineDeadError:
             raise
@@ -308,9 +309,11 @@ class LLMEngine:
             before, self._graphs_loaded = self._graphs_loaded, self._count_graphs_loaded()
             # A step that loaded or compiled a graph (the engine's or the draft model's) timed
             # that, not drafting: it would make drafts look dear (or cheap) for many steps.
-            # A step left in flight timed the previous step's wait with its own host work hidden,
-            # where a verify step is always read in turn: only steps read in turn are compared.
-            if out.num_prompt_tokens == 0 and before == self._graphs_loaded and self.in_flight is None:
+            # Only steps launched and read within this call time one step, as a verify step
+            # always is: one left in flight timed none of its device work, one read after a step
+            # in flight timed that step's too.
+            alone = not after_a_step_in_flight and self.in_flight is None
+            if out.num_prompt_tokens == 0 and before == self._graphs_loaded and alone:
                 self.drafter.observe_step(out.num_decodes, out.num_draft_tokens, now() - started)
         return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes,
                           out.num_draft_tokens)

@@ -199,8 +199,10 @@ class Drafter:
         threshold = self.threshold(batch_size)
         drafts: list[tuple[int, ...]] = [()] * len(seqs)
         for_model: list[tuple[int, int]] = []  # (index, length) the draft model proposes for
+        trying_of: dict[int, bool] = {}
         for i, (seq, room) in enumerate(zip(seqs, rooms)):
-            length = self._length(seq, min(room, budget), batch_size, threshold)
+            length, trying = self._length(seq, min(room, budget), batch_size, threshold)
+            trying_of[seq.seq_id] = trying
             # A last token still on the device (overlap scheduling) leaves nothing to look up
             # from: the sequence drafts once it is read (`may_draft` keeps that step in turn).
             if length == 0 or seq.num_pending_tokens:
@@ -214,7 +216,7 @@ class Drafter:
             if draft is None:
                 draft = self._lookup(seq, state, length)
                 state.misses = 0 if draft else state.misses + 1
-                if not draft and state.idle_steps > 0:  # a try that found nothing: wait longer
+                if not draft and trying:  # a try that found nothing: wait longer
                     state.idle_steps = 0
                     state.backoff = min(2 * state.backoff, MAX_BACKOFF)
             drafts[i] = draft
@@ -226,25 +228,26 @@ class Drafter:
         for seq, draft in zip(seqs, drafts):
             if draft:
                 state = self.seqs[seq.seq_id]
-                state.trying = state.idle_steps > 0
+                state.trying = trying_of[seq.seq_id]
                 state.idle_steps = 0
         return drafts
 
-    def _length(self, seq: Sequence, limit: int, batch_size: int, threshold: float) -> int:
-        """How many tokens the sequence drafts (0: none): what its rate pays for, or a one-token
-        try after its back-off; a step without a draft counts towards the back-off."""
+    def _length(self, seq: Sequence, limit: int, batch_size: int, threshold: float) -> tuple[int, bool]:
+        """How many tokens the sequence drafts (0: none), and whether that is a try: what its
+        rate pays for, or one token after its back-off; a step without a draft counts towards
+        the back-off."""
         if limit <= 0 or not self.eligible(seq):
-            return 0
+            return 0, False
         state = self.seqs.get(seq.seq_id)
         if state is None:
             state = self.seqs[seq.seq_id] = _SequenceDrafts(self.prediction_of(seq))
         length = self._paying(state, threshold)
-        if length == 0:
-            state.idle_steps += 1
-            if not self._try_due(state, batch_size, threshold, state.idle_steps):
-                return 0
-            length = 1  # a try: the rate learns only from drafts
-        return min(limit, length)
+        if length > 0:
+            return min(limit, length), False
+        state.idle_steps += 1
+        if not self._try_due(state, batch_size, threshold, state.idle_steps):
+            return 0, False
+        return 1, True  # a try: the rate learns only from drafts
 
     def _paying(self, state: _SequenceDrafts, threshold: float) -> int:
         """The draft length the sequence's rate pays for (0 after too many lookups in a row

@@ -115,8 +115,8 @@ class StepInputBuilder:
         verify_rows = max_num_seqs * (1 + max_draft_tokens) if max_draft_tokens else 0
         tokens = max(max_num_tokens, max_num_seqs, verify_rows)
         per_row = 4 + 8 + 4 + 4 * max_blocks_per_seq + 16  # context len, logits index, query start, table
-        # A verify row: its context length, sequence index and gathered table row.
-        per_verify_row = 4 + 8 + 4 * max(2, max_blocks_per_seq)
+        # A verify row: its context length, sequence index, logits index and gathered table row.
+        per_verify_row = 4 + 8 + 8 + 4 * max(2, max_blocks_per_seq)
         return 3 * 8 * tokens + max_num_seqs * per_row + verify_rows * per_verify_row + 4
 
     def wait_for_previous_upload(self) -> None:

@@ -222,6 +222,28 @@ def test_speculation_overlaps_the_steps_after_which_no_sequence_could_draft(tiny
     check_books(engine)
 
 
+def test_with_speculation_only_steps_launched_and_read_in_one_call_time_the_drafts(tiny_models):
+    """The drafter compares step times: a step left in flight timed none of its device work, and
+    the one read after it timed two steps'; neither is reported."""
+    llm, engine = engine_for(tiny_models["qwen3"], True, speculative_config=SPEC)
+    engine.drafter.threshold = lambda batch_size: 1.0  # nothing pays: steps overlap, tries now and then
+    in_flight_before, observed = [], []
+    advance, observe = engine._advance, engine.drafter.observe_step
+
+    def spied_advance(*args):
+        in_flight_before.append(engine.in_flight is not None)
+        return advance(*args)
+
+    def spied_observe(*args):
+        observed.append((in_flight_before[-1], engine.in_flight is not None))
+        return observe(*args)
+
+    engine._advance, engine.drafter.observe_step = spied_advance, spied_observe
+    llm.generate(random_prompts([9, 20], seed=16), SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    assert True in in_flight_before  # steps did overlap
+    assert observed and set(observed) == {(False, False)}
+
+
 def test_with_speculation_a_stop_token_read_late_ends_its_request_and_harms_nobody(tiny_models, reference):
     """A step in flight holds a sequence that the step before it just ended on a stop token: the
     drafter asked whether that step's sequences could draft next must skip the finished one."""

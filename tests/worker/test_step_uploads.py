@@ -94,3 +94,9 @@ def test_a_step_with_a_prompt_chunk_or_without_drafts_is_not_a_verify_step():
     assert not builder.can_fill_verify(mixed) and not builder.can_fill_verify(plain)
     assert not StepInputBuilder(4, 64, 4, 4, torch.device("cpu")).can_fill_verify(
         SchedulerOutput([a], [3], True, [True], [()], num_decodes=1, draft_tokens=((7, 8),)))
+
+
+def test_the_step_input_budget_counts_a_verify_steps_rows():
+    """Drafts add rows a sequence (tokens, context lengths, gathered tables) to the buffers."""
+    plain, drafted = StepInputBuilder.num_bytes(4, 8, 16), StepInputBuilder.num_bytes(4, 8, 16, max_draft_tokens=3)
+    assert drafted - plain >= 4 * 4 * (4 * 16 + 8)  # 16 rows, at least a table row and an index each
