@@ -199,10 +199,9 @@ class Drafter:
         threshold = self.threshold(batch_size)
         drafts: list[tuple[int, ...]] = [()] * len(seqs)
         for_model: list[tuple[int, int]] = []  # (index, length) the draft model proposes for
-        trying_of: dict[int, bool] = {}
+        tries = [False] * len(seqs)
         for i, (seq, room) in enumerate(zip(seqs, rooms)):
-            length, trying = self._length(seq, min(room, budget), batch_size, threshold)
-            trying_of[seq.seq_id] = trying
+            length, tries[i] = self._length(seq, min(room, budget), batch_size, threshold)
             # A last token still on the device (overlap scheduling) leaves nothing to look up
             # from: the sequence drafts once it is read (`may_draft` keeps that step in turn).
             if length == 0 or seq.num_pending_tokens:
@@ -216,7 +215,7 @@ class Drafter:
             if draft is None:
                 draft = self._lookup(seq, state, length)
                 state.misses = 0 if draft else state.misses + 1
-                if not draft and trying:  # a try that found nothing: wait longer
+                if not draft and tries[i]:  # a try that found nothing: wait longer
                     state.idle_steps = 0
                     state.backoff = min(2 * state.backoff, MAX_BACKOFF)
             drafts[i] = draft
@@ -225,10 +224,10 @@ class Drafter:
             made = self.model.propose([seqs[i] for i, _ in for_model], [n for _, n in for_model])
             for (i, _), draft in zip(for_model, made):
                 drafts[i] = draft
-        for seq, draft in zip(seqs, drafts):
+        for seq, draft, trying in zip(seqs, drafts, tries):
             if draft:
                 state = self.seqs[seq.seq_id]
-                state.trying = trying_of[seq.seq_id]
+                state.trying = trying
                 state.idle_steps = 0
         return drafts
 
