@@ -205,19 +205,25 @@ def failure_report(store, rank: int) -> str | None:
 
 
 def watch_rank0(config: EngineConfig, host: str, port: int, rank: int, interval_s: float = 1.0) -> None:
-    """A worker's watch on rank 0 through the store (a thread): when the store cannot be reached
-    for distributed_step_timeout_s (rank 0's host is gone, or the network between them; up to
-    twice that, as a blocked check itself waits that long), the worker says so on stderr and
-    exits, rather than wait for a step that will never come."""
+    """A worker's watch on rank 0 through the store: when rank 0's store has not answered for
+    distributed_step_timeout_s (rank 0's host is gone, or the network between them), the worker
+    says so on stderr and exits, rather than wait for a step that will never come.
+
+    Two daemon threads: one asks the store whether it is there, again and again, and notes each
+    answer; the other only reads the time of the last answer. The deadline cannot live in the
+    asking thread: a store request on a connection whose link went down blocks far longer than
+    the store's timeout (the client waits on TCP's retransmissions), so a thread that asks and
+    judges in turn never gets to judge."""
     import threading
     import time
 
     import torch.distributed as dist
 
     timeout = config.distributed_step_timeout_s
+    last_answer = [time.monotonic()]  # written by the asking thread, read by the judging one
+    last_error: list[BaseException | None] = [None]
 
-    def watch():
-        last_seen = time.monotonic()
+    def ask():
         store = None
         while True:
             try:
@@ -225,13 +231,20 @@ def watch_rank0(config: EngineConfig, host: str, port: int, rank: int, interval_
                     store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
                                           timeout=timedelta(seconds=timeout))
                 _prefixed(store).check(["alive"])
-                last_seen = time.monotonic()
+                last_answer[0] = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - unreachable, for whatever reason
-                store = None
-                if time.monotonic() - last_seen >= timeout:
-                    print(f"fastgen: tensor-parallel rank {rank} cannot reach rank 0's store at {host}:{port} "
-                          f"for {timeout:.0f} s ({exc}); exiting", file=sys.stderr, flush=True)
-                    os._exit(1)
+                store, last_error[0] = None, exc
             time.sleep(interval_s)
 
-    threading.Thread(target=watch, name="fastgen-rank0-watch", daemon=True).start()
+    def judge():
+        while True:
+            silent_s = time.monotonic() - last_answer[0]
+            if silent_s >= timeout:
+                reason = f" ({last_error[0]})" if last_error[0] is not None else " (no answer)"
+                print(f"fastgen: tensor-parallel rank {rank} has had no answer from rank 0's store at "
+                      f"{host}:{port} for {silent_s:.0f} s{reason}; exiting", file=sys.stderr, flush=True)
+                os._exit(1)
+            time.sleep(min(interval_s, timeout - silent_s))
+
+    threading.Thread(target=ask, name="fastgen-rank0-ask", daemon=True).start()
+    threading.Thread(target=judge, name="fastgen-rank0-watch", daemon=True).start()

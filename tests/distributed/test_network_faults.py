@@ -1,7 +1,7 @@
 """A tensor-parallel engine with one rank on each of two hosts (network namespaces joined by a
 veth pair; `network_namespaces.py`), started the documented way (torchrun, MASTER_ADDR on the
 link's address, gloo). Greedy output equals transformers'; with the link slowed, still the same
-tokens; a killed host, or the link set down mid-request, ends as the engine's
+tokens; a killed host, or the link set down mid-request or while the engine is idle, ends as the engine's
 TensorParallelError (never one request's "error") within 60 s, and no process is left behind on
 either host."""
 
@@ -46,8 +46,9 @@ def no_hang():
     faulthandler.cancel_dump_traceback_later()
 
 
-def run_two_hosts(model: str, max_tokens: int, fault=None) -> tuple[dict, float | None, int, dict]:
-    """Start rank 0 on host a and rank 1 on host b; apply `fault(hosts)` once rank 0 generates.
+def run_two_hosts(model: str, max_tokens: int, fault=None, idle_s: float = 0.0) -> tuple[dict, float | None, int, dict]:
+    """Start rank 0 on host a and rank 1 on host b; apply `fault(hosts)` half a second after
+    rank 0 is ready, which is mid-request, or while the engine sits idle for `idle_s` first.
     Returns rank 0's RESULT, the seconds from the fault to that result, rank 0's torchrun exit
     code, and the processes left on each host 30 s after rank 0's torchrun ended. Whatever still
     runs HANG_S + 30 s after the start is killed (a hung rank's stack is then in its host's log)."""
@@ -58,7 +59,7 @@ def run_two_hosts(model: str, max_tokens: int, fault=None) -> tuple[dict, float 
         for host, rank in (("a", 0), ("b", 1)):
             argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
                     "--nproc-per-node", "1", "--master-addr", hosts.addresses["a"], "--master-port", "29517",
-                    str(SCRIPT), model, str(max_tokens)]
+                    str(SCRIPT), model, str(max_tokens), str(idle_s)]
             procs[host] = hosts.popen(host, argv, env={**env, "GLOO_SOCKET_IFNAME": hosts.links[host]},
                                       stdout=subprocess.PIPE, stderr=logs[host], text=True)
         watchdog = threading.Timer(HANG_S + 30, lambda: [hosts.kill_all(host) for host in ("a", "b")])
@@ -66,7 +67,7 @@ def run_two_hosts(model: str, max_tokens: int, fault=None) -> tuple[dict, float 
         faulted_at, result = None, None
         for line in procs["a"].stdout:
             if line.startswith("READY") and fault is not None:
-                time.sleep(0.5)  # a few steps in: the fault lands mid-request
+                time.sleep(0.5)  # a few steps in (or idle_s not yet over): the fault lands
                 fault(hosts)
                 faulted_at = time.monotonic()
             if line.startswith("RESULT "):
@@ -102,11 +103,15 @@ def test_greedy_over_the_link_equals_transformers_and_a_slow_link_changes_nothin
     assert code == 0 and left == {"a": [], "b": []}, (code, left, result.get("log"))
 
 
-@pytest.mark.parametrize("fault", ["host_killed", "link_down"])
+@pytest.mark.parametrize("fault", ["host_killed", "link_down", "link_down_while_idle"])
 def test_a_lost_host_is_the_engines_error_within_a_minute(tiny_models, hosts_allowed, fault):
-    inject = {"host_killed": lambda hosts: hosts.kill_all("b"), "link_down": lambda hosts: hosts.link_down("b")}
-    result, seconds, code, left = run_two_hosts(tiny_models["qwen3"], 1000, inject[fault])
+    """While idle, the worker waits for a step on a group with no practical deadline: only its
+    watch on rank 0's store can end it (on a dead link, that store request itself hangs)."""
+    inject = {"host_killed": lambda hosts: hosts.kill_all("b"), "link_down": lambda hosts: hosts.link_down("b"),
+              "link_down_while_idle": lambda hosts: hosts.link_down("b")}
+    idle_s = 3.0 if fault == "link_down_while_idle" else 0.0
+    result, seconds, code, left = run_two_hosts(tiny_models["qwen3"], 1000, inject[fault], idle_s)
     print(f"\n{fault}: {result['result']} after {seconds:.1f} s: {result.get('message', '')[:300]}")
     assert result["result"] == "TensorParallelError", result
     assert seconds < FAULT_DEADLINE_S
-    assert code != 0 and left == {"a": [], "b": []}
+    assert code != 0 and left == {"a": [], "b": []}, (left, result.get("log"))

@@ -194,3 +194,41 @@ def test_rank_0s_own_failure_outside_the_collectives_is_one_requests(tiny_models
     assert worker(llm).is_alive() and llm.engine.runner.supervisor.failure is None
     sampler._sample = original
     assert [o.token_ids for o in llm.generate(prompts, plain)] == expected
+
+
+def test_a_worker_whose_store_requests_hang_exits_within_the_step_timeout(tmp_path):
+    """A link that goes down under an open connection leaves a store request blocked far beyond
+    the store's own timeout. The watch still ends the worker once rank 0's store has been silent
+    for distributed_step_timeout_s: the deadline is kept by a thread that never asks the store."""
+    script = tmp_path / "watch.py"
+    script.write_text(textwrap.dedent("""
+        import threading, time, types
+        import torch.distributed as dist
+        from fastgen.distributed import launch
+
+        class LinkGoesDown:  # answers twice, then blocks as a request on a dead link does
+            answers = 2
+            def __init__(self, *args, **kwargs):
+                pass
+            def check(self, keys):
+                LinkGoesDown.answers -= 1
+                if LinkGoesDown.answers < 0:
+                    threading.Event().wait()
+                return False
+
+        dist.TCPStore = LinkGoesDown
+        launch._prefixed = lambda store, name="": store
+        launch.watch_rank0(types.SimpleNamespace(distributed_step_timeout_s=2.0), "10.0.0.1", 1, rank=1,
+                           interval_s=0.2)
+        print("watching", flush=True)
+        time.sleep(60)
+        print("still running", flush=True)
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=90)
+    seconds = time.monotonic() - started
+    assert done.returncode == 1 and "still running" not in done.stdout, (done.stdout, done.stderr)
+    assert "has had no answer from rank 0's store at 10.0.0.1:1 for 2 s" in done.stderr, done.stderr
+    assert seconds < 30, seconds  # the interpreter's start, 2 s of silence after two answers
