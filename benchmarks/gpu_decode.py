@@ -65,6 +65,7 @@ from fastgen.cli.arg_types import int_range  # noqa: E402
 import fastgen.kernels.programmatic_launch as launch_policy  # noqa: E402
 from fastgen.layers import quantizable  # noqa: E402
 from fastgen.models.presets import preset_config, preset_model_dir  # noqa: E402
+from fastgen.worker import step_inputs  # noqa: E402
 
 # `logits` and `kernels` are measured inside the graphs and eager sections, on their engines.
 SECTIONS = ("bandwidth", "graphs", "logits", "kernels", "eager", "quantization", "throughput", "transformers")
@@ -270,6 +271,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "or a launch of its own does")
     p.add_argument("--programmatic-launch", choices=("on", "off"), default="on",
                    help="decode kernels launched as programmatic dependents on Hopper (the default), or not")
+    p.add_argument("--packed-uploads", choices=("on", "off"), default="on",
+                   help="a step's inputs sent in one packed transfer (the default), or one copy a buffer")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     args.quant_batch_sizes = [int(b) for b in args.quant_batch_sizes.split(",") if b]
@@ -296,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     quantizable.RMS_NORM_IN_PRODUCTS_ON_CUDA = args.fused_norms == "on"
     launch_policy.PROGRAMMATIC_LAUNCH_ON_CUDA = args.programmatic_launch == "on"
     triton_paged.DECODE_PREPARES_NEW_TOKEN = args.decode_new_token == "on"
+    step_inputs.PACK_UPLOADS_ON_CUDA = args.packed_uploads == "on"
     args.model_dir = preset_model_dir(args.preset)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{device_slug(gpu)}.json")
@@ -314,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": {"preset": args.preset, "dtype": args.dtype, "weights": "dummy"},
         "settings": {"steps": args.steps, "dense_products": args.dense_products, "fused_norms": args.fused_norms,
                      "decode_new_token": args.decode_new_token,
-                     "programmatic_launch": args.programmatic_launch, "block_size": args.block_size,
+                     "programmatic_launch": args.programmatic_launch, "packed_uploads": args.packed_uploads,
+                     "block_size": args.block_size,
                      "max_model_len": args.max_model_len,
                      "points": args.points, "workload": {"num_prompts": args.num_prompts,
                                                          "input_len": str(args.input_len),

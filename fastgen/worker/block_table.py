@@ -100,7 +100,3 @@ class BlockTable:
             self.add_row(i, seq.seq_id, seq.block_table)
         for i in range(len(out.seqs), rows):
             self.clear_row(i)
-
-    def copy_to_gpu(self, rows: int) -> torch.Tensor:
-        return self.buffer.copy_to_gpu(rows)
-

@@ -90,7 +90,8 @@ def check_model_fits(config: EngineConfig) -> None:
 
 
 def check_step_inputs_fit(config: EngineConfig) -> None:
-    """The step-input buffers (a host copy, and a device copy on CUDA), before they are allocated."""
+    """The step-input buffers (the host rows; on CUDA also their packed pinned copy and the
+    device's), before they are allocated."""
     drafts = config.speculative_config["num_speculative_tokens"] if config.speculative_config else 0
     per_copy = StepInputBuilder.num_bytes(config.max_num_seqs, config.max_num_batched_tokens,
                                           config.max_blocks_per_seq, drafts)
@@ -99,7 +100,7 @@ def check_step_inputs_fit(config: EngineConfig) -> None:
             f"block_size={config.block_size}")
     advice = "lower max_num_seqs, max_num_batched_tokens or max_model_len, or raise block_size"
     device = config.torch_device
-    check_fits(what, per_copy, torch.device("cpu"), advice)
+    check_fits(what, per_copy * (2 if device.type == "cuda" else 1), torch.device("cpu"), advice)
     if device.type == "cuda":
         check_fits(what, per_copy, device, advice)
 

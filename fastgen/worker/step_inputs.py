@@ -1,8 +1,9 @@
 """Builds a step's model inputs in persistent buffers instead of fresh Python lists.
 
-Host buffers (pinned on CUDA) and their device twins are allocated once at start-up, sized for
-the largest step. A step writes only its rows, copies them to the device in one transfer per
-buffer, and hands out views. Block tables follow the scheduler's facts (`BlockTable`). Decode
+Host buffers and their device twins are allocated once at start-up, sized for the largest step.
+A step writes only its rows and hands out device views of them: on CUDA the step's rows of every
+buffer are packed and sent in one transfer (`PackedUpload`), elsewhere the host buffers are the
+device's. Block tables follow the scheduler's facts (`BlockTable`). Decode
 batches can be padded to a CUDA-graph size: padding rows get token 0, position 0, slot -1
 (never written), context length 0 and an all -1 block table, so nothing stale from an earlier,
 larger batch survives.
@@ -27,8 +28,13 @@ from fastgen.attention import AttentionMetadata
 from fastgen.scheduler_output import SchedulerOutput
 from fastgen.worker.block_table import BlockTable
 from fastgen.worker.buffers import CpuGpuBuffer
+from fastgen.worker.packed_upload import ALIGN, PackedUpload
 
 PrepareMeta = Callable[[AttentionMetadata], AttentionMetadata]
+
+# A switch so that benchmarks can compare one packed transfer a step with one per buffer
+# (`benchmarks/gpu_decode.py --packed-uploads`); read when a builder is built.
+PACK_UPLOADS_ON_CUDA = True
 
 
 @dataclass(frozen=True)
@@ -78,34 +84,46 @@ class StepInputBuilder:
     """Sized for the largest step: max_num_seqs rows, max(max_num_tokens, max_num_seqs) tokens and
     block tables max_blocks_per_seq wide. prepare_meta: the attention backend's `prepare`, applied
     to every step's metadata. max_draft_tokens: most draft tokens a sequence verifies in a step
-    (speculative decoding), each a row of logits."""
+    (speculative decoding), each a row of logits. pack_uploads: send a step's rows in one transfer
+    (default: on CUDA, per PACK_UPLOADS_ON_CUDA); off, each buffer is copied on its own."""
 
     def __init__(self, max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device, prepare_meta: PrepareMeta = lambda meta: meta, max_draft_tokens: int = 0):
+                 device: torch.device, prepare_meta: PrepareMeta = lambda meta: meta, max_draft_tokens: int = 0,
+                 pack_uploads: bool | None = None):
         self.block_size = block_size
         self.prepare_meta = prepare_meta
+        if pack_uploads is None:
+            pack_uploads = device.type == "cuda" and PACK_UPLOADS_ON_CUDA
+        # Packed, the buffers below are host rows only: the packed upload has the device side.
+        rows_on = torch.device("cpu") if pack_uploads else device
         # A verify step laid out as decode rows (`fill_verify`) has up to 1 + max_draft_tokens
         # rows a sequence, each with its own context length and block-table row.
         self.max_verify_rows = max_num_seqs * (1 + max_draft_tokens) if max_draft_tokens else 0
         tokens = max(max_num_tokens, max_num_seqs, self.max_verify_rows)
-        self.input_ids = CpuGpuBuffer((tokens,), torch.int64, device)
-        self.positions = CpuGpuBuffer((tokens,), torch.int64, device)
-        self.slot_mapping = CpuGpuBuffer((tokens,), torch.int64, device, fill=-1)
+        self.input_ids = CpuGpuBuffer((tokens,), torch.int64, rows_on)
+        self.positions = CpuGpuBuffer((tokens,), torch.int64, rows_on)
+        self.slot_mapping = CpuGpuBuffer((tokens,), torch.int64, rows_on, fill=-1)
         # Two columns at least (the spare one all -1): a compiled CPU graph traced over one-column
         # tables would hold that width as a constant (torch.compile specialises sizes of 1), and
         # graphs are shared between engines whose max_model_len gives other widths.
         width = max(2, max_blocks_per_seq)
-        self.block_table = BlockTable(max_num_seqs, width, device)
-        self.context_lens = CpuGpuBuffer((max(max_num_seqs, self.max_verify_rows),), torch.int32, device)
+        self.block_table = BlockTable(max_num_seqs, width, rows_on)
+        self.context_lens = CpuGpuBuffer((max(max_num_seqs, self.max_verify_rows),), torch.int32, rows_on)
         if self.max_verify_rows:
-            self.row_seqs = CpuGpuBuffer((self.max_verify_rows,), torch.int64, device)
+            self.row_seqs = CpuGpuBuffer((self.max_verify_rows,), torch.int64, rows_on)
             # The rows' tables, gathered on the device from the sequences' at upload.
             self.row_block_tables = torch.full((self.max_verify_rows, width), -1, dtype=torch.int32, device=device)
-        self.query_start_loc = CpuGpuBuffer((max_num_seqs + 1,), torch.int32, device)
-        self.logits_indices = CpuGpuBuffer((max_num_seqs * (1 + max_draft_tokens),), torch.int64, device)
-        # Host-to-device copies are asynchronous and read the pinned buffers when they run. Most
-        # steps sync anyway (sampling reads the tokens back), but a middle chunk of a long prompt
-        # samples nothing, so the next build waits for this event before overwriting the buffers.
+        self.query_start_loc = CpuGpuBuffer((max_num_seqs + 1,), torch.int32, rows_on)
+        self.logits_indices = CpuGpuBuffer((max_num_seqs * (1 + max_draft_tokens),), torch.int64, rows_on)
+        self.packed = None
+        if pack_uploads:
+            # A step sends a piece of each buffer at most: room for all of them whole.
+            pieces = [self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.query_start_loc,
+                      self.logits_indices, self.block_table.buffer] + ([self.row_seqs] if self.max_verify_rows else [])
+            self.packed = PackedUpload(PackedUpload.room_for([b.cpu for b in pieces]), device)
+        # Host-to-device copies are asynchronous and read the pinned host memory when they run.
+        # Most steps sync anyway (sampling reads the tokens back), but a middle chunk of a long
+        # prompt samples nothing, so the next build waits for this event before overwriting it.
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
 
     @staticmethod
@@ -117,7 +135,8 @@ class StepInputBuilder:
         per_row = 4 + 8 + 4 + 4 * max_blocks_per_seq + 16  # context len, logits index, query start, table
         # A verify row: its context length, sequence index, logits index and gathered table row.
         per_verify_row = 4 + 8 + 8 + 4 * max(2, max_blocks_per_seq)
-        return 3 * 8 * tokens + max_num_seqs * per_row + verify_rows * per_verify_row + 4
+        # Packed (`PackedUpload`), each of up to 8 pieces is rounded up to its alignment.
+        return 3 * 8 * tokens + max_num_seqs * per_row + verify_rows * per_verify_row + 4 + 8 * ALIGN
 
     def wait_for_previous_upload(self) -> None:
         """Call before overwriting host rows: the last upload may still be reading them."""
@@ -273,22 +292,25 @@ class StepInputBuilder:
                           several_rows_a_sequence=True)
 
     def upload(self, layout: StepLayout) -> StepInputs:
-        """Copy a filled step's host rows to the device (one transfer per buffer) and describe
-        them. Decode uploads only what a decode step (and its graph) reads: row i is sequence
-        i's token, so there are no query offsets or logits indices to send."""
+        """Copy a filled step's host rows to the device and describe them. Decode uploads only
+        what a decode step (and its graph) reads: row i is sequence i's token, so there are no
+        query offsets or logits indices to send. The pieces a graph reads come first, so their
+        device addresses depend on the row count alone (`PackedUpload`)."""
         rows, tokens = layout.num_rows, layout.num_tokens
         sample_rows = list(layout.sample_rows)
         num_seqs = rows if layout.num_seqs is None else layout.num_seqs
         if layout.several_rows_a_sequence:
-            self.block_table.copy_to_gpu(layout.num_seqs)
+            # One table row at least: padding rows name row 0, even in an empty step.
+            ids, positions, slots, context_lens, row_seqs, seq_tables = self._send(
+                [(self.input_ids, rows), (self.positions, rows), (self.slot_mapping, rows), (self.context_lens, rows),
+                 (self.row_seqs, rows), (self.block_table.buffer, max(1, layout.num_seqs))])
             tables = self.row_block_tables[:rows]
-            # From the whole table (padding rows name row 0, which exists even in an empty step).
-            torch.index_select(self.block_table.buffer.gpu, 0, self.row_seqs.copy_to_gpu(rows), out=tables)
+            torch.index_select(seq_tables, 0, row_seqs, out=tables)
             meta = AttentionMetadata(
                 is_prefill=False,
-                slot_mapping=self.slot_mapping.copy_to_gpu(rows),
+                slot_mapping=slots,
                 block_tables=tables,
-                context_lens=self.context_lens.copy_to_gpu(rows),
+                context_lens=context_lens,
                 query_start_loc=None,
                 max_query_len=1,
                 max_context_len=layout.max_context_len,
@@ -296,26 +318,40 @@ class StepInputBuilder:
                 several_rows_a_sequence=True,
             )
         elif not layout.is_prefill:
+            ids, positions, slots, context_lens, tables = self._send(
+                [(self.input_ids, rows), (self.positions, rows), (self.slot_mapping, rows), (self.context_lens, rows),
+                 (self.block_table.buffer, rows)])
             meta = AttentionMetadata(
                 is_prefill=False,
-                slot_mapping=self.slot_mapping.copy_to_gpu(rows),
-                block_tables=self.block_table.copy_to_gpu(rows),
-                context_lens=self.context_lens.copy_to_gpu(rows),
+                slot_mapping=slots,
+                block_tables=tables,
+                context_lens=context_lens,
                 query_start_loc=None,
                 max_query_len=1,
                 max_context_len=layout.max_context_len,
                 logits_indices=None,
             )
         else:
+            ids, positions, slots, context_lens, query_start_loc, logits_indices, tables = self._send(
+                [(self.input_ids, tokens), (self.positions, tokens), (self.slot_mapping, tokens),
+                 (self.context_lens, rows), (self.query_start_loc, rows + 1), (self.logits_indices, layout.num_logits),
+                 (self.block_table.buffer, rows)])
             meta = AttentionMetadata(
                 is_prefill=True,
-                slot_mapping=self.slot_mapping.copy_to_gpu(tokens),
-                block_tables=self.block_table.copy_to_gpu(rows),
-                context_lens=self.context_lens.copy_to_gpu(rows),
-                query_start_loc=self.query_start_loc.copy_to_gpu(rows + 1),
+                slot_mapping=slots,
+                block_tables=tables,
+                context_lens=context_lens,
+                query_start_loc=query_start_loc,
                 max_query_len=layout.max_query_len,
                 max_context_len=layout.max_context_len,
-                logits_indices=self.logits_indices.copy_to_gpu(layout.num_logits),
+                logits_indices=logits_indices,
             )
-        return self._finish(StepInputs(self.input_ids.copy_to_gpu(tokens), self.positions.copy_to_gpu(tokens), meta,
-                                       sample_rows, num_seqs))
+        return self._finish(StepInputs(ids, positions, meta, sample_rows, num_seqs))
+
+    def _send(self, pieces: list[tuple[CpuGpuBuffer, int]]) -> list[torch.Tensor]:
+        """The first n rows of each buffer on the device: one transfer when packed, else one copy
+        a buffer."""
+        if self.packed is None:
+            return [buffer.copy_to_gpu(n) for buffer, n in pieces]
+        self.wait_for_previous_upload()  # the last transfer may still be reading the packed rows
+        return self.packed.send([buffer.np[:n] for buffer, n in pieces])

@@ -9,6 +9,8 @@ import pytest
 from fastgen import LLM, SamplingParams
 from fastgen.graphs import CudaGraphRunner
 from fastgen.graphs.runner import verify_sizes
+from fastgen.worker.buffers import CpuGpuBuffer
+from fastgen.worker.step_inputs import StepInputBuilder
 from tests.conftest import random_prompts
 from tests.speculative.test_speculative_engine import MAX_TOKENS, NGRAM, corrupted, greedy
 
@@ -21,8 +23,9 @@ def test_verify_graph_sizes_cover_full_drafts_within_the_largest_decode_graph():
     assert verify_sizes([1, 2], 1, 8) == [] and verify_sizes([1, 2], 5, 0) == []
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gpt2"])  # RoPE (q/k-norm) / learned positions
-def test_verify_steps_as_decode_rows_equal_transformers(tiny_models, reference, family, monkeypatch):
+# RoPE (q/k-norm) / learned positions; and with the step's inputs packed into one transfer, as on CUDA
+@pytest.mark.parametrize("family,packed", [("qwen3", False), ("gpt2", False), ("qwen3", True)])
+def test_verify_steps_as_decode_rows_equal_transformers(tiny_models, reference, family, packed, monkeypatch):
     model = tiny_models[family]
     prompts = random_prompts([9, 20, 6], seed=16)
     want = reference(model, prompts, MAX_TOKENS)
@@ -30,6 +33,12 @@ def test_verify_steps_as_decode_rows_equal_transformers(tiny_models, reference, 
               speculative_config=NGRAM)
     engine = llm.engine
     runner = engine.runner
+    if packed:  # before any step: the builder keeps no sequence's rows yet
+        config = llm.config
+        runner.inputs = StepInputBuilder(config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq,
+                                         config.block_size, runner.device, runner.backend.prepare,
+                                         NGRAM["num_speculative_tokens"], pack_uploads=True)
+        monkeypatch.setattr(CpuGpuBuffer, "copy_to_gpu", lambda self, n: pytest.fail("a buffer copied on its own"))
     runner.graphs = CudaGraphRunner(runner.model, runner.inputs, runner.kv_cache.layers, [1, 2, 4, 8, 16],
                                     llm.config.max_model_len, runner.device, capture=False,
                                     verify_rows_per_seq=1 + NGRAM["num_speculative_tokens"])

@@ -19,7 +19,7 @@ def uploads(monkeypatch) -> list[str]:
     real = CpuGpuBuffer.copy_to_gpu
 
     def spy(self, n):
-        names.append(self.name)
+        names.append(getattr(self, "name", "unnamed"))
         return real(self, n)
 
     monkeypatch.setattr(CpuGpuBuffer, "copy_to_gpu", spy)
@@ -100,3 +100,67 @@ def test_the_step_input_budget_counts_a_verify_steps_rows():
     """Drafts add rows a sequence (tokens, context lengths, gathered tables) to the buffers."""
     plain, drafted = StepInputBuilder.num_bytes(4, 8, 16), StepInputBuilder.num_bytes(4, 8, 16, max_draft_tokens=3)
     assert drafted - plain >= 4 * 4 * (4 * 16 + 8)  # 16 rows, at least a table row and an index each
+
+
+def uploaded(builder: StepInputBuilder, layout) -> dict[str, object]:
+    inputs = builder.upload(layout)
+    meta = inputs.meta
+    fields = {"input_ids": inputs.input_ids, "positions": inputs.positions, "slot_mapping": meta.slot_mapping,
+              "block_tables": meta.block_tables, "context_lens": meta.context_lens,
+              "query_start_loc": meta.query_start_loc, "logits_indices": meta.logits_indices}
+    return {name: None if t is None else (t.dtype, t.tolist()) for name, t in fields.items()}
+
+
+def test_a_packed_upload_sends_what_one_copy_a_buffer_sends_in_one_transfer(uploads):
+    """Decode (padded), verify and prefill steps: the packed builder's device tensors equal the
+    one-copy-a-buffer builder's, in dtype and value, all in the packed buffer, and no buffer is
+    copied on its own."""
+    seqs = lambda: (decoding(0, 6, [1, 2]), decoding(1, 3, [3]))  # noqa: E731
+    results = {}
+    for packed in (False, True):
+        builder = StepInputBuilder(4, 64, 4, 4, torch.device("cpu"), max_draft_tokens=3, pack_uploads=packed)
+        assert (builder.packed is not None) == packed
+        del uploads[:]
+        a, b = seqs()
+        decode = builder.fill_decode(SchedulerOutput([a, b], [1, 1], False, [True, True], [(), ()]), pad_to=4)
+        got = [uploaded(builder, decode)]
+        b.num_computed_tokens, b.num_pending_tokens = 3, 1
+        verify = SchedulerOutput([a, b], [3, 1], True, [True, True], [(), ()], num_decodes=2,
+                                 draft_tokens=((7, 8), ()))
+        got.append(uploaded(builder, builder.fill_verify(verify, pad_to=8)))
+        c = decoding(2, 9, [4, 5, 6])
+        c.num_computed_tokens = 4  # a chunk of its prompt after a prefix
+        got.append(uploaded(builder, builder.fill_prefill(SchedulerOutput([a, c], [1, 5], True, [True, True],
+                                                                          [(), ()], num_decodes=1))))
+        if packed:
+            assert uploads == []  # not one buffer copied on its own
+            storage = builder.packed.device_bytes.untyped_storage().data_ptr()
+            inputs = builder.upload(builder.fill_decode(SchedulerOutput([a], [1], False, [True], [()]), pad_to=2))
+            for t in (inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, inputs.meta.context_lens,
+                      inputs.meta.block_tables):
+                assert t.untyped_storage().data_ptr() == storage
+        results[packed] = got
+    assert results[True] == results[False]
+    assert results[True][1]["input_ids"][1] == [6, 7, 8, 0, 0, 0, 0, 0]  # the verify step, as laid out
+
+
+def test_a_packed_decode_step_of_r_rows_reads_the_same_device_addresses_every_time():
+    """What a CUDA graph captured at R rows reads must be where every later step of R rows puts
+    its inputs, whatever ran in between (other sizes, prefills)."""
+    builder = StepInputBuilder(8, 64, 4, 4, torch.device("cpu"), pack_uploads=True)
+
+    def addresses(rows: int, seqs) -> list[int]:
+        inputs = builder.upload(builder.fill_decode(SchedulerOutput(seqs, [1] * len(seqs), False,
+                                                                    [True] * len(seqs), [()] * len(seqs)),
+                                                    pad_to=rows))
+        meta = inputs.meta
+        return [t.data_ptr() for t in (inputs.input_ids, inputs.positions, meta.slot_mapping, meta.context_lens,
+                                       meta.block_tables)]
+
+    first = addresses(4, [decoding(0, 6, [1, 2])])
+    assert addresses(2, [decoding(1, 3, [3])]) != first
+    prompt = decoding(2, 9, [4, 5, 6])
+    prompt.num_computed_tokens = 0
+    builder.upload(builder.fill_prefill(SchedulerOutput([prompt], [9], True, [True], [()])))
+    assert addresses(4, [decoding(3, 5, [7, 8]), decoding(4, 2, [9])]) == first
+    assert len(set(first)) == 5  # five pieces, none on top of another
