@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import subprocess
@@ -271,6 +272,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "or a launch of its own does")
     p.add_argument("--programmatic-launch", choices=("on", "off"), default="on",
                    help="decode kernels launched as programmatic dependents on Hopper (the default), or not")
+    p.add_argument("--combine-in-split", choices=("on", "off"), default="off",
+                   help="decode attention combines its splits in the split kernel's last program, or in a "
+                        "launch of its own (the default)")
     p.add_argument("--packed-uploads", choices=("on", "off"), default="on",
                    help="a step's inputs sent in one packed transfer (the default), or one copy a buffer")
     args = p.parse_args(argv)
@@ -300,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     launch_policy.PROGRAMMATIC_LAUNCH_ON_CUDA = args.programmatic_launch == "on"
     triton_paged.DECODE_PREPARES_NEW_TOKEN = args.decode_new_token == "on"
     step_inputs.PACK_UPLOADS_ON_CUDA = args.packed_uploads == "on"
+    importlib.import_module("fastgen.kernels.paged_decode_attention").COMBINE_IN_LAST_SPLIT = \
+        args.combine_in_split == "on"
     args.model_dir = preset_model_dir(args.preset)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{device_slug(gpu)}.json")
@@ -319,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"steps": args.steps, "dense_products": args.dense_products, "fused_norms": args.fused_norms,
                      "decode_new_token": args.decode_new_token,
                      "programmatic_launch": args.programmatic_launch, "packed_uploads": args.packed_uploads,
+                     "combine_in_split": args.combine_in_split,
                      "block_size": args.block_size,
                      "max_model_len": args.max_model_len,
                      "points": args.points, "workload": {"num_prompts": args.num_prompts,

@@ -23,6 +23,7 @@ import triton  # noqa: E402
 from kernels.attention_tile import paged_strides  # noqa: E402
 from kernels.decode_split_policy import MAX_SPLITS, num_sms  # noqa: E402
 from kernels.paged_attention_torch import paged_decode_attention_torch  # noqa: E402
+from kernels.paged_decode_attention import _new_token_args  # noqa: E402
 from kernels.paged_decode_kernels import decode_combine_kernel, decode_split_kernel  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 128, 256
@@ -33,10 +34,10 @@ def launch(q, k, v, tables, lens, out, parts, splits, min_tokens, block_n, warps
     part_acc, part_max, part_sum = parts
     decode_split_kernel[(batch, KV_HEADS, splits)](
         q, k, v, tables, lens, out, part_acc, part_max, part_sum, HEAD_DIM ** -0.5,
-        *paged_strides(q, k, v, out, tables), HEADS, splits,
+        *paged_strides(q, k, v, out, tables), HEADS, splits, *_new_token_args(None, q), lens,
         BLOCK_SIZE=BLOCK, GROUP=HEADS // KV_HEADS, HEAD_DIM=HEAD_DIM, ONE_SPLIT=splits == 1, MIN_TOKENS=min_tokens,
         BLOCK_G=16, BLOCK_N=block_n, BLOCK_D=HEAD_DIM, DOT_DTYPE=triton.language.bfloat16, PDL=False,
-        num_warps=warps, num_stages=stages)
+        NEW_TOKEN=False, QK_NORM=False, COMBINE_IN_LAST_SPLIT=False, num_warps=warps, num_stages=stages)
     if splits > 1:
         decode_combine_kernel[(batch, HEADS)](
             part_acc, part_max, part_sum, lens, out, out.stride(0), out.stride(1), HEADS, splits,

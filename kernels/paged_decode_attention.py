@@ -22,6 +22,27 @@ from .qk_norm_rope_store import check_qk_norm_rope_args
 from .triton_types import dot_dtype
 
 
+# With more than one split, combine the partials in the split kernel's last program of each
+# (sequence, KV head) instead of a second launch (`paged_decode_kernels`). Off until measured
+# on a GPU against the combine launch (`benchmarks/gpu_decode.py --combine-in-split`).
+COMBINE_IN_LAST_SPLIT = False
+
+# Per device: the split kernel's counters of finished splits, zero between launches (the last
+# program of each group zeroes its own), so one buffer serves every layer, step and graph replay.
+_splits_done: dict[torch.device, torch.Tensor] = {}
+
+
+def splits_done_counters(device: torch.device, count: int) -> torch.Tensor:
+    """At least `count` int32 counters at zero. Grown (never inside a CUDA-graph capture: the
+    eager warm-up of every graph size runs first) by replacing the buffer."""
+    counters = _splits_done.get(device)
+    if counters is None or counters.numel() < count:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the decode split counters must be allocated before CUDA-graph capture")
+        counters = _splits_done[device] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+    return counters
+
+
 @dataclass(frozen=True)
 class NewToken:
     """The step's new token as projected, for `paged_decode_attention` to prepare and store
@@ -135,12 +156,14 @@ def paged_decode_attention(
     block_d = max(16, triton.next_power_of_2(head_dim))
     # fp32 (tests) multiplies on CUDA cores, not tensor cores: smaller tiles keep it in registers.
     block_n = 16 if k_cache.element_size() >= 4 else 64
+    combine_in_split = max_splits > 1 and COMBINE_IN_LAST_SPLIT
     if max_splits > 1:
         part_acc = torch.empty((batch, num_heads, max_splits, head_dim), dtype=torch.float32, device=q.device)
         part_max = torch.empty((batch, num_heads, max_splits), dtype=torch.float32, device=q.device)
         part_sum = torch.empty_like(part_max)
     else:  # never touched: the one-split path is compiled without the partial stores
         part_acc = part_max = part_sum = out
+    splits_done = splits_done_counters(q.device, batch * num_kv_heads) if combine_in_split else context_lens
 
     decode_split_kernel[(batch, num_kv_heads, max_splits)](
         q, k_cache, v_cache, block_tables, context_lens,
@@ -149,13 +172,15 @@ def paged_decode_attention(
         *paged_strides(q, k_cache, v_cache, out, block_tables),
         num_heads, max_splits,
         *_new_token_args(new_token, q),
+        splits_done,
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim,
         ONE_SPLIT=max_splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
         BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DOT_DTYPE=dot, PDL=pdl,
         NEW_TOKEN=new_token is not None, QK_NORM=new_token is not None and new_token.q_norm_weight is not None,
+        COMBINE_IN_LAST_SPLIT=combine_in_split,
         num_warps=4, **launch_options(pdl),
     )
-    if max_splits > 1:
+    if max_splits > 1 and not combine_in_split:
         decode_combine_kernel[(batch, num_heads)](
             part_acc, part_max, part_sum, context_lens, out,
             out.stride(0), out.stride(1),

@@ -12,7 +12,10 @@
    a launch a layer on the path where launches, not bytes, set the time.
 2. `decode_combine_kernel`, grid (batch, num_heads), launched only when grid_splits > 1:
    rescales a sequence's partials to a common max and normalises; sequences that used one
-   split are skipped.
+   split are skipped. With COMBINE_IN_LAST_SPLIT there is no second launch: each split
+   program counts itself done on a per-(sequence, KV head) counter (an atomic), and the one
+   that finishes last does the combine for its KV head's query heads (`combine_group`) and
+   zeroes the counter for the next launch.
 
 The number of splits a sequence uses comes from its context length, read on the device
 (`splits_for`, mirrored by `decode_split_policy.splits_for_lengths`), so a captured graph
@@ -69,10 +72,12 @@ def decode_split_kernel(
     num_heads, grid_splits,
     k_new_ptr, v_new_ptr, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, slot_mapping_ptr, eps,
     stride_knt, stride_knh, stride_vnt, stride_vnh, stride_cs,
+    splits_done_ptr,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PDL: tl.constexpr, NEW_TOKEN: tl.constexpr, QK_NORM: tl.constexpr,
+    COMBINE_IN_LAST_SPLIT: tl.constexpr,
 ):
     if PDL:  # q and the cache come from the kernels in front
         gdc_launch_dependents()
@@ -154,6 +159,43 @@ def decode_split_kernel(
             tl.store(part_max_ptr + part_row, m_i, mask=mask_g)
             tl.store(part_sum_ptr + part_row, l_i, mask=mask_g)
             tl.store(part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+            if COMBINE_IN_LAST_SPLIT:
+                # Count this (sequence, KV head)'s finished splits; the program that finishes
+                # last combines them. The barrier puts all of this program's partial stores
+                # before its count; acq_rel publishes them with it and, in the last program,
+                # makes every other program's visible before it reads them.
+                tl.debug_barrier()
+                counter = splits_done_ptr + seq * tl.num_programs(1) + kv_head
+                done_before = tl.atomic_add(counter, 1, sem="acq_rel")
+                if done_before == num_splits - 1:
+                    tl.atomic_xchg(counter, 0)  # zero again for the next launch (graph replays too)
+                    tl.debug_barrier()
+                    combine_group(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptrs, out_mask,
+                                  (seq * num_heads + heads) * grid_splits, mask_g, offs_d, num_splits,
+                                  HEAD_DIM, BLOCK_G, BLOCK_D)
+
+
+@triton.jit
+def combine_group(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptrs, out_mask, first_rows, mask_g, offs_d,
+                  num_splits, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """`decode_combine_kernel`'s arithmetic for a KV head's query heads at once (rows
+    first_rows + s hold split s of each head), a split at a time: two passes over the partials,
+    the first for the common max. Loads bypass L1 (.cg): other programs wrote the partials."""
+    m_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    for s in range(0, num_splits):
+        m_max = tl.maximum(m_max, tl.load(part_max_ptr + first_rows + s, mask=mask_g, other=0.0,
+                                          cache_modifier=".cg"))
+    denom = tl.zeros([BLOCK_G], tl.float32)
+    total = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for s in range(0, num_splits):
+        rows = first_rows + s
+        weight = tl.exp(tl.load(part_max_ptr + rows, mask=mask_g, other=0.0, cache_modifier=".cg") - m_max)
+        denom += weight * tl.load(part_sum_ptr + rows, mask=mask_g, other=0.0, cache_modifier=".cg")
+        acc = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=out_mask, other=0.0,
+                      cache_modifier=".cg")
+        total += weight[:, None] * acc
+    result = total / tl.where(denom > 0.0, denom, 1.0)[:, None]
+    tl.store(out_ptrs, result.to(out_ptrs.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit

@@ -77,7 +77,8 @@ def resource_usage(kernel) -> dict:
     usage = {"shared_bytes": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps,
              "num_stages": kernel.metadata.num_stages, "tensor_core_ops": len(re.findall(r"\b(w?gmma|mma)\b",
                                                                                           kernel.asm["ptx"])),
-             "grid_dependency_ops": len(re.findall(r"\bgriddepcontrol\.", kernel.asm["ptx"]))}
+             "grid_dependency_ops": len(re.findall(r"\bgriddepcontrol\.", kernel.asm["ptx"])),
+             "atomic_ops": len(re.findall(r"\batom\.", kernel.asm["ptx"]))}
     if tool.exists():
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(kernel.asm["cubin"])
@@ -104,6 +105,17 @@ def programmatic_launches():
     finally:
         for m, launch in zip(modules, saved):
             m.programmatic_launch = launch
+
+
+@contextlib.contextmanager
+def combine_in_last_split():
+    """Decode attention combining its splits in the split kernel (`COMBINE_IN_LAST_SPLIT`)."""
+    module = importlib.import_module("fastgen.kernels.paged_decode_attention")
+    saved, module.COMBINE_IN_LAST_SPLIT = module.COMBINE_IN_LAST_SPLIT, True
+    try:
+        yield
+    finally:
+        module.COMBINE_IN_LAST_SPLIT = saved
 
 
 def with_and_without_pdl(tag: dict, launch):
@@ -139,6 +151,12 @@ def launch_everything() -> None:
             for max_splits in (1, 8):
                 yield from with_and_without_pdl(tag | {"max_splits": max_splits}, lambda m=max_splits: (
                     paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=m)))
+            for new_token in (None, NewToken(kv, kv, slots, cos_sin, weight, weight, 1e-6, slots)):
+                def combined(t=new_token):
+                    with combine_in_last_split():
+                        return paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=8, new_token=t)
+                yield from with_and_without_pdl(tag | {"max_splits": 8, "combine_in_split": True,
+                                                       "new_token": new_token is not None}, combined)
                 for norm in (True, False):
                     new_token = NewToken(kv, kv, slots, cos_sin, weight if norm else None, weight if norm else None,
                                          1e-6, slots)

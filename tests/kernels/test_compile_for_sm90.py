@@ -60,3 +60,12 @@ def test_decode_kernels_wait_on_the_kernel_in_front_only_when_launched_as_its_de
                                                "_normed_skinny_matmul_kernel"}
     for row in variants:
         assert (row["grid_dependency_ops"] >= 2) == row["config"]["pdl"], row
+
+
+@pytest.mark.slow
+def test_only_decode_attention_that_combines_in_its_last_split_uses_atomics(compiled):
+    """The split counters are the one atomic in the decode path, and only where asked for."""
+    for row in compiled:
+        combining = row["kernel"] == "decode_split_kernel" and row["config"].get("combine_in_split", False)
+        assert (row["atomic_ops"] > 0) == combining, row
+    assert any(row["config"].get("combine_in_split") for row in compiled)

@@ -4,6 +4,8 @@ launches it replaces, `qk_norm_rope_store` then `paged_decode_attention`."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -68,6 +70,22 @@ def test_preparing_the_new_token_in_the_kernel_equals_the_separate_launch(dtype,
     assert torch.equal(v_cache.nan_to_num(7.0), v_ref.nan_to_num(7.0))
     assert torch.equal(q, q_before)  # q is read as projected, not rewritten
     assert not got[-1].any()  # the padding row
+
+
+@pytest.mark.parametrize("max_splits", [3, None], ids=["grid3", "grid-auto"])
+def test_the_new_token_with_the_combine_in_the_last_split_equals_the_separate_launches(max_splits, monkeypatch):
+    """Both fusions at once: the program holding the new token stores it, another may combine."""
+    q, k, v, k_cache, v_cache, tables, lens, positions, cos_sin, (qw, kw), slots = step(
+        torch.float32, 64, [1, 40, 300, 0, 380], seed=5)
+    k_ref, v_ref, q_ref = k_cache.clone(), v_cache.clone(), q.clone()
+    qk_norm_rope_store(q_ref, k.clone(), v, positions, cos_sin, qw, kw, EPS, k_ref, v_ref, slots)
+    want = paged_decode_attention(q_ref, k_ref, v_ref, tables, lens, 0.125, max_splits=max_splits)
+    monkeypatch.setattr(importlib.import_module("fastgen.kernels.paged_decode_attention"), "COMBINE_IN_LAST_SPLIT",
+                        True)
+    got = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, max_splits=max_splits,
+                                 new_token=NewToken(k, v, positions, cos_sin, qw, kw, EPS, slots))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_cache, k_ref, equal_nan=True, rtol=1e-5, atol=1e-5)
 
 
 def test_a_new_token_that_does_not_fit_the_queries_is_refused():

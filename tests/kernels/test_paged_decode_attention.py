@@ -1,6 +1,7 @@
 """paged_decode_attention (Triton, split-KV, tl.dot for every group size) matches a float64
 torch reference; each sequence's split count follows its own context length."""
 
+import importlib
 import os
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from fastgen.kernels.decode_split_policy import (  # noqa: E402
 
 from tests.kernels.paged_cases import DEVICE, TOLERANCE, int32, paged_cache  # noqa: E402
 
+# The module (the package exports its function under the same name).
+launcher = importlib.import_module("fastgen.kernels.paged_decode_attention")
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 pytestmark = pytest.mark.triton
 
@@ -83,10 +86,38 @@ SHAPES = {
 }
 
 
+@pytest.fixture(params=["combine-launch", "combine-in-last-split"])
+def combine(request, monkeypatch) -> str:
+    """Both ways of combining a sequence's splits: a second launch, or the split kernel's last
+    program of each (sequence, KV head)."""
+    monkeypatch.setattr(launcher, "COMBINE_IN_LAST_SPLIT", request.param == "combine-in-last-split")
+    return request.param
+
+
 @pytest.mark.parametrize("max_splits", [1, 3, None], ids=["grid1", "grid3", "grid-auto"])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-def test_matches_float64_reference(shape, max_splits):
+def test_matches_float64_reference(shape, max_splits, combine):
+    if max_splits == 1 and combine == "combine-in-last-split":
+        pytest.skip("one split has nothing to combine")
     assert_matches_reference(make_case(*shape, seed=len(shape[0])), max_splits)
+
+
+def test_the_last_split_combines_and_leaves_the_counters_at_zero_for_the_next_launch(monkeypatch):
+    """In-kernel combining: no combine launch, every counter back at zero after each call (what
+    the next layer, step or graph replay needs), and a second call over shorter lengths (other
+    split counts), reusing the counters, still right."""
+    monkeypatch.setattr(launcher, "COMBINE_IN_LAST_SPLIT", True)
+    launched = []
+    monkeypatch.setattr(launcher, "decode_combine_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: launched.append(grid)})())
+    case = make_case([0, 700, 129, 300, 5], num_kv_heads=2, group=4, head_dim=64, block_size=16,
+                     max_blocks=44, dtype=torch.float32)
+    for lens in ([0, 700, 129, 300, 5], [0, 400, 100, 290, 5]):  # within the first's live slots
+        case.context_lens.copy_(int32(lens))
+        assert_matches_reference(case, max_splits=6)
+        counters = launcher.splits_done_counters(case.q.device, 10)
+        assert (counters == 0).all()
+    assert launched == []
 
 
 def test_padding_rows_with_all_minus_one_tables_read_no_kv():
@@ -162,7 +193,7 @@ def test_rejects_heads_not_multiple_of_kv_heads():
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("group", [1, 2, 4, 8], ids=["mha", "gqa2", "gqa4", "gqa8"])
-def test_large_shapes_on_cuda(group, dtype):
+def test_large_shapes_on_cuda(group, dtype, combine):
     gen = torch.Generator().manual_seed(group)
     lens = torch.randint(0, 4097, (32,), generator=gen)
     lens[:3] = torch.tensor([0, 1, 4096])
@@ -174,7 +205,7 @@ def test_large_shapes_on_cuda(group, dtype):
 
 @pytest.mark.cuda
 @requires_cuda
-def test_cuda_graph_replay_follows_new_context_lens():
+def test_cuda_graph_replay_follows_new_context_lens(combine):
     case = make_case([100, 0, 2000, 31], num_kv_heads=2, group=4, head_dim=128, block_size=16,
                      max_blocks=128, dtype=torch.bfloat16)
     out = torch.empty_like(case.q)
