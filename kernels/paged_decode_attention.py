@@ -28,17 +28,22 @@ from .triton_types import dot_dtype
 COMBINE_IN_LAST_SPLIT = False
 
 # Per device: the split kernel's counters of finished splits, zero between launches (the last
-# program of each group zeroes its own), so one buffer serves every layer, step and graph replay.
+# program of each group zeroes its own), so one buffer serves every layer, step and graph replay
+# on that device, as long as its launches run one after another (one stream).
 _splits_done: dict[torch.device, torch.Tensor] = {}
+# Counters a larger buffer replaced: kept, since graphs captured over them still use them.
+_outgrown: list[torch.Tensor] = []
 
 
 def splits_done_counters(device: torch.device, count: int) -> torch.Tensor:
-    """At least `count` int32 counters at zero. Grown (never inside a CUDA-graph capture: the
-    eager warm-up of every graph size runs first) by replacing the buffer."""
+    """At least `count` int32 counters at zero. Grown by a new buffer (never inside a CUDA-graph
+    capture: the eager warm-up of every graph size runs first), the old one kept alive."""
     counters = _splits_done.get(device)
     if counters is None or counters.numel() < count:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("the decode split counters must be allocated before CUDA-graph capture")
+        if counters is not None:
+            _outgrown.append(counters)
         counters = _splits_done[device] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
     return counters
 

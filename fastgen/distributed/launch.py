@@ -209,42 +209,55 @@ def watch_rank0(config: EngineConfig, host: str, port: int, rank: int, interval_
     distributed_step_timeout_s (rank 0's host is gone, or the network between them), the worker
     says so on stderr and exits, rather than wait for a step that will never come.
 
-    Two daemon threads: one asks the store whether it is there, again and again, and notes each
-    answer; the other only reads the time of the last answer. The deadline cannot live in the
-    asking thread: a store request on a connection whose link went down blocks far longer than
-    the store's timeout (the client waits on TCP's retransmissions), so a thread that asks and
-    judges in turn never gets to judge."""
+    Two daemon threads: one asks the store whether it is there, again and again, and notes when
+    a request started and when requests began to fail; the other only reads those times. The
+    deadline cannot live in the asking thread: a store request on a connection whose link went
+    down blocks far longer than the store's timeout (the client waits on TCP's retransmissions),
+    so a thread that asks and judges in turn never gets to judge. Only a request that has waited
+    the whole timeout, or requests failing for that long, end the worker: a healthy worker
+    between two requests never looks silent, however short the timeout."""
     import threading
     import time
 
     import torch.distributed as dist
 
     timeout = config.distributed_step_timeout_s
-    last_answer = [time.monotonic()]  # written by the asking thread, read by the judging one
+    interval_s = min(interval_s, timeout / 4)
+    # Written by the asking thread, read by the judging one (single assignments: no lock needed).
+    asking_since: list[float | None] = [None]  # when the request in flight started
+    failing_since: list[float | None] = [None]  # the first failure since the last answer
     last_error: list[BaseException | None] = [None]
 
     def ask():
         store = None
         while True:
+            asking_since[0] = time.monotonic()
             try:
                 if store is None:
                     store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
                                           timeout=timedelta(seconds=timeout))
                 _prefixed(store).check(["alive"])
-                last_answer[0] = time.monotonic()
+                failing_since[0] = last_error[0] = None
             except Exception as exc:  # noqa: BLE001 - unreachable, for whatever reason
                 store, last_error[0] = None, exc
+                if failing_since[0] is None:
+                    failing_since[0] = asking_since[0]
+            asking_since[0] = None
             time.sleep(interval_s)
 
     def judge():
         while True:
-            silent_s = time.monotonic() - last_answer[0]
-            if silent_s >= timeout:
-                reason = f" ({last_error[0]})" if last_error[0] is not None else " (no answer)"
+            now = time.monotonic()
+            asking, failing = asking_since[0], failing_since[0]
+            waited = max(now - asking if asking is not None else 0.0, now - failing if failing is not None else 0.0)
+            if waited >= timeout:
+                error = last_error[0]
+                reason = f"the requests fail: {error}" if failing is not None and error is not None else \
+                    "a request has had no answer"
                 print(f"fastgen: tensor-parallel rank {rank} has had no answer from rank 0's store at "
-                      f"{host}:{port} for {silent_s:.0f} s{reason}; exiting", file=sys.stderr, flush=True)
+                      f"{host}:{port} for {waited:.0f} s ({reason}); exiting", file=sys.stderr, flush=True)
                 os._exit(1)
-            time.sleep(min(interval_s, timeout - silent_s))
+            time.sleep(interval_s)
 
     threading.Thread(target=ask, name="fastgen-rank0-ask", daemon=True).start()
     threading.Thread(target=judge, name="fastgen-rank0-watch", daemon=True).start()

@@ -93,10 +93,12 @@ class CudaGraphRunner:
     def _capture_all(self) -> None:
         device = self.device
         shapes = sorted([(size, False) for size in self.sizes] + [(size, True) for size in self.verify_sizes])
-        inputs = {shape: self._padding_inputs(*shape) for shape in shapes}
+        # Each shape's padding rows are uploaded right before that shape runs: with packed
+        # uploads every layout's inputs share one device buffer, so an earlier upload of another
+        # shape is overwritten (capture only needs the addresses, which depend on the shape).
         start = time.perf_counter()
         for shape in reversed(shapes):  # compile, autotune and JIT every shape outside capture
-            self._decode(inputs[shape])
+            self._decode(self._padding_inputs(*shape))
         torch.cuda.synchronize(device)
         self.warmup_seconds = time.perf_counter() - start
         free_before, _ = torch.cuda.mem_get_info(device)
@@ -108,9 +110,10 @@ class CudaGraphRunner:
         gc.freeze()
         try:
             for shape in reversed(shapes):  # largest first: smaller graphs reuse its pool
+                inputs = self._padding_inputs(*shape)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[shape] = self._decode(inputs[shape])
+                    self.outputs[shape] = self._decode(inputs)
                 pool = graph.pool()
                 self.graphs[shape] = graph
         finally:

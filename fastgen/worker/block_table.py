@@ -17,7 +17,8 @@ from fastgen.worker.buffers import CpuGpuBuffer
 
 
 class BlockTable:
-    """int32 [max_rows, width] (+ device twin), -1 past each sequence's blocks and in padding."""
+    """int32 [max_rows, width] (with a device twin unless the builder packs its uploads), -1 past
+    each sequence's blocks and in padding."""
 
     def __init__(self, max_rows: int, width: int, device: torch.device):
         self.buffer = CpuGpuBuffer((max_rows, width), torch.int32, device, fill=-1)

@@ -17,6 +17,7 @@ import torch
 from fastgen.config import EngineConfig
 from fastgen.models.config import DTYPE_BYTES
 from fastgen.worker.kv_cache import bytes_per_block
+from fastgen.worker import step_inputs
 from fastgen.worker.step_inputs import StepInputBuilder
 
 _CGROUP_V2 = Path("/sys/fs/cgroup")
@@ -100,7 +101,8 @@ def check_step_inputs_fit(config: EngineConfig) -> None:
             f"block_size={config.block_size}")
     advice = "lower max_num_seqs, max_num_batched_tokens or max_model_len, or raise block_size"
     device = config.torch_device
-    check_fits(what, per_copy * (2 if device.type == "cuda" else 1), torch.device("cpu"), advice)
+    packed = device.type == "cuda" and step_inputs.PACK_UPLOADS_ON_CUDA  # host rows and their packed copy
+    check_fits(what, per_copy * (2 if packed else 1), torch.device("cpu"), advice)
     if device.type == "cuda":
         check_fits(what, per_copy, device, advice)
 

@@ -1,12 +1,12 @@
 """Builds a step's model inputs in persistent buffers instead of fresh Python lists.
 
-Host buffers and their device twins are allocated once at start-up, sized for the largest step.
-A step writes only its rows and hands out device views of them: on CUDA the step's rows of every
-buffer are packed and sent in one transfer (`PackedUpload`), elsewhere the host buffers are the
-device's. Block tables follow the scheduler's facts (`BlockTable`). Decode
-batches can be padded to a CUDA-graph size: padding rows get token 0, position 0, slot -1
-(never written), context length 0 and an all -1 block table, so nothing stale from an earlier,
-larger batch survives.
+Host buffers are allocated once at start-up, sized for the largest step. A step writes only its
+rows and hands out device views of them: on CUDA the step's rows of every buffer are packed and
+sent in one transfer (`PackedUpload`; with that off, each buffer has a pinned host side and a
+device twin and is copied on its own); on CPU the host buffers are the device's. Block tables
+follow the scheduler's facts (`BlockTable`). Decode batches can be padded to a CUDA-graph size:
+padding rows get token 0, position 0, slot -1 (never written), context length 0 and an all -1
+block table, so nothing stale from an earlier, larger batch survives.
 
 A step is built in two halves: `fill_prefill` / `fill_decode` write the host rows from the
 scheduler's output and return a `StepLayout` (plain sizes); `upload` copies those rows to the
@@ -139,7 +139,8 @@ class StepInputBuilder:
         return 3 * 8 * tokens + max_num_seqs * per_row + verify_rows * per_verify_row + 4 + 8 * ALIGN
 
     def wait_for_previous_upload(self) -> None:
-        """Call before overwriting host rows: the last upload may still be reading them."""
+        """Call before overwriting host memory an upload reads: the last upload's copy may still
+        be reading it (the packed buffer, or with packing off the pinned host rows)."""
         if self._uploaded is not None:
             self._uploaded.synchronize()  # returns at once if never recorded
 

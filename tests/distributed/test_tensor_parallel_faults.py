@@ -10,6 +10,7 @@ import faulthandler
 import gc
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -196,39 +197,54 @@ def test_rank_0s_own_failure_outside_the_collectives_is_one_requests(tiny_models
     assert [o.token_ids for o in llm.generate(prompts, plain)] == expected
 
 
-def test_a_worker_whose_store_requests_hang_exits_within_the_step_timeout(tmp_path):
+WATCH_SCRIPT = """
+import sys, threading, time, types
+import torch.distributed as dist
+from fastgen.distributed import launch
+
+mode, timeout = sys.argv[1], float(sys.argv[2])
+
+class Store:  # answers twice, then as `mode` says: hangs (a dead link), fails, or keeps answering
+    answers = 2
+    def __init__(self, *args, **kwargs):
+        pass
+    def check(self, keys):
+        Store.answers -= 1
+        if Store.answers >= 0 or mode == "answers":
+            time.sleep(0.05)
+            return False
+        if mode == "hangs":
+            threading.Event().wait()
+        raise ConnectionError("connection refused")
+
+dist.TCPStore = Store
+launch._prefixed = lambda store, name="": store
+launch.watch_rank0(types.SimpleNamespace(distributed_step_timeout_s=timeout), "10.0.0.1", 1, rank=1)
+time.sleep(float(sys.argv[3]))
+print("still running", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["hangs", "fails", "answers"])
+def test_a_worker_exits_once_rank0s_store_has_not_answered_for_the_step_timeout(tmp_path, mode):
     """A link that goes down under an open connection leaves a store request blocked far beyond
-    the store's own timeout. The watch still ends the worker once rank 0's store has been silent
-    for distributed_step_timeout_s: the deadline is kept by a thread that never asks the store."""
+    the store's own timeout ("hangs"); the watch still ends the worker once a request has waited
+    distributed_step_timeout_s, as it does once requests have failed for that long ("fails"): the
+    deadline is kept by a thread that never asks the store. A store that answers, even with a
+    timeout shorter than the watch's usual interval, never ends the worker ("answers")."""
     script = tmp_path / "watch.py"
-    script.write_text(textwrap.dedent("""
-        import threading, time, types
-        import torch.distributed as dist
-        from fastgen.distributed import launch
-
-        class LinkGoesDown:  # answers twice, then blocks as a request on a dead link does
-            answers = 2
-            def __init__(self, *args, **kwargs):
-                pass
-            def check(self, keys):
-                LinkGoesDown.answers -= 1
-                if LinkGoesDown.answers < 0:
-                    threading.Event().wait()
-                return False
-
-        dist.TCPStore = LinkGoesDown
-        launch._prefixed = lambda store, name="": store
-        launch.watch_rank0(types.SimpleNamespace(distributed_step_timeout_s=2.0), "10.0.0.1", 1, rank=1,
-                           interval_s=0.2)
-        print("watching", flush=True)
-        time.sleep(60)
-        print("still running", flush=True)
-    """))
+    script.write_text(WATCH_SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    timeout, runs = (0.5, 4.0) if mode == "answers" else (2.0, 60.0)
     started = time.monotonic()
-    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=90)
+    done = subprocess.run([sys.executable, str(script), mode, str(timeout), str(runs)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=90)
     seconds = time.monotonic() - started
+    if mode == "answers":
+        assert done.returncode == 0 and "still running" in done.stdout, (done.stdout, done.stderr)
+        return
+    reason = "a request has had no answer" if mode == "hangs" else "the requests fail: connection refused"
     assert done.returncode == 1 and "still running" not in done.stdout, (done.stdout, done.stderr)
-    assert "has had no answer from rank 0's store at 10.0.0.1:1 for 2 s" in done.stderr, done.stderr
-    assert seconds < 30, seconds  # the interpreter's start, 2 s of silence after two answers
+    assert re.search(rf"has had no answer from rank 0's store at 10\.0\.0\.1:1 for [234] s \({reason}\)",
+                     done.stderr), done.stderr
+    assert seconds < 30, seconds  # the interpreter's start, 2 s after the answers stopped

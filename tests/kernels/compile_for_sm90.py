@@ -151,12 +151,6 @@ def launch_everything() -> None:
             for max_splits in (1, 8):
                 yield from with_and_without_pdl(tag | {"max_splits": max_splits}, lambda m=max_splits: (
                     paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=m)))
-            for new_token in (None, NewToken(kv, kv, slots, cos_sin, weight, weight, 1e-6, slots)):
-                def combined(t=new_token):
-                    with combine_in_last_split():
-                        return paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=8, new_token=t)
-                yield from with_and_without_pdl(tag | {"max_splits": 8, "combine_in_split": True,
-                                                       "new_token": new_token is not None}, combined)
                 for norm in (True, False):
                     new_token = NewToken(kv, kv, slots, cos_sin, weight if norm else None, weight if norm else None,
                                          1e-6, slots)
@@ -164,6 +158,12 @@ def launch_everything() -> None:
                         tag | {"max_splits": max_splits, "new_token": True, "qk_norm": norm},
                         lambda m=max_splits, t=new_token: paged_decode_attention(q, cache, cache, tables, lens, 0.1,
                                                                                  max_splits=m, new_token=t))
+            for new_token in (None, NewToken(kv, kv, slots, cos_sin, weight, weight, 1e-6, slots)):
+                def combined(t=new_token):
+                    with combine_in_last_split():
+                        return paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=8, new_token=t)
+                yield from with_and_without_pdl(tag | {"max_splits": 8, "combine_in_split": True,
+                                                       "new_token": new_token is not None}, combined)
             yield tag, lambda: paged_prefill_attention(q, cache, cache, tables, starts, lens, 100, 0.1)
             for norm in (True, False):
                 yield from with_and_without_pdl(tag | {"qk_norm": norm}, lambda n=norm: qk_norm_rope_store(

@@ -69,3 +69,6 @@ def test_only_decode_attention_that_combines_in_its_last_split_uses_atomics(comp
         combining = row["kernel"] == "decode_split_kernel" and row["config"].get("combine_in_split", False)
         assert (row["atomic_ops"] > 0) == combining, row
     assert any(row["config"].get("combine_in_split") for row in compiled)
+    # Beside them, the plain new-token variants at one split and at several.
+    assert {row["config"]["max_splits"] for row in compiled if row["kernel"] == "decode_split_kernel"
+            and row["config"].get("new_token") and not row["config"].get("combine_in_split")} == {1, 8}

@@ -221,3 +221,28 @@ def test_cuda_graph_replay_follows_new_context_lens(combine):
     torch.cuda.synchronize()
     assert (out[[1, 3]] == 0).all()
     torch.testing.assert_close(out.double(), case.reference(), rtol=0, atol=3e-2)
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_the_last_split_combines_right_over_many_graph_replays(monkeypatch):
+    """The counters' zeroing under real concurrency: a graph of the most splits replayed 50 times
+    over changing lengths (splits per sequence from 1 to MAX_SPLITS), each output against the
+    reference, the counters at zero after every replay."""
+    monkeypatch.setattr(launcher, "COMBINE_IN_LAST_SPLIT", True)
+    lens = [4096] * 16
+    case = make_case(lens, num_kv_heads=4, group=4, head_dim=128, block_size=16, max_blocks=256,
+                     dtype=torch.bfloat16, seed=11)
+    out = torch.empty_like(case.q)
+    paged_decode_attention(*case.args, max_splits=MAX_SPLITS, out=out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(*case.args, max_splits=MAX_SPLITS, out=out)
+    gen = torch.Generator().manual_seed(3)
+    counters = launcher.splits_done_counters(case.q.device, len(lens) * 4)
+    for _ in range(50):
+        case.context_lens.copy_(torch.randint(0, 4097, (len(lens),), generator=gen, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.double(), case.reference(), rtol=0, atol=3e-2)
+        assert (counters == 0).all()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fastgen.scheduler_output import SchedulerOutput
+from fastgen.worker import packed_upload
 from fastgen.worker.buffers import CpuGpuBuffer, TokenReadback
 from fastgen.worker.step_inputs import StepInputBuilder
 from tests.worker.test_block_table import decoding
@@ -144,9 +145,11 @@ def test_a_packed_upload_sends_what_one_copy_a_buffer_sends_in_one_transfer(uplo
     assert results[True][1]["input_ids"][1] == [6, 7, 8, 0, 0, 0, 0, 0]  # the verify step, as laid out
 
 
-def test_a_packed_decode_step_of_r_rows_reads_the_same_device_addresses_every_time():
+def test_a_packed_decode_step_of_r_rows_reads_the_same_device_addresses_every_time(monkeypatch):
     """What a CUDA graph captured at R rows reads must be where every later step of R rows puts
-    its inputs, whatever ran in between (other sizes, prefills)."""
+    its inputs, whatever ran in between (other sizes, prefills), even once the memo of layouts
+    started again (here after every new layout)."""
+    monkeypatch.setattr(packed_upload, "MAX_LAYOUTS", 1)
     builder = StepInputBuilder(8, 64, 4, 4, torch.device("cpu"), pack_uploads=True)
 
     def addresses(rows: int, seqs) -> list[int]:
