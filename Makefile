@@ -7,7 +7,7 @@ FASTGEN := $(VENV)/bin/fastgen
 # pytest-benchmark settings shared by bench-save and bench-check (see docs/perf-ci.md).
 BENCH_ARGS ?=
 
-.PHONY: setup run serve test test-slow test-all bench-smoke bench-save bench-check gpu-check gpu-preflight gpu-test gpu-bench clean
+.PHONY: setup run serve test test-slow test-all bench-smoke bench-save bench-check gpu-check gpu-preflight gpu-test gpu-bench gpu-switches clean
 
 # torch is pinned first, from its CPU build, so that nothing below pulls a CUDA build of it.
 setup:
@@ -41,6 +41,7 @@ test-all:
 # no server stack: those tests skip). Two commands of under 10 minutes each on an H100:
 #   make gpu-preflight gpu-test   # ~1 min, then every cuda- and triton-marked test, ~3 min
 #   make gpu-bench                # benchmarks/gpu_decode.py, ~6 min, within GPU_BENCH_BUDGET_S
+#   make gpu-switches             # the decode step with each untimed switch off and on, ~2 min
 # The preflight stops with a report when the machine cannot run the rest (compiler, Triton,
 # graph capture). Results land in GPU_RESULTS: the preflight's JSON, the tests' JUnit report and
 # the benchmark's JSON, whose sections merge into one file across commands (`--sections`).
@@ -63,6 +64,14 @@ gpu-test:
 
 gpu-bench:
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) --time-budget-s $(GPU_BENCH_BUDGET_S)
+
+# The batch 1/2/8 step with packed uploads and the in-kernel combine of decode attention each
+# off and on (one JSON each, `-packed-X-combine-Y` in its name): what decides their defaults.
+gpu-switches:
+	for packed in off on; do for combine in off on; do \
+		$(GPU_ENV) $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) --sections graphs,kernels \
+			--quick --batch-sizes 1,2,8 --long-context 0 --packed-uploads $$packed --combine-in-split $$combine \
+			--suffix=-packed-$$packed-combine-$$combine || exit 1; done; done
 
 # Every benchmark once, as a plain test, so the suites never rot (seconds).
 bench-smoke:

@@ -263,6 +263,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="start no section after this many seconds (each one that would is recorded as skipped)")
     p.add_argument("--output-dir", default=os.environ.get("FASTGEN_BENCH_DIR", str(ROOT / "benchmarks" / "results")))
     p.add_argument("--output", default=None, help="exact JSON path (overrides --output-dir's file name)")
+    p.add_argument("--suffix", default="", help="added to --output-dir's file name (gpu-decode-<gpu><suffix>.json)")
     p.add_argument("--dense-products", choices=("skinny", "cublas"), default="skinny",
                    help="decode batches' bf16 products: fastgen's Triton kernel (the default) or cuBLAS")
     p.add_argument("--fused-norms", choices=("on", "off"), default="on",
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         args.combine_in_split == "on"
     args.model_dir = preset_model_dir(args.preset)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{device_slug(gpu)}.json")
+    path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{device_slug(gpu)}{args.suffix}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     args.output_dir = str(path.parent)
     earlier = json.loads(path.read_text()) if path.exists() else {}
