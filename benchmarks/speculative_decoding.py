@@ -7,7 +7,9 @@ decode speed with and without it, by kind of prompt, at batch 1 and in a batch o
 
 Batch 1: each prompt alone, greedy, max_tokens new tokens; decode tok/s of a request is
 (output tokens - 1) / (last token time - first token time), so the prompt's prefill is not in
-it; engines in turn (without, with), --rounds times; medians per kind. Batches (--batch-sizes, 16 by
+it; on each prompt the two engines back to back (their order alternating), --rounds times; a
+prompt's speedup is the median of its rounds' ratios (a short answer's rate drifts with the
+machine from round to round, less within one pair); medians per kind. Batches (--batch-sizes, 16 by
 default): max_num_seqs of that size kept full (requests always waiting for a slot, the copy and
 free prompts in turn, each making a fixed number of tokens from max_tokens / 2 to max_tokens
 with ignore_eos, the same in both engines), output tokens per
@@ -78,9 +80,12 @@ def batch_one(engines: dict[str, LLM], prompts: dict[str, list[int]], params: Sa
     rates: dict[str, dict[str, list[float]]] = {name: {p: [] for p in prompts} for name in engines}
     outputs: dict[str, dict[str, list[int]]] = {name: {} for name in engines}
     accept = {p: None for p in prompts}
-    for _ in range(rounds):
-        for name, llm in engines.items():  # in turn
-            for label, ids in prompts.items():
+    for round_index in range(rounds):
+        for label, ids in prompts.items():
+            # The two engines back to back on each prompt, their order alternating by round, so
+            # that the machine's drift (a neighbour, the clock) weighs on both alike.
+            order = list(engines.items()) if round_index % 2 == 0 else list(engines.items())[::-1]
+            for name, llm in order:
                 (out,) = llm.generate([ids], params, use_tqdm=False)
                 rates[name][label].append(decode_rate(out))
                 outputs[name][label] = out.token_ids
@@ -91,10 +96,14 @@ def batch_one(engines: dict[str, LLM], prompts: dict[str, list[int]], params: Sa
     rows = {}
     for label in prompts:
         plain, spec = (statistics.median(rates[name][label]) for name in ("plain", "speculative"))
-        rows[label] = {"plain_tok_s": plain, "speculative_tok_s": spec, "speedup": spec / plain,
+        # The speedup is the median of each round's pair, not the ratio of the two medians.
+        speedup = statistics.median(s / p for s, p in zip(rates["speculative"][label], rates["plain"][label]))
+        rows[label] = {"plain_tok_s": plain, "speculative_tok_s": spec, "speedup": speedup,
+                       "plain_tok_s_by_round": rates["plain"][label],
+                       "speculative_tok_s_by_round": rates["speculative"][label],
                        "identical_output": outputs["plain"][label] == outputs["speculative"][label],
                        "acceptance": accept[label]}
-        print(f"  {label:8s} {plain:7.1f} -> {spec:7.1f} tok/s ({spec / plain:.2f}x); drafts "
+        print(f"  {label:8s} {plain:7.1f} -> {spec:7.1f} tok/s ({speedup:.2f}x); drafts "
               f"{accept[label]['accepted']}/{accept[label]['draft_tokens']} kept; identical: "
               f"{rows[label]['identical_output']}", flush=True)
     return rows
