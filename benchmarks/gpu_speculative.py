@@ -1,5 +1,6 @@
 """Prompt-lookup speculative decoding on a GPU at a preset's shapes (Qwen3-0.6B, dummy weights):
-batch-1 decode speed with drafts and without, engines in turn (`speculative_decoding.batch_one`).
+batch-1 decode speed with drafts and without, the engines back to back on each prompt
+(`speculative_decoding.batch_one`).
 
 Random weights write whatever the model falls into, so the acceptance is that model's, not a
 workload's. Two prompts: random tokens, and a random passage repeated (lookup finds drafts in
