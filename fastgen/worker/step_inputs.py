@@ -300,13 +300,17 @@ class StepInputBuilder:
         rows, tokens = layout.num_rows, layout.num_tokens
         sample_rows = list(layout.sample_rows)
         num_seqs = rows if layout.num_seqs is None else layout.num_seqs
-        if layout.several_rows_a_sequence:
-            # One table row at least: padding rows name row 0, even in an empty step.
-            ids, positions, slots, context_lens, row_seqs, seq_tables = self._send(
-                [(self.input_ids, rows), (self.positions, rows), (self.slot_mapping, rows), (self.context_lens, rows),
-                 (self.row_seqs, rows), (self.block_table.buffer, max(1, layout.num_seqs))])
-            tables = self.row_block_tables[:rows]
-            torch.index_select(seq_tables, 0, row_seqs, out=tables)
+        if not layout.is_prefill:  # decode rows: a token each (a verify step's several a sequence)
+            token_rows = [(self.input_ids, rows), (self.positions, rows), (self.slot_mapping, rows),
+                          (self.context_lens, rows)]
+            if layout.several_rows_a_sequence:
+                # One table row at least: padding rows name row 0, even in an empty step.
+                ids, positions, slots, context_lens, row_seqs, seq_tables = self._send(
+                    token_rows + [(self.row_seqs, rows), (self.block_table.buffer, max(1, layout.num_seqs))])
+                tables = self.row_block_tables[:rows]
+                torch.index_select(seq_tables, 0, row_seqs, out=tables)
+            else:
+                ids, positions, slots, context_lens, tables = self._send(token_rows + [(self.block_table.buffer, rows)])
             meta = AttentionMetadata(
                 is_prefill=False,
                 slot_mapping=slots,
@@ -316,21 +320,7 @@ class StepInputBuilder:
                 max_query_len=1,
                 max_context_len=layout.max_context_len,
                 logits_indices=None,
-                several_rows_a_sequence=True,
-            )
-        elif not layout.is_prefill:
-            ids, positions, slots, context_lens, tables = self._send(
-                [(self.input_ids, rows), (self.positions, rows), (self.slot_mapping, rows), (self.context_lens, rows),
-                 (self.block_table.buffer, rows)])
-            meta = AttentionMetadata(
-                is_prefill=False,
-                slot_mapping=slots,
-                block_tables=tables,
-                context_lens=context_lens,
-                query_start_loc=None,
-                max_query_len=1,
-                max_context_len=layout.max_context_len,
-                logits_indices=None,
+                several_rows_a_sequence=layout.several_rows_a_sequence,
             )
         else:
             ids, positions, slots, context_lens, query_start_loc, logits_indices, tables = self._send(
