@@ -26,7 +26,8 @@ tokens at about a third of its weight bytes.
 
 Usage: python benchmarks/speculative_decoding.py [--model PATH] [--quantization Q]
        [--method ngram|draft_model] [--draft-model PATH] [--draft-quantization Q|none]
-       [--num-speculative-tokens K] [--max-tokens N] [--rounds R] [--json PATH]
+       [--num-speculative-tokens K] [--prompt-lookup-max N] [--prompt-lookup-min N]
+       [--max-tokens N] [--rounds R] [--json PATH]
 """
 
 from __future__ import annotations
@@ -158,6 +159,8 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="default: the default model")
     parser.add_argument("--quantization", default=None)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: default the engine's")
+    parser.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: default the engine's")
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-sizes", default="16", help="mixed batches to measure (comma-separated)")
@@ -172,6 +175,9 @@ def main() -> None:
     plain = LLM(args.model, **common)
     spec_config = {"method": args.method, "num_speculative_tokens": args.num_speculative_tokens,
                    "disable_by_batch_size": args.disable_by_batch_size or None}
+    for key in ("prompt_lookup_max", "prompt_lookup_min"):
+        if getattr(args, key) is not None:
+            spec_config[key] = getattr(args, key)
     if args.method == "draft_model":
         quantization = None if args.draft_quantization == "none" else args.draft_quantization
         spec_config |= {"model": args.draft_model or plain.config.model, "quantization": quantization}

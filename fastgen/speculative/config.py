@@ -19,7 +19,8 @@ class SpeculativeConfig:
     weight-only quantization, e.g. the target's own model in int4). num_speculative_tokens: most draft tokens a sequence
     proposes in one step (k; a verified step computes k + 1 positions of it). prompt_lookup_max /
     prompt_lookup_min: the longest and shortest trailing n-gram searched for (the longest that
-    occurs earlier wins). disable_by_batch_size: no sequence drafts in a step that decodes this
+    occurs earlier wins; drafts after a match of one token are weighed apart, see
+    `fastgen.speculative.drafts`). disable_by_batch_size: no sequence drafts in a step that decodes this
     many sequences or more (vLLM's name): each drafted position costs a row of every product and
     of the LM head, which a large batch pays in compute where one sequence's step only waits for
     the weights (so each sequence's draft is already cut to what its acceptance pays for at the
@@ -28,7 +29,7 @@ class SpeculativeConfig:
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
-    prompt_lookup_min: int = 2
+    prompt_lookup_min: int = 1
     disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
     model: str | None = None
     quantization: str | None = None
@@ -68,7 +69,7 @@ def check_speculative_config(name: str, value: object) -> dict:
                 below=MAX_SPECULATIVE_TOKENS + 1, below_text=str(MAX_SPECULATIVE_TOKENS + 1))
     high = integer(f"{name}['prompt_lookup_max']", value.get("prompt_lookup_max", 4), minimum=1, below=65,
                    below_text="65")
-    low = integer(f"{name}['prompt_lookup_min']", value.get("prompt_lookup_min", min(2, high)), minimum=1)
+    low = integer(f"{name}['prompt_lookup_min']", value.get("prompt_lookup_min", 1), minimum=1)
     if low > high:
         raise ValueError(f"{name}['prompt_lookup_min']={low} must be <= prompt_lookup_max={high}")
     disable = value.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE)

@@ -20,11 +20,22 @@ num_speculative_tokens: long drafts for copied text, short ones as the batch gro
 stops repeating, none once a token would not pay.
 
 The threshold is measured where it can be: the engine reports every step that computed no
-prompt token (`observe_step`), and per batch size the drafter keeps a moving average of the
-steps without drafts and of the extra time per drafted token in steps with them; their ratio
-to a kept token's worth is the threshold from then on. The model above is only the start (it
+prompt token (`observe_step`), and per batch size the drafter keeps the median of the recent
+steps without drafts and of the extra time per drafted token in recent steps with them (a
+median, so that one slow step, a collection or the first of its shape, does not set the
+threshold for many steps after it); once a few of each were seen, their ratio to a kept
+token's worth is the threshold. The model above is only the start (it
 was fitted to bf16 weights on a CPU; quantized weights make a verify step dearer, a GPU's
 eager verify steps far dearer).
+
+A draft found by a match of one token (prompt_lookup_min 1) is weaker evidence than one found by
+a longer match: a common token occurs all over the text, and what followed it somewhere is
+seldom what follows it now. Such drafts have a rate of their own (`weak_rate`, from the same
+prior, learning only from their own verifications), so a sequence drafts after a one-token match
+only while those drafts are kept often enough to pay at the step's batch size: after a text's
+corrected word (whose next tokens no longer match the prompt for two tokens in a row) where they
+pay, seldom in free text, and not in a large batch, while its longer matches keep the rate they
+earned.
 
 A sequence whose rate has fallen below paying for even one token would never draft again to
 learn better, so after FIRST_BACKOFF steps without drafts it tries one token (then waits twice
@@ -36,6 +47,8 @@ waits are B times longer, and the longest where the measured threshold is near 1
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -89,10 +102,18 @@ class _SequenceDrafts:
         self.backoff = FIRST_BACKOFF
         self.trying = False  # the last draft was a try made despite the rate
         self.misses = 0  # prompt lookups in a row that found nothing
+        # The same counts for drafts found by a match of one token, and whether the last draft was one.
+        self.weak_kept = PRIOR_RATE * PRIOR_WEIGHT
+        self.weak_checked = PRIOR_WEIGHT
+        self.weak = False
 
     @property
     def rate(self) -> float:
         return self.kept / self.checked
+
+    @property
+    def weak_rate(self) -> float:
+        return self.weak_kept / self.weak_checked
 
     def sync(self, token_ids: list[int]) -> np.ndarray:
         n = len(token_ids)
@@ -113,7 +134,21 @@ def batch_bucket(batch_size: int) -> int:
     return batch_size if batch_size <= 8 else 1 << (batch_size - 1).bit_length()
 
 
-STEP_AVERAGE = 0.1  # weight of a new step in the moving averages of step times
+STEP_WINDOW = 16  # recent steps of a kind and batch bucket whose median is taken
+MIN_STEPS = 3  # steps of each kind seen before the measurement replaces the model
+
+
+class _RecentMedian:
+    """The median of the last STEP_WINDOW values added; None until MIN_STEPS were."""
+
+    def __init__(self) -> None:
+        self.values: deque[float] = deque(maxlen=STEP_WINDOW)
+        self.median: float | None = None
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+        if len(self.values) >= MIN_STEPS:
+            self.median = statistics.median(self.values)
 
 
 def paying_length(rate: float, threshold: float, most: int) -> int:
@@ -140,8 +175,8 @@ class Drafter:
         self.row_cost = row_cost
         self.prediction_of = prediction_of
         self.seqs: dict[int, _SequenceDrafts] = {}
-        self.decode_seconds: dict[int, float] = {}  # batch bucket -> a step without drafts
-        self.draft_seconds: dict[int, float] = {}  # batch bucket -> extra time per drafted token
+        self.decode_seconds: dict[int, _RecentMedian] = {}  # batch bucket -> steps without drafts
+        self.draft_seconds: dict[int, _RecentMedian] = {}  # batch bucket -> extra time per drafted token
         # Set by the scheduler when it cut drafts to the blocks it had (`observe_step` reads it).
         self.drafts_cut = False
 
@@ -161,20 +196,26 @@ class Drafter:
             # after a long pause), which would make drafting look dear for many steps.
             return
         bucket = batch_bucket(num_decodes)
+        decode = self.decode_seconds.setdefault(bucket, _RecentMedian())
         if not num_draft_tokens:
-            self.decode_seconds[bucket] = _average(self.decode_seconds.get(bucket), seconds)
-        elif bucket in self.decode_seconds:
-            extra = max(0.0, seconds - self.decode_seconds[bucket]) / num_draft_tokens
-            self.draft_seconds[bucket] = _average(self.draft_seconds.get(bucket), extra)
+            decode.add(seconds)
+        elif decode.median is not None:
+            extra = max(0.0, seconds - decode.median) / num_draft_tokens
+            self.draft_seconds.setdefault(bucket, _RecentMedian()).add(extra)
 
     def threshold(self, batch_size: int) -> float:
         """The probability above which a drafted token pays in a step of `batch_size` sequences:
         measured (a drafted token's extra time over a kept token's worth, a step's time over its
         sequences) once steps of this size with and without drafts were seen, else modelled."""
         bucket = batch_bucket(batch_size)
-        if bucket in self.draft_seconds:
-            return min(1.0, self.draft_seconds[bucket] * batch_size / self.decode_seconds[bucket])
+        if self._measured(bucket):
+            return min(1.0, self.draft_seconds[bucket].median * batch_size / self.decode_seconds[bucket].median)
         return pay_threshold(self.row_cost, batch_size)
+
+    def _measured(self, bucket: int) -> bool:
+        """Whether steps of this batch bucket with and without drafts were seen enough to measure."""
+        draft = self.draft_seconds.get(bucket)
+        return draft is not None and draft.median is not None
 
     @staticmethod
     def eligible(seq: Sequence) -> bool:
@@ -207,13 +248,14 @@ class Drafter:
             if length == 0 or seq.num_pending_tokens:
                 continue
             state = self.seqs[seq.seq_id]
+            state.weak = False
             draft = self._from_prediction(seq, state, length)
             if draft is None and self.model is not None:
                 for_model.append((i, length))
                 budget -= length
                 continue
             if draft is None:
-                draft = self._lookup(seq, state, length)
+                draft = self._lookup(seq, state, length, threshold, weak=not tries[i])
                 state.misses = 0 if draft else state.misses + 1
                 if not draft and tries[i]:  # a try that found nothing: wait longer
                     state.idle_steps = 0
@@ -264,7 +306,7 @@ class Drafter:
         # the model says no draft pays, only after the longest wait too.
         wait = state.backoff * batch_size
         if threshold >= MAX_THRESHOLD_FOR_TRIES and (self.model is not None
-                                                     or batch_bucket(batch_size) in self.draft_seconds):
+                                                     or self._measured(batch_bucket(batch_size))):
             wait = MAX_BACKOFF * batch_size
         return idle_steps >= wait
 
@@ -301,18 +343,35 @@ class Drafter:
             return tuple(prediction[done: done + length].tolist())
         return None
 
-    def _lookup(self, seq: Sequence, state: _SequenceDrafts, length: int) -> tuple[int, ...]:
+    def _lookup(self, seq: Sequence, state: _SequenceDrafts, length: int, threshold: float, weak: bool
+                ) -> tuple[int, ...]:
+        """At most `length` tokens after the latest match of two tokens or more; else, where the
+        config looks for one (prompt_lookup_min 1) and `weak` allows it (not a try, which tests
+        the sequence's own rate), after a one-token match as many as the weak rate pays for."""
         cfg = self.config
         tokens = state.sync(seq.token_ids)
-        return tuple(lookup_draft(tokens, state.prediction, length, cfg.prompt_lookup_max, cfg.prompt_lookup_min))
+        draft = lookup_draft(tokens, state.prediction, length, cfg.prompt_lookup_max, max(cfg.prompt_lookup_min, 2))
+        if draft or cfg.prompt_lookup_min > 1 or not weak:
+            return tuple(draft)
+        weak_length = min(length, paying_length(state.weak_rate, threshold, self.config.num_speculative_tokens))
+        if weak_length == 0:
+            return ()
+        draft = lookup_draft(tokens, state.prediction, weak_length, 1, 1)
+        state.weak = bool(draft)
+        return tuple(draft)
 
     def record(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """A verification of `proposed` draft tokens of which the first `accepted` were kept."""
         state = self.seqs.get(seq.seq_id)
         if state is None or proposed == 0:
             return
+        checked = accepted + (accepted < proposed)
+        if state.weak:
+            state.weak_kept = state.weak_kept * DISCOUNT + accepted
+            state.weak_checked = state.weak_checked * DISCOUNT + checked
+            return
         state.kept = state.kept * DISCOUNT + accepted
-        state.checked = state.checked * DISCOUNT + accepted + (accepted < proposed)
+        state.checked = state.checked * DISCOUNT + checked
         if state.trying:
             state.backoff = FIRST_BACKOFF if accepted else min(2 * state.backoff, MAX_BACKOFF)
             state.trying = False
@@ -323,7 +382,3 @@ class Drafter:
             self.seqs.pop(seq_id, None)
         if self.model is not None:
             self.model.forget(seq_ids)
-
-
-def _average(old: float | None, new: float) -> float:
-    return new if old is None else old + STEP_AVERAGE * (new - old)

@@ -11,6 +11,7 @@ from fastgen.sequence import Sequence, SequenceStatus
 from fastgen.speculative.config import SpeculativeConfig, check_speculative_config
 from fastgen.speculative.drafts import (
     FIRST_BACKOFF,
+    MIN_STEPS,
     MISSES_BEFORE_WAITING,
     Drafter,
     pay_threshold,
@@ -61,7 +62,7 @@ def test_lookup_searches_the_prediction_first():
 
 def test_config_defaults_and_refusals():
     assert check_speculative_config("speculative_config", {"method": "ngram"}) == {
-        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1,
         "disable_by_batch_size": None, "model": None, "quantization": None}
     assert check_speculative_config("c", SpeculativeConfig(num_speculative_tokens=2))["num_speculative_tokens"] == 2
     for value, message in [
@@ -96,10 +97,14 @@ def test_only_requests_verified_exactly_draft():
 def test_a_prediction_is_followed_from_the_start_while_the_output_matches_it():
     drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3), prediction_of=lambda seq: [7, 8, 9, 10, 11])
     assert drafter.propose(sequence([1, 2, 3, 7, 8], 3), 8) == (9, 10, 11)
-    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3), prediction_of=lambda seq: [7, 8, 9, 10, 11])
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=2),
+                      prediction_of=lambda seq: [7, 8, 9, 10, 11])
     # Off the prediction: its n-grams are still looked up.
     assert drafter.propose(sequence([1, 2, 3, 5, 9], 3), 8) == ()
     assert drafter.propose(sequence([1, 2, 3, 5, 9, 10], 3), 8) == (11,)
+    # With prompt_lookup_min 1, its one-token matches too.
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3), prediction_of=lambda seq: [7, 8, 9, 10, 11])
+    assert drafter.propose(sequence([1, 2, 3, 5, 9], 3), 8) == (10, 11)
 
 
 def test_drafts_are_as_long_as_their_acceptance_pays_for_at_the_batch_size():
@@ -115,6 +120,29 @@ def test_drafts_are_as_long_as_their_acceptance_pays_for_at_the_batch_size():
         drafter.record(seq, 4, 4)  # copied text: every draft kept
     assert drafter.propose(seq, 8) == (6, 7, 8, 9, 10, 11)
     assert len(drafter.propose(seq, 8, batch_size=4)) >= 3
+
+
+def test_drafts_after_a_one_token_match_learn_a_rate_of_their_own():
+    """Only the prompt's token 3 matches the output's last token: its draft is a one-token
+    match's, which the sequence makes while their own rate pays (failing, they stop) and which
+    leaves the rate of its longer matches as it was; prompt_lookup_min 2 never makes one."""
+    prompt = [1, 2, 3, 4, 5, 6]
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1), row_cost=0.1)
+    lengths = []
+    while draft := drafter.propose(sequence(prompt + [9, 3], 6), 8):
+        assert draft == (4, 5, 6)[:len(draft)]
+        lengths.append(len(draft))
+        drafter.record(sequence(prompt + [9, 3], 6), len(draft), 0)
+    assert lengths == [3, 1, 1]  # the prior's three tokens, then what a falling rate pays for
+    state = drafter.seqs[0]
+    assert state.rate == 0.5 and state.weak_rate < pay_threshold(0.1, 1)
+    # A match of three tokens (3, 4, 5) drafts at the sequence's own rate, still the prior's.
+    assert drafter.propose(sequence(prompt + [9, 3, 4, 5], 6), 8) == (6, 9, 3)
+    assert not state.weak
+    drafter.record(sequence(prompt + [9, 3, 4, 5], 6), 3, 3)
+    assert state.rate > 0.5 and state.weak_rate < pay_threshold(0.1, 1)
+    strict = Drafter(SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2), row_cost=0.1)
+    assert strict.propose(sequence(prompt + [9, 3], 6), 8) == ()
 
 
 def test_drafts_that_keep_failing_stop_and_are_tried_again_later():
@@ -179,14 +207,36 @@ def test_verification_keeps_drafts_up_to_the_first_difference():
 def test_the_threshold_is_measured_once_steps_with_and_without_drafts_were_seen():
     drafter = Drafter(SpeculativeConfig(), row_cost=0.1)
     assert drafter.threshold(4) == pay_threshold(0.1, 4)  # the model, before any measurement
-    drafter.observe_step(4, 0, 0.020)  # 4 sequences, no drafts: 5 ms a token
+    for _ in range(MIN_STEPS):
+        drafter.observe_step(4, 0, 0.020)  # 4 sequences, no drafts: 5 ms a token
     assert drafter.threshold(4) == pay_threshold(0.1, 4)
-    drafter.observe_step(4, 8, 0.028)  # 8 drafted tokens cost 1 ms each
+    for _ in range(MIN_STEPS - 1):
+        drafter.observe_step(4, 8, 0.028)  # 8 drafted tokens cost 1 ms each
+        assert drafter.threshold(4) == pay_threshold(0.1, 4)  # too few steps with drafts yet
+    drafter.observe_step(4, 8, 0.028)
     assert drafter.threshold(4) == pytest.approx(0.2)
     assert drafter.threshold(3) == pay_threshold(0.1, 3)  # another batch size: not measured yet
-    drafter.observe_step(12, 0, 0.05)
-    drafter.observe_step(16, 10, 0.15)  # a dear draft in the 16 bucket: never pays
+    for _ in range(MIN_STEPS):
+        drafter.observe_step(12, 0, 0.05)
+    for _ in range(MIN_STEPS):
+        drafter.observe_step(16, 10, 0.15)  # a dear draft in the 16 bucket: never pays
     assert drafter.threshold(13) == 1.0
+
+
+def test_one_slow_step_does_not_set_the_threshold():
+    """A collection, a page fault or the first step of a shape: one step many times slower (or a
+    step with drafts that came out faster than the steps without) moves the measurement little."""
+    drafter = Drafter(SpeculativeConfig(), row_cost=0.1)
+    drafter.observe_step(1, 0, 0.050)  # the slow first step, without drafts
+    for _ in range(MIN_STEPS):
+        drafter.observe_step(1, 0, 0.004)
+    drafter.observe_step(1, 4, 0.003)  # faster than a step without drafts: no extra time at all
+    for _ in range(MIN_STEPS):
+        drafter.observe_step(1, 4, 0.0052)  # 0.3 ms a drafted token
+    assert drafter.threshold(1) == pytest.approx(0.075)
+    drafter.observe_step(1, 0, 0.100)
+    drafter.observe_step(1, 4, 0.200)
+    assert drafter.threshold(1) == pytest.approx(0.075)
 
 
 class _AlwaysDrafts:
