@@ -106,6 +106,10 @@ class _SequenceDrafts:
         self.weak_kept = PRIOR_RATE * PRIOR_WEIGHT
         self.weak_checked = PRIOR_WEIGHT
         self.weak = False
+        # Where the last lookup draft started in the tokens, and where the sequence's copying
+        # would go on (`fastgen.speculative.ngram`): that start plus the tokens kept, plus one.
+        self.source: int | None = None
+        self.cursor: int | None = None
 
     @property
     def rate(self) -> float:
@@ -248,7 +252,7 @@ class Drafter:
             if length == 0 or seq.num_pending_tokens:
                 continue
             state = self.seqs[seq.seq_id]
-            state.weak = False
+            state.weak, state.source = False, None
             draft = self._from_prediction(seq, state, length)
             if draft is None and self.model is not None:
                 for_model.append((i, length))
@@ -350,13 +354,14 @@ class Drafter:
         the sequence's own rate), after a one-token match as many as the weak rate pays for."""
         cfg = self.config
         tokens = state.sync(seq.token_ids)
-        draft = lookup_draft(tokens, state.prediction, length, cfg.prompt_lookup_max, max(cfg.prompt_lookup_min, 2))
+        draft, state.source = lookup_draft(tokens, state.prediction, length, cfg.prompt_lookup_max,
+                                           max(cfg.prompt_lookup_min, 2), state.cursor)
         if draft or cfg.prompt_lookup_min > 1 or not weak:
             return tuple(draft)
         weak_length = min(length, paying_length(state.weak_rate, threshold, self.config.num_speculative_tokens))
         if weak_length == 0:
             return ()
-        draft = lookup_draft(tokens, state.prediction, weak_length, 1, 1)
+        draft, state.source = lookup_draft(tokens, state.prediction, weak_length, 1, 1, state.cursor)
         state.weak = bool(draft)
         return tuple(draft)
 
@@ -366,6 +371,8 @@ class Drafter:
         if state is None or proposed == 0:
             return
         checked = accepted + (accepted < proposed)
+        if state.source is not None:
+            state.cursor = state.source + accepted + 1
         if state.weak:
             state.weak_kept = state.weak_kept * DISCOUNT + accepted
             state.weak_checked = state.weak_checked * DISCOUNT + checked

@@ -17,12 +17,13 @@ from fastgen.speculative.drafts import (
     pay_threshold,
     paying_length,
 )
-from fastgen.speculative.ngram import lookup_draft
+from fastgen.speculative.ngram import NEAR_AHEAD, lookup_draft
 from fastgen.speculative.verify import accepted_prefix
 
 
-def draft(tokens, num=3, n_max=3, n_min=1, extra=None):
-    return lookup_draft(np.asarray(tokens), None if extra is None else np.asarray(extra), num, n_max, n_min)
+def draft(tokens, num=3, n_max=3, n_min=1, extra=None, cursor=None):
+    return lookup_draft(np.asarray(tokens), None if extra is None else np.asarray(extra), num, n_max, n_min,
+                        cursor)[0]
 
 
 def test_lookup_continues_after_the_latest_earlier_match():
@@ -52,6 +53,33 @@ def test_lookup_stops_below_the_shortest_n_gram_and_at_the_end():
     assert draft([5, 1, 2, 5, 1], n_min=3) == []
     assert draft([5, 1, 2, 5, 1], n_min=2) == [2, 5, 1]
     assert draft([7, 7], n_max=1, n_min=1) == [7]  # what is left after the match, no more
+
+
+def test_lookup_takes_the_match_nearest_the_cursor_where_one_is_near_it():
+    #        0  1  2  3  4  5  6  7  8  9 10 11 12
+    tokens = [9, 2, 4, 0, 2, 5, 0, 0, 2, 6, 0, 0, 2]
+    assert draft(tokens, n_max=1) == [6, 0, 0]  # no cursor: the latest match (at 8)
+    assert draft(tokens, n_max=1, cursor=5) == [5, 0, 0]  # the match at 4 goes on at 5
+    assert draft(tokens, n_max=1, cursor=4) == [5, 0, 0]  # ahead of the cursor before behind it
+    assert draft(tokens, n_max=1, cursor=3) == [4, 0, 2]  # the match at 1 goes on at 2: nearer
+    far = [7, 2, 4] + [0] * 40 + [2, 5, 0, 2]
+    assert draft(far, n_max=1, cursor=3) == [4, 0, 0]
+    # The matches go on 6 behind the cursor and 36 ahead of it: none near, so the latest.
+    assert 44 - 8 > NEAR_AHEAD and draft(far, n_max=1, cursor=8) == [5, 0, 2]
+    assert lookup_draft(np.asarray(tokens), None, 3, 1, 1, 5) == ([5, 0, 0], 5)  # and where it starts
+
+
+def test_after_an_edit_the_copy_goes_on_where_it_was_left():
+    """A sequence copies its prompt, writes a token of its own in place of one (9 for 3), and
+    comes back on a token that occurs all over the prompt (50): its draft goes on from where the
+    copy was, not from the token's latest occurrence."""
+    prompt = [1, 50, 2, 3, 50, 4, 5, 6, 50, 7, 8]
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=3), row_cost=0.1)
+    assert drafter.propose(sequence(prompt + [1, 50], 11), 8) == (2, 3, 50)
+    drafter.record(sequence(prompt + [1, 50], 11), 3, 1)  # 2 kept; the model wrote 9
+    assert drafter.propose(sequence(prompt + [1, 50, 2, 9, 50], 11), 8) == (4, 5, 6)
+    fresh = Drafter(SpeculativeConfig(num_speculative_tokens=3), row_cost=0.1)
+    assert fresh.propose(sequence(prompt + [1, 50, 2, 9, 50], 11), 8) == (2, 9, 50)
 
 
 def test_lookup_searches_the_prediction_first():
