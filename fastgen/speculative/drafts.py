@@ -65,7 +65,6 @@ PRIOR_RATE = 0.5  # a sequence's rate of kept draft tokens before any verificati
 PRIOR_WEIGHT = 1.0  # the prior counts as this many checked tokens
 DISCOUNT = 0.8  # weight of earlier verifications' counts at each new one
 FIRST_BACKOFF, MAX_BACKOFF = 8, 256
-CURSOR_MISSES = 2  # lookup drafts in a row kept at no token, after which the copy cursor is dropped
 MAX_THRESHOLD_FOR_TRIES = 0.9  # a measured threshold this high: tries only after the longest wait
 # Lookups in a row that found nothing, after which a sequence whose rate pays waits as one whose
 # rate does not: text that never repeats would otherwise look up every step (and, with overlap
@@ -111,7 +110,6 @@ class _SequenceDrafts:
         # would go on (`fastgen.speculative.ngram`): that start plus the tokens kept, plus one.
         self.source: int | None = None
         self.cursor: int | None = None
-        self.cursor_misses = 0  # drafts in a row that lost their first token since the cursor was set
 
     @property
     def rate(self) -> float:
@@ -374,10 +372,7 @@ class Drafter:
             return
         checked = accepted + (accepted < proposed)
         if state.source is not None:
-            # A draft that lost its first token twice in a row: the sequence left the text the
-            # cursor follows (or never copied it), and a stale cursor would keep the lookup there.
-            state.cursor_misses = 0 if accepted else state.cursor_misses + 1
-            state.cursor = state.source + accepted + 1 if state.cursor_misses < CURSOR_MISSES else None
+            state.cursor = state.source + accepted + 1
         if state.weak:
             state.weak_kept = state.weak_kept * DISCOUNT + accepted
             state.weak_checked = state.weak_checked * DISCOUNT + checked

@@ -7,9 +7,8 @@ Why near the cursor: a sequence that copies its prompt with edits (a corrected w
 variable) leaves the text at each edit and comes back to it just after; the tokens it comes back
 on (" the", "(") often occur all over the text, and the latest occurrence is seldom the one it
 was copying. The cursor is where the sequence's last draft would have gone on (the drafter keeps
-it: the draft's start plus its tokens kept, plus the one the model wrote instead; and drops it
-once drafts lose their first token twice in a row, the text left behind), so a match ending near
-it continues the text being copied.
+it: the draft's start plus its tokens kept, plus the one the model wrote instead), so a match
+ending near it continues the text being copied.
 
 Why not simply the latest otherwise: in a loop shorter than a draft (text repeating a short
 phrase, a model stuck on a token) the latest occurrence sits right before the end, so what

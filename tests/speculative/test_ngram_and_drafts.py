@@ -10,7 +10,6 @@ from fastgen import SamplingParams
 from fastgen.sequence import Sequence, SequenceStatus
 from fastgen.speculative.config import SpeculativeConfig, check_speculative_config
 from fastgen.speculative.drafts import (
-    CURSOR_MISSES,
     FIRST_BACKOFF,
     MIN_STEPS,
     MISSES_BEFORE_WAITING,
@@ -81,14 +80,6 @@ def test_after_an_edit_the_copy_goes_on_where_it_was_left():
     assert drafter.propose(sequence(prompt + [1, 50, 2, 9, 50], 11), 8) == (4, 5, 6)
     fresh = Drafter(SpeculativeConfig(num_speculative_tokens=3), row_cost=0.1)
     assert fresh.propose(sequence(prompt + [1, 50, 2, 9, 50], 11), 8) == (2, 9, 50)
-    # Drafts from there that lose their first token CURSOR_MISSES times in a row drop the cursor.
-    state = drafter.seqs[0]
-    for miss in range(CURSOR_MISSES):
-        assert state.cursor is not None
-        made = drafter.propose(sequence(prompt + [1, 50, 2, 9, 50], 11), 8)
-        assert made and state.source is not None
-        drafter.record(sequence(prompt + [1, 50, 2, 9, 50], 11), len(made), 0)
-    assert state.cursor is None
 
 
 def test_lookup_searches_the_prediction_first():
