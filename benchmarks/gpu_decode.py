@@ -18,7 +18,9 @@ throughput`, 256 prompts, input and output uniform in 100..1024, nano-vllm's wor
 decode latency) with the ratio of the two, and `quantization` (the graphs engine with int8 and int4
 weights, Triton's weight-only matmul inside the graphs: decode steps at --quant-batch-sizes, the
 weight-streaming floor, GPU time by kernel at batch 1, and the ratio to the bf16 `graphs` steps of
-the same run). DIR defaults to $FASTGEN_BENCH_DIR or
+the same run), `speculative` (batch-1 decode with prompt lookup against without, verify steps in
+their CUDA graphs: `gpu_speculative.py`'s two prompts, --spec-max-tokens tokens each). DIR
+defaults to $FASTGEN_BENCH_DIR or
 benchmarks/results. A section that would start after --time-budget-s seconds is skipped and
 says so. Inductor's and Triton's caches go to .gpu-cache/ in the tree (ignored by git) unless
 set, so a second command reuses the first's compiled kernels. It needs only torch, triton,
@@ -59,6 +61,7 @@ from benchmarks.gpu_measure import (  # noqa: E402
     streaming_floor_ms,
     time_decode_steps,
 )
+from benchmarks.gpu_speculative import measure_speculation  # noqa: E402
 from fastgen import LLM  # noqa: E402
 from fastgen.attention import triton_paged  # noqa: E402
 from fastgen.bench.workload import WorkloadSpec, build_workload  # noqa: E402
@@ -69,7 +72,8 @@ from fastgen.models.presets import preset_config, preset_model_dir  # noqa: E402
 from fastgen.worker import step_inputs  # noqa: E402
 
 # `logits` and `kernels` are measured inside the graphs and eager sections, on their engines.
-SECTIONS = ("bandwidth", "graphs", "logits", "kernels", "eager", "quantization", "throughput", "transformers")
+SECTIONS = ("bandwidth", "graphs", "logits", "kernels", "eager", "quantization", "speculative", "throughput",
+            "transformers")
 SCHEMA = "fastgen.bench.gpu-decode/3"
 
 
@@ -210,8 +214,9 @@ def add_ratios(report: dict) -> None:
 
 # What each section took on an H100 at the default settings (cold caches), rounded up: a section
 # is started only when the time budget still holds this much, so the command ends in time.
-EXPECTED_SECONDS = {"bandwidth": 5, "graphs": 60, "eager": 30, "quantization": 90, "throughput": 60,
-                    "transformers": 240}
+# `speculative` not yet timed on a GPU: two engines' start-up (its verify graphs too), as `graphs`'s one.
+EXPECTED_SECONDS = {"bandwidth": 5, "graphs": 60, "eager": 30, "quantization": 90, "speculative": 120,
+                    "throughput": 60, "transformers": 240}
 
 
 def run_section(name: str, fn, report: dict, path: Path, deadline: float) -> None:
@@ -257,6 +262,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int_range(1), default=int_range(1)("100:1024"))
     p.add_argument("--output-len", type=int_range(1), default=int_range(1)("100:1024"))
     p.add_argument("--hf-batch-size", type=int, default=64)
+    p.add_argument("--spec-max-tokens", type=int, default=256, help="tokens each prompt of `speculative` makes")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     p.add_argument("--quick", action="store_true", help="16 steps a point and a 64-prompt workload")
     p.add_argument("--time-budget-s", type=float, default=None,
@@ -338,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "graphs": lambda: decode_sweep(args, eager=False, report=report),
         "eager": lambda: decode_sweep(args, eager=True, report=report),
         "quantization": lambda: quantized_sweep(args, report),
+        "speculative": lambda: measure_speculation(args.preset, args.device, max_tokens=args.spec_max_tokens),
         "throughput": lambda: fastgen_throughput(args),
         "transformers": lambda: hf_throughput(args, report),
     }

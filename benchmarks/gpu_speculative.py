@@ -1,6 +1,7 @@
 """Prompt-lookup speculative decoding on a GPU at a preset's shapes (Qwen3-0.6B, dummy weights):
 batch-1 decode speed with drafts and without, the engines back to back on each prompt
-(`speculative_decoding.batch_one`).
+(`speculative_decoding.batch_one`). Also the `speculative` section of `gpu_decode.py`
+(`make gpu-bench`).
 
 Random weights write whatever the model falls into, so the acceptance is that model's, not a
 workload's. Two prompts: random tokens, and a random passage repeated (lookup finds drafts in
@@ -29,6 +30,35 @@ from fastgen.graphs import runner as graph_runner  # noqa: E402
 from fastgen.models.presets import preset_model_dir  # noqa: E402
 
 
+def measure_speculation(preset: str, device: str, num_speculative_tokens: int = 4, max_tokens: int = 256,
+                        rounds: int = 2, verify_graphs: bool = True) -> dict:
+    """Batch-1 decode tok/s with and without prompt lookup (the engine's own lookup settings) on
+    dummy weights of `preset`, each prompt's speedup and acceptance (`batch_one`)."""
+    graph_runner.CAPTURE_VERIFY_STEPS = verify_graphs
+    model = str(preset_model_dir(preset))
+    on_gpu = device.startswith("cuda")
+    common = dict(load_format="dummy", skip_tokenizer_init=True, device=device, dtype="bfloat16",
+                  max_model_len=2048, max_num_seqs=8, enforce_eager=not on_gpu, compile_mode="blocking",
+                  num_kv_blocks=64 if on_gpu else 160)
+    engines = {"plain": LLM(model, **common),
+               "speculative": LLM(model, speculative_config={"method": "ngram",
+                                                             "num_speculative_tokens": num_speculative_tokens},
+                                  **common)}
+    rng = random.Random(0)
+    passage = [rng.randrange(1000, 30000) for _ in range(48)]
+    prompts = {"random": [rng.randrange(1000, 30000) for _ in range(256)], "repeated": passage * 6}
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for llm in engines.values():  # compile and capture before timing
+        llm.generate([prompts["random"][:16]], params, use_tqdm=False)
+    rows = batch_one(engines, prompts, params, rounds)
+    report = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "preset": preset, "weights": "dummy",
+              "verify_graphs": "on" if verify_graphs else "off",
+              "speculative_config": engines["speculative"].config.speculative_config, "max_tokens": max_tokens,
+              "rounds": rounds, "batch_1": rows}
+    engines.clear()
+    return report
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="qwen3-0.6b")
@@ -40,25 +70,8 @@ def main() -> int:
                    help="verify steps replayed from CUDA graphs (the default) or run eagerly")
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu-speculative.json"))
     args = p.parse_args()
-    graph_runner.CAPTURE_VERIFY_STEPS = args.verify_graphs == "on"
-    model = str(preset_model_dir(args.preset))
-    on_gpu = args.device == "cuda"
-    common = dict(load_format="dummy", skip_tokenizer_init=True, device=args.device, dtype="bfloat16",
-                  max_model_len=2048, max_num_seqs=8, enforce_eager=not on_gpu, compile_mode="blocking",
-                  num_kv_blocks=64 if on_gpu else 160)
-    speculative = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
-                   "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    engines = {"plain": LLM(model, **common), "speculative": LLM(model, speculative_config=speculative, **common)}
-    rng = random.Random(0)
-    passage = [rng.randrange(1000, 30000) for _ in range(48)]
-    prompts = {"random": [rng.randrange(1000, 30000) for _ in range(256)], "repeated": passage * 6}
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    for llm in engines.values():  # compile and capture before timing
-        llm.generate([prompts["random"][:16]], params, use_tqdm=False)
-    rows = batch_one(engines, prompts, params, args.rounds)
-    report = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "preset": args.preset, "weights": "dummy",
-              "verify_graphs": args.verify_graphs,
-              "speculative_config": speculative, "max_tokens": args.max_tokens, "batch_1": rows}
+    report = measure_speculation(args.preset, args.device, args.num_speculative_tokens, args.max_tokens, args.rounds,
+                                 args.verify_graphs == "on")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.output}")

@@ -29,17 +29,22 @@ def test_gpu_decode_script_smoke_on_cpu(tmp_path):
     common = [sys.executable, "tests/offline_python.py", "benchmarks/gpu_decode.py", "--device", "cpu",
               "--preset", "smollm2-135m", "--batch-sizes", "1,3", "--long-context", "40", "--long-batch-sizes", "1",
               "--steps", "2", "--context-len", "8", "--num-prompts", "2", "--input-len", "4:6", "--output-len", "2",
-              "--block-size", "16", "--hf-batch-size", "2", "--output-dir", str(tmp_path)]
+              "--block-size", "16", "--hf-batch-size", "2", "--spec-max-tokens", "6", "--output-dir", str(tmp_path)]
     env = _caches_outside_the_tree(tmp_path)
     subprocess.run([*common, "--sections", "bandwidth,graphs,logits,eager"], cwd=ROOT, env=env, check=True, timeout=900)
-    subprocess.run([*common, "--sections", "throughput,transformers"], cwd=ROOT, env=env, check=True, timeout=900)
+    subprocess.run([*common, "--sections", "speculative,throughput,transformers"], cwd=ROOT, env=env, check=True,
+                   timeout=900)
     (path,) = tmp_path.glob("gpu-decode-*.json")
     assert path.name == "gpu-decode-cpu.json"
     doc = json.loads(path.read_text())
     assert doc["schema"] == "fastgen.bench.gpu-decode/3"
-    assert set(doc["section_seconds"]) == {"bandwidth", "graphs", "eager", "throughput", "transformers"}
+    assert set(doc["section_seconds"]) == {"bandwidth", "graphs", "eager", "speculative", "throughput", "transformers"}
     assert [run["sections"] for run in doc["runs"]] == [["bandwidth", "graphs", "logits", "eager"],
-                                                        ["throughput", "transformers"]]
+                                                        ["speculative", "throughput", "transformers"]]
+    # Both prompts decode with and without drafts, to the same tokens; the repeated one drafts.
+    spec = doc["speculative"]["batch_1"]
+    assert set(spec) == {"random", "repeated"} and all(row["identical_output"] for row in spec.values())
+    assert spec["repeated"]["acceptance"]["draft_tokens"] > 0 and spec["repeated"]["speedup"] > 0
     # On CPU the compiled decode step stands where a CUDA graph would: its logits against eager.
     assert [(r["batch_size"], r["context_len"]) for r in doc["logits"]] == [(1, 40), (3, 40)]
     assert all(r["greedy_agreement"] == 1.0 for r in doc["logits"])
