@@ -72,7 +72,7 @@ from fastgen.models.presets import preset_config, preset_model_dir  # noqa: E402
 from fastgen.worker import step_inputs  # noqa: E402
 
 # `logits` and `kernels` are measured inside the graphs and eager sections, on their engines.
-SECTIONS = ("bandwidth", "graphs", "logits", "kernels", "eager", "quantization", "speculative", "throughput",
+SECTIONS = ("bandwidth", "graphs", "logits", "kernels", "eager", "quantization", "throughput", "speculative",
             "transformers")
 SCHEMA = "fastgen.bench.gpu-decode/3"
 
@@ -344,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         "graphs": lambda: decode_sweep(args, eager=False, report=report),
         "eager": lambda: decode_sweep(args, eager=True, report=report),
         "quantization": lambda: quantized_sweep(args, report),
-        "speculative": lambda: measure_speculation(args.preset, args.device, max_tokens=args.spec_max_tokens),
+        "speculative": lambda: measure_speculation(args.preset, args.device, max_tokens=args.spec_max_tokens,
+                                                   dtype=args.dtype),
         "throughput": lambda: fastgen_throughput(args),
         "transformers": lambda: hf_throughput(args, report),
     }

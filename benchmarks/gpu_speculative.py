@@ -14,6 +14,7 @@ step's, which the ratio at a given acceptance shows. One JSON:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -31,15 +32,30 @@ from fastgen.models.presets import preset_model_dir  # noqa: E402
 
 
 def measure_speculation(preset: str, device: str, num_speculative_tokens: int = 4, max_tokens: int = 256,
-                        rounds: int = 2, verify_graphs: bool = True) -> dict:
+                        rounds: int = 2, verify_graphs: bool = True, dtype: str = "bfloat16") -> dict:
     """Batch-1 decode tok/s with and without prompt lookup (the engine's own lookup settings) on
-    dummy weights of `preset`, each prompt's speedup and acceptance (`batch_one`)."""
+    dummy weights of `preset`, each prompt's speedup and acceptance (`batch_one`); the engines'
+    memory is given back before it returns."""
+    captured = graph_runner.CAPTURE_VERIFY_STEPS
     graph_runner.CAPTURE_VERIFY_STEPS = verify_graphs
+    try:
+        return _measure(preset, device, num_speculative_tokens, max_tokens, rounds, verify_graphs, dtype)
+    finally:
+        graph_runner.CAPTURE_VERIFY_STEPS = captured
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _measure(preset: str, device: str, num_speculative_tokens: int, max_tokens: int, rounds: int,
+             verify_graphs: bool, dtype: str) -> dict:
     model = str(preset_model_dir(preset))
     on_gpu = device.startswith("cuda")
-    common = dict(load_format="dummy", skip_tokenizer_init=True, device=device, dtype="bfloat16",
-                  max_model_len=2048, max_num_seqs=8, enforce_eager=not on_gpu, compile_mode="blocking",
-                  num_kv_blocks=64 if on_gpu else 160)
+    # On CPU (a smoke run) the cache holds the longest sequence, the repeated prompt's and its output.
+    max_model_len = 2048 if on_gpu else 288 + max_tokens + 32
+    common = dict(load_format="dummy", skip_tokenizer_init=True, device=device, dtype=dtype,
+                  max_model_len=max_model_len, max_num_seqs=8, enforce_eager=not on_gpu, compile_mode="blocking",
+                  num_kv_blocks=64 if on_gpu else -(-max_model_len // 256) + 1)
     engines = {"plain": LLM(model, **common),
                "speculative": LLM(model, speculative_config={"method": "ngram",
                                                              "num_speculative_tokens": num_speculative_tokens},
@@ -55,7 +71,7 @@ def measure_speculation(preset: str, device: str, num_speculative_tokens: int = 
               "verify_graphs": "on" if verify_graphs else "off",
               "speculative_config": engines["speculative"].config.speculative_config, "max_tokens": max_tokens,
               "rounds": rounds, "batch_1": rows}
-    engines.clear()
+    del engines
     return report
 
 

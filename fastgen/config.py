@@ -221,10 +221,12 @@ class EngineConfig:
     speculative_config: dict | None = _knob(None, optional(check_speculative_config))
     """Speculative decoding (vLLM's names): {"method": "ngram", "num_speculative_tokens": k,
     "prompt_lookup_max": n, "prompt_lookup_min": m} proposes up to k tokens a step for each
-    decoding sequence by prompt lookup (what followed the latest earlier occurrence of its last
-    n..m tokens, in its prompt, its output or the request's predicted output), and verifies them
-    with the rest of the batch in one forward: greedy output stays the same token for token, and
-    sampled output keeps its distribution. Defaults k=4, n=4, m=2. {"method": "draft_model",
+    decoding sequence by prompt lookup (what followed an earlier occurrence of its last n..m
+    tokens, in its prompt, its output or the request's predicted output: near where its last
+    draft would have gone on, else the latest), and verifies them with the rest of the batch in
+    one forward: greedy output stays the same token for token, and sampled output keeps its
+    distribution. Defaults k=4, n=4, m=1 (drafts after a one-token match weighed by their own
+    acceptance). {"method": "draft_model",
     "model": path, "quantization": None | "int8" | "int4"} proposes a smaller model's greedy
     continuation instead (same tokenizer; its own paged KV cache of as many blocks as the
     engine's; the engine's own model quantized to int4 drafts well for itself). A sequence's draft is as long

@@ -2,9 +2,10 @@
 model in the same forward as the rest of the batch.
 
 Layers: `config.py` (the `speculative_config` knob, checked), `ngram.py` (prompt lookup: the
-tokens that followed the latest earlier occurrence of the sequence's last n tokens, in its own
-prompt, output or predicted output), `drafts.py` (per sequence: how many tokens to propose this
-step, its acceptance counters, and the back-off that stops proposing where drafts keep failing),
+tokens that followed an earlier occurrence of the sequence's last n tokens, in its own prompt,
+output or predicted output: near where its last draft would have gone on, else the latest),
+`drafts.py` (per sequence: how many tokens to propose this step, its acceptance counters, and
+the back-off that stops proposing where drafts keep failing),
 `verify.py` (which of a sequence's drafted tokens the target's samples accept).
 
 The engine's scheduler asks `Drafter.propose` for every decoding sequence; the runner samples

@@ -31,11 +31,14 @@ eager verify steps far dearer).
 A draft found by a match of one token (prompt_lookup_min 1) is weaker evidence than one found by
 a longer match: a common token occurs all over the text, and what followed it somewhere is
 seldom what follows it now. Such drafts have a rate of their own (`weak_rate`, from the same
-prior, learning only from their own verifications), so a sequence drafts after a one-token match
+prior, learning from their own verifications), so a sequence drafts after a one-token match
 only while those drafts are kept often enough to pay at the step's batch size: after a text's
 corrected word (whose next tokens no longer match the prompt for two tokens in a row) where they
 pay, seldom in free text, and not in a large batch, while its longer matches keep the rate they
-earned.
+earned. A rate too low to pay makes no drafts to learn from, so each verification that keeps
+tokens of a longer match (the sequence copies again) moves it a step back towards the prior.
+Lookups start near the sequence's copy cursor, where its last draft would have gone on
+(`fastgen.speculative.ngram`).
 
 A sequence whose rate has fallen below paying for even one token would never draft again to
 learn better, so after FIRST_BACKOFF steps without drafts it tries one token (then waits twice
@@ -88,7 +91,8 @@ def pay_threshold(row_cost: float, batch_size: int) -> float:
 
 
 class _SequenceDrafts:
-    """One sequence's token buffer (grown as its tokens are), rate of kept drafts and back-off."""
+    """One sequence's token buffer (grown as its tokens are), rates of kept drafts (after longer
+    matches, and after one-token ones), back-off and copy cursor."""
 
     def __init__(self, prediction: list[int] | None):
         self.tokens = np.empty(0, dtype=np.int64)
@@ -210,7 +214,8 @@ class Drafter:
     def threshold(self, batch_size: int) -> float:
         """The probability above which a drafted token pays in a step of `batch_size` sequences:
         measured (a drafted token's extra time over a kept token's worth, a step's time over its
-        sequences) once steps of this size with and without drafts were seen, else modelled."""
+        sequences) once MIN_STEPS steps of this size with drafts and without were seen, else
+        modelled."""
         bucket = batch_bucket(batch_size)
         if self._measured(bucket):
             return min(1.0, self.draft_seconds[bucket].median * batch_size / self.decode_seconds[bucket].median)
@@ -349,16 +354,17 @@ class Drafter:
 
     def _lookup(self, seq: Sequence, state: _SequenceDrafts, length: int, threshold: float, weak: bool
                 ) -> tuple[int, ...]:
-        """At most `length` tokens after the latest match of two tokens or more; else, where the
-        config looks for one (prompt_lookup_min 1) and `weak` allows it (not a try, which tests
-        the sequence's own rate), after a one-token match as many as the weak rate pays for."""
+        """At most `length` tokens after a match of two tokens or more (`lookup_draft`: near the
+        copy cursor, else the latest); else, where the config looks for one (prompt_lookup_min 1)
+        and `weak` allows it (not a try, which tests the sequence's own rate), after a one-token
+        match as many as the weak rate pays for."""
         cfg = self.config
         tokens = state.sync(seq.token_ids)
         draft, state.source = lookup_draft(tokens, state.prediction, length, cfg.prompt_lookup_max,
                                            max(cfg.prompt_lookup_min, 2), state.cursor)
         if draft or cfg.prompt_lookup_min > 1 or not weak:
             return tuple(draft)
-        weak_length = min(length, paying_length(state.weak_rate, threshold, self.config.num_speculative_tokens))
+        weak_length = min(length, paying_length(state.weak_rate, threshold, cfg.num_speculative_tokens))
         if weak_length == 0:
             return ()
         draft, state.source = lookup_draft(tokens, state.prediction, weak_length, 1, 1, state.cursor)
@@ -377,6 +383,12 @@ class Drafter:
             state.weak_kept = state.weak_kept * DISCOUNT + accepted
             state.weak_checked = state.weak_checked * DISCOUNT + checked
             return
+        if accepted:
+            # Kept tokens of a longer match: the sequence copies again, and its one-token matches
+            # (none made while their rate was below paying, so never measured again) may pay
+            # again after its next edit: their rate goes a step back towards the prior.
+            state.weak_kept = state.weak_kept * DISCOUNT + PRIOR_RATE * PRIOR_WEIGHT * (1 - DISCOUNT)
+            state.weak_checked = state.weak_checked * DISCOUNT + PRIOR_WEIGHT * (1 - DISCOUNT)
         state.kept = state.kept * DISCOUNT + accepted
         state.checked = state.checked * DISCOUNT + checked
         if state.trying:

@@ -1,7 +1,7 @@
 """Prompt-lookup proposals: continue the sequence the way it went on after an earlier occurrence
-of its last n tokens (n from prompt_lookup_max down to prompt_lookup_min): the one nearest the
-sequence's copy cursor where one lies near it, else the latest that is followed by a whole
-draft, else the latest.
+of its last n tokens (n from prompt_lookup_max down to prompt_lookup_min): of those followed by a
+whole draft, the one nearest the sequence's copy cursor where one lies near it, else the latest;
+else the latest of all.
 
 Why near the cursor: a sequence that copies its prompt with edits (a corrected word, a renamed
 variable) leaves the text at each edit and comes back to it just after; the tokens it comes back
@@ -29,8 +29,9 @@ NEAR_BEHIND, NEAR_AHEAD = 2, 32
 def lookup_draft(tokens: np.ndarray, extra: np.ndarray | None, num_tokens: int, n_max: int, n_min: int,
                  cursor: int | None = None) -> tuple[list[int], int | None]:
     """Up to `num_tokens` tokens that followed an earlier match of the sequence's last n tokens,
-    trying n = n_max .. n_min: the match nearest `cursor` (an index into `tokens`) where one is
-    near it, else the latest with `num_tokens` tokens after it, else the latest; and the index in
+    trying n = n_max .. n_min: the match nearest `cursor` (an index into `tokens`) among those
+    near it with `num_tokens` tokens after them, else the latest with `num_tokens` tokens after
+    it, else the latest; and the index in
     `tokens` where the draft starts (None for a draft from `extra`). ([], None) when none matches.
 
     tokens: the sequence so far (prompt and output), int64. extra: other text to search first
@@ -52,8 +53,9 @@ def lookup_draft(tokens: np.ndarray, extra: np.ndarray | None, num_tokens: int, 
 
 def _match(haystack: np.ndarray, pattern: np.ndarray, n: int, whole_draft_by: int, cursor: int | None) -> int | None:
     """Start of the window of `haystack` equal to `pattern` (n tokens) whose end is nearest
-    `cursor` where one ends near it; else of the latest that starts at or before `whole_draft_by`
-    (a whole draft follows it), else of the latest; None if none."""
+    `cursor`, among those that end near it and start at or before `whole_draft_by` (a whole draft
+    follows them); else of the latest that starts at or before `whole_draft_by`, else of the
+    latest; None if none."""
     if haystack.shape[0] < n:
         return None
     # Candidates by the first token, then the rest compared only there.
@@ -64,8 +66,10 @@ def _match(haystack: np.ndarray, pattern: np.ndarray, n: int, whole_draft_by: in
     if not starts.size:
         return None
     if cursor is not None:
+        # Only matches with a whole draft after them: in a loop shorter than a draft the one
+        # nearest the cursor is the one just before the end, whose draft the end cuts short.
         offsets = starts + n - cursor
-        near = (offsets >= -NEAR_BEHIND) & (offsets <= NEAR_AHEAD)
+        near = (offsets >= -NEAR_BEHIND) & (offsets <= NEAR_AHEAD) & (starts <= whole_draft_by)
         if near.any():
             # The nearest, ahead of the cursor rather than behind it at the same distance.
             close = offsets[near]

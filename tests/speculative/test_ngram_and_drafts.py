@@ -13,6 +13,7 @@ from fastgen.speculative.drafts import (
     FIRST_BACKOFF,
     MIN_STEPS,
     MISSES_BEFORE_WAITING,
+    STEP_WINDOW,
     Drafter,
     pay_threshold,
     paying_length,
@@ -60,13 +61,28 @@ def test_lookup_takes_the_match_nearest_the_cursor_where_one_is_near_it():
     tokens = [9, 2, 4, 0, 2, 5, 0, 0, 2, 6, 0, 0, 2]
     assert draft(tokens, n_max=1) == [6, 0, 0]  # no cursor: the latest match (at 8)
     assert draft(tokens, n_max=1, cursor=5) == [5, 0, 0]  # the match at 4 goes on at 5
-    assert draft(tokens, n_max=1, cursor=4) == [5, 0, 0]  # ahead of the cursor before behind it
+    assert draft(tokens, n_max=1, cursor=4) == [5, 0, 0]
+    assert draft(tokens, n_max=1, cursor=7) == [6, 0, 0]  # 2 behind and 2 ahead: ahead wins
     assert draft(tokens, n_max=1, cursor=3) == [4, 0, 2]  # the match at 1 goes on at 2: nearer
     far = [7, 2, 4] + [0] * 40 + [2, 5, 0, 2]
     assert draft(far, n_max=1, cursor=3) == [4, 0, 0]
     # The matches go on 6 behind the cursor and 36 ahead of it: none near, so the latest.
     assert 44 - 8 > NEAR_AHEAD and draft(far, n_max=1, cursor=8) == [5, 0, 2]
     assert lookup_draft(np.asarray(tokens), None, 3, 1, 1, 5) == ([5, 0, 0], 5)  # and where it starts
+
+
+def test_near_the_cursor_only_matches_with_a_whole_draft_after_them_count():
+    """A loop shorter than a draft, every draft kept: the cursor lands just before the end, where
+    a match's draft is cut short; drafts still grow to their whole length (a period earlier)."""
+    assert draft([5, 7, 7, 7, 7, 7, 7], n_max=1, cursor=7) == [7, 7, 7]
+    drafter = Drafter(SpeculativeConfig(num_speculative_tokens=4), row_cost=0.1)
+    tokens, lengths = [1, 2, 3, 7, 7], []
+    while len(tokens) < 60:
+        made = drafter.propose(sequence(tokens, 3), 8)
+        drafter.record(sequence(tokens, 3), len(made), len(made))
+        tokens += [*made, 7]
+        lengths.append(len(made))
+    assert drafter.seqs[0].cursor is not None and lengths[4:] == [4] * len(lengths[4:]), lengths
 
 
 def test_after_an_edit_the_copy_goes_on_where_it_was_left():
@@ -157,18 +173,25 @@ def test_drafts_after_a_one_token_match_learn_a_rate_of_their_own():
     prompt = [1, 2, 3, 4, 5, 6]
     drafter = Drafter(SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1), row_cost=0.1)
     lengths = []
-    while draft := drafter.propose(sequence(prompt + [9, 3], 6), 8):
-        assert draft == (4, 5, 6)[:len(draft)]
-        lengths.append(len(draft))
-        drafter.record(sequence(prompt + [9, 3], 6), len(draft), 0)
+    for _ in range(10):
+        made = drafter.propose(sequence(prompt + [9, 3], 6), 8)
+        if not made:
+            break
+        assert made == (4, 5, 6)[:len(made)]
+        lengths.append(len(made))
+        drafter.record(sequence(prompt + [9, 3], 6), len(made), 0)
     assert lengths == [3, 1, 1]  # the prior's three tokens, then what a falling rate pays for
     state = drafter.seqs[0]
-    assert state.rate == 0.5 and state.weak_rate < pay_threshold(0.1, 1)
+    weak = state.weak_rate
+    assert state.rate == 0.5 and weak < pay_threshold(0.1, 1)
     # A match of three tokens (3, 4, 5) drafts at the sequence's own rate, still the prior's.
     assert drafter.propose(sequence(prompt + [9, 3, 4, 5], 6), 8) == (6, 9, 3)
     assert not state.weak
     drafter.record(sequence(prompt + [9, 3, 4, 5], 6), 3, 3)
-    assert state.rate > 0.5 and state.weak_rate < pay_threshold(0.1, 1)
+    # Copying again: the one-token rate goes back towards the prior, and pays for one token at
+    # the next edit (8 for 6, back on 3: the 3 the copy came from, near the cursor).
+    assert state.rate > 0.5 and weak < state.weak_rate < 0.5
+    assert drafter.propose(sequence(prompt + [9, 3, 4, 5, 6, 9, 8, 3], 6), 8) == (4,) and state.weak
     strict = Drafter(SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2), row_cost=0.1)
     assert strict.propose(sequence(prompt + [9, 3], 6), 8) == ()
 
@@ -249,6 +272,19 @@ def test_the_threshold_is_measured_once_steps_with_and_without_drafts_were_seen(
     for _ in range(MIN_STEPS):
         drafter.observe_step(16, 10, 0.15)  # a dear draft in the 16 bucket: never pays
     assert drafter.threshold(13) == 1.0
+
+
+def test_the_threshold_follows_the_recent_steps():
+    """Steps measured more than STEP_WINDOW steps ago no longer count: a verify step that turns
+    dearer sets the threshold once it fills the window's majority."""
+    drafter = Drafter(SpeculativeConfig(), row_cost=0.1)
+    for _ in range(STEP_WINDOW):
+        drafter.observe_step(1, 0, 0.004)
+        drafter.observe_step(1, 4, 0.0044)  # 0.1 ms a drafted token
+    assert drafter.threshold(1) == pytest.approx(0.025)
+    for _ in range(STEP_WINDOW // 2 + 1):
+        drafter.observe_step(1, 4, 0.0052)  # 0.3 ms a drafted token
+    assert drafter.threshold(1) == pytest.approx(0.075)
 
 
 def test_one_slow_step_does_not_set_the_threshold():
