@@ -12,10 +12,11 @@ prompt's speedup is the median of its rounds' ratios (a short answer's rate drif
 machine from round to round, less within one pair); medians per kind. Batches (--batch-sizes, 16 by
 default): max_num_seqs of that size kept full (requests always waiting for a slot, the copy and
 free prompts in turn, each making a fixed number of tokens from max_tokens / 2 to max_tokens
-with ignore_eos, the same in both engines), output tokens per
-second over a --seconds window after a quarter of it for the start (a finite set of requests
-would end in a tail of a few, which would measure the tail, not the batch). Both engines compile in
-blocking mode before anything is timed. Reports acceptance (draft tokens kept / proposed, and
+with ignore_eos, the same in both engines; a finite set of requests would end in a tail of a
+few, which would measure the tail, not the batch), output tokens per second over a --seconds
+window after a quarter of it for the start; the engines back to back in each round, their order
+alternating, the speedup the median of the rounds' ratios. Both engines compile in blocking mode
+before anything is timed. Reports acceptance (draft tokens kept / proposed, and
 per draft position) and whether greedy outputs are identical with and without drafts (in bf16
 a verify step's products of several rows may round differently from a decode step's, so a near
 tie can go the other way; in float32 the tests require equality).
@@ -140,13 +141,17 @@ def saturated_rate(llm: LLM, prompts: list[list[int]], params: list[SamplingPara
 
 def batch_of(engines: dict[str, LLM], prompts: list[list[int]], params: list[SamplingParams], rounds: int,
              seconds: float) -> dict:
-    """Each engine's saturated output rate (`saturated_rate`), in turn, the median of rounds."""
+    """Each engine's saturated output rate (`saturated_rate`), back to back in each round, their
+    order alternating by round; the medians of rounds, and the speedup as the median of each
+    round's ratio (the machine drifts between rounds by more than between two windows)."""
     rates: dict[str, list[float]] = {name: [] for name in engines}
-    for _ in range(rounds):
-        for name, llm in engines.items():
+    for round_index in range(rounds):
+        order = list(engines.items()) if round_index % 2 == 0 else list(engines.items())[::-1]
+        for name, llm in order:
             rates[name].append(saturated_rate(llm, prompts, params, seconds))
     result = {f"{name}_tok_s": statistics.median(r) for name, r in rates.items()}
-    result["speedup"] = result["speculative_tok_s"] / result["plain_tok_s"]
+    result |= {f"{name}_tok_s_by_round": r for name, r in rates.items()}
+    result["speedup"] = statistics.median(s / p for s, p in zip(rates["speculative"], rates["plain"]))
     slots = engines["plain"].config.max_num_seqs
     result["max_num_seqs"] = slots
     print(f"  batch {slots} (kept full): {result['plain_tok_s']:.1f} -> {result['speculative_tok_s']:.1f} tok/s "
