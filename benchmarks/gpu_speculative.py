@@ -55,7 +55,7 @@ def _measure(preset: str, device: str, num_speculative_tokens: int, max_tokens: 
     max_model_len = 2048 if on_gpu else 288 + max_tokens + 32
     common = dict(load_format="dummy", skip_tokenizer_init=True, device=device, dtype=dtype,
                   max_model_len=max_model_len, max_num_seqs=8, enforce_eager=not on_gpu, compile_mode="blocking",
-                  num_kv_blocks=64 if on_gpu else -(-max_model_len // 256) + 1)
+                  block_size=256, num_kv_blocks=64 if on_gpu else -(-max_model_len // 256) + 1)
     engines = {"plain": LLM(model, **common),
                "speculative": LLM(model, speculative_config={"method": "ngram",
                                                              "num_speculative_tokens": num_speculative_tokens},
@@ -71,7 +71,6 @@ def _measure(preset: str, device: str, num_speculative_tokens: int, max_tokens: 
               "verify_graphs": "on" if verify_graphs else "off",
               "speculative_config": engines["speculative"].config.speculative_config, "max_tokens": max_tokens,
               "rounds": rounds, "batch_1": rows}
-    del engines
     return report
 
 
@@ -84,10 +83,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--verify-graphs", choices=("on", "off"), default="on",
                    help="verify steps replayed from CUDA graphs (the default) or run eagerly")
+    p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu-speculative.json"))
     args = p.parse_args()
     report = measure_speculation(args.preset, args.device, args.num_speculative_tokens, args.max_tokens, args.rounds,
-                                 args.verify_graphs == "on")
+                                 args.verify_graphs == "on", args.dtype)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.output}")

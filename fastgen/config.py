@@ -222,8 +222,8 @@ class EngineConfig:
     """Speculative decoding (vLLM's names): {"method": "ngram", "num_speculative_tokens": k,
     "prompt_lookup_max": n, "prompt_lookup_min": m} proposes up to k tokens a step for each
     decoding sequence by prompt lookup (what followed an earlier occurrence of its last n..m
-    tokens, in its prompt, its output or the request's predicted output: near where its last
-    draft would have gone on, else the latest), and verifies them with the rest of the batch in
+    tokens, in the request's predicted output, else in its prompt and output: near where its last
+    draft would have gone on there, else the latest), and verifies them with the rest of the batch in
     one forward: greedy output stays the same token for token, and sampled output keeps its
     distribution. Defaults k=4, n=4, m=1 (drafts after a one-token match weighed by their own
     acceptance). {"method": "draft_model",

@@ -3,8 +3,9 @@ model in the same forward as the rest of the batch.
 
 Layers: `config.py` (the `speculative_config` knob, checked), `ngram.py` (prompt lookup: the
 tokens that followed an earlier occurrence of the sequence's last n tokens, in its own prompt,
-output or predicted output: near where its last draft would have gone on, else the latest),
-`drafts.py` (per sequence: how many tokens to propose this step, its acceptance counters, and
+output or predicted output: near where its last draft would have gone on, else the latest
+followed by a whole draft), `draft_model.py` (a smaller model's greedy proposals over its own
+paged KV), `drafts.py` (per sequence: how many tokens to propose this step, its acceptance counters, and
 the back-off that stops proposing where drafts keep failing),
 `verify.py` (which of a sequence's drafted tokens the target's samples accept).
 

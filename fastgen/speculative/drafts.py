@@ -383,10 +383,11 @@ class Drafter:
             state.weak_kept = state.weak_kept * DISCOUNT + accepted
             state.weak_checked = state.weak_checked * DISCOUNT + checked
             return
-        if accepted:
-            # Kept tokens of a longer match: the sequence copies again, and its one-token matches
-            # (none made while their rate was below paying, so never measured again) may pay
-            # again after its next edit: their rate goes a step back towards the prior.
+        if accepted and state.weak_rate < PRIOR_RATE:
+            # A kept draft not found by a one-token match (a longer match, or the prediction):
+            # the sequence copies again, and its one-token matches (none made while their rate
+            # was below paying, so never measured again) may pay again after its next edit: a low
+            # one-token rate goes a step back towards the prior.
             state.weak_kept = state.weak_kept * DISCOUNT + PRIOR_RATE * PRIOR_WEIGHT * (1 - DISCOUNT)
             state.weak_checked = state.weak_checked * DISCOUNT + PRIOR_WEIGHT * (1 - DISCOUNT)
         state.kept = state.kept * DISCOUNT + accepted

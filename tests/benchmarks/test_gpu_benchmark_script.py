@@ -46,6 +46,7 @@ def test_gpu_decode_script_smoke_on_cpu(tmp_path):
     spec = doc["speculative"]["batch_1"]
     assert set(spec) == {"random", "repeated"} and all(row["identical_output"] for row in spec.values())
     assert all(row["speedup"] > 0 and "draft_tokens" in row["acceptance"] for row in spec.values())
+    assert doc["speculative"]["speculative_config"]["method"] == "ngram"
     # On CPU the compiled decode step stands where a CUDA graph would: its logits against eager.
     assert [(r["batch_size"], r["context_len"]) for r in doc["logits"]] == [(1, 40), (3, 40)]
     assert all(r["greedy_agreement"] == 1.0 for r in doc["logits"])

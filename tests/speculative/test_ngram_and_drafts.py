@@ -187,11 +187,24 @@ def test_drafts_after_a_one_token_match_learn_a_rate_of_their_own():
     # A match of three tokens (3, 4, 5) drafts at the sequence's own rate, still the prior's.
     assert drafter.propose(sequence(prompt + [9, 3, 4, 5], 6), 8) == (6, 9, 3)
     assert not state.weak
-    drafter.record(sequence(prompt + [9, 3, 4, 5], 6), 3, 3)
+    drafter.record(sequence(prompt + [9, 3, 4, 5], 6), 3, 2)  # 6, 9 kept; the model wrote 8 for 3
     # Copying again: the one-token rate goes back towards the prior, and pays for one token at
-    # the next edit (8 for 6, back on 3: the 3 the copy came from, near the cursor).
+    # the next edit (back on 3 after the 8).
     assert state.rate > 0.5 and weak < state.weak_rate < 0.5
     assert drafter.propose(sequence(prompt + [9, 3, 4, 5, 6, 9, 8, 3], 6), 8) == (4,) and state.weak
+    drafter.record(sequence(prompt + [9, 3, 4, 5, 6, 9, 8, 3], 6), 1, 1)
+    recovered = state.weak_rate
+    # A longer match's draft that keeps nothing leaves the one-token rate as it is.
+    made = drafter.propose(sequence(prompt + [9, 3, 4, 5], 6), 8)
+    assert made[:1] == (6,) and not state.weak
+    drafter.record(sequence(prompt + [9, 3, 4, 5], 6), len(made), 0)
+    assert state.weak_rate == recovered
+    # A one-token rate above the prior stays where its own drafts put it.
+    state.weak_kept, state.weak_checked = 0.9, 1.0
+    made = drafter.propose(sequence(prompt + [9, 3, 4, 5], 6), 8)
+    assert made and not state.weak
+    drafter.record(sequence(prompt + [9, 3, 4, 5], 6), len(made), len(made))
+    assert state.weak_rate == 0.9
     strict = Drafter(SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2), row_cost=0.1)
     assert strict.propose(sequence(prompt + [9, 3], 6), 8) == ()
 
