@@ -228,14 +228,13 @@ def run_section(name: str, fn, report: dict, path: Path, deadline: float) -> Non
         path.write_text(json.dumps(report, indent=2, default=str) + "\n")
         return
     start = time.perf_counter()
+    failed = False
     try:
         report[name] = fn()
     except Exception as exc:  # noqa: BLE001 - one section's failure must not lose the others
         report[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
         print(f"section {name} failed: {exc}", file=sys.stderr, flush=True)
         failed = True
-    else:
-        failed = False
     if failed:  # after the except block, whose traceback still holds the section's engines
         _free()
     report.setdefault("section_seconds", {})[name] = time.perf_counter() - start

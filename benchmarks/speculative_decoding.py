@@ -78,6 +78,12 @@ def decode_rate(out) -> float:
     return (m.num_output_tokens - 1) / (m.last_token_time - m.first_token_time)
 
 
+def in_turn(engines: dict[str, LLM], round_index: int) -> list[tuple[str, LLM]]:
+    """The engines in their order in even rounds, reversed in odd ones."""
+    order = list(engines.items())
+    return order if round_index % 2 == 0 else order[::-1]
+
+
 def batch_one(engines: dict[str, LLM], prompts: dict[str, list[int]], params: SamplingParams, rounds: int) -> dict:
     rates: dict[str, dict[str, list[float]]] = {name: {p: [] for p in prompts} for name in engines}
     outputs: dict[str, dict[str, list[int]]] = {name: {} for name in engines}
@@ -86,8 +92,7 @@ def batch_one(engines: dict[str, LLM], prompts: dict[str, list[int]], params: Sa
         for label, ids in prompts.items():
             # The two engines back to back on each prompt, their order alternating by round, so
             # that the machine's drift (a neighbour, the clock) weighs on both alike.
-            order = list(engines.items()) if round_index % 2 == 0 else list(engines.items())[::-1]
-            for name, llm in order:
+            for name, llm in in_turn(engines, round_index):
                 (out,) = llm.generate([ids], params, use_tqdm=False)
                 rates[name][label].append(decode_rate(out))
                 outputs[name][label] = out.token_ids
@@ -146,8 +151,7 @@ def batch_of(engines: dict[str, LLM], prompts: list[list[int]], params: list[Sam
     round's ratio (the machine drifts between rounds by more than between two windows)."""
     rates: dict[str, list[float]] = {name: [] for name in engines}
     for round_index in range(rounds):
-        order = list(engines.items()) if round_index % 2 == 0 else list(engines.items())[::-1]
-        for name, llm in order:
+        for name, llm in in_turn(engines, round_index):
             rates[name].append(saturated_rate(llm, prompts, params, seconds))
     result = {f"{name}_tok_s": statistics.median(r) for name, r in rates.items()}
     result |= {f"{name}_tok_s_by_round": r for name, r in rates.items()}

@@ -31,8 +31,8 @@ def lookup_draft(tokens: np.ndarray, extra: np.ndarray | None, num_tokens: int, 
     """Up to `num_tokens` tokens that followed an earlier match of the sequence's last n tokens,
     trying n = n_max .. n_min: the match nearest `cursor` (an index into `tokens`) among those
     near it with `num_tokens` tokens after them, else the latest with `num_tokens` tokens after
-    it, else the latest; and the index in
-    `tokens` where the draft starts (None for a draft from `extra`). ([], None) when none matches.
+    it, else the latest; and the index in `tokens` where the draft starts (None for a draft from
+    `extra`). ([], None) when none matches.
 
     tokens: the sequence so far (prompt and output), int64. extra: other text to search first
     (a request's predicted output), or None. A match in `extra` is preferred: it is what the
