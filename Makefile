@@ -39,7 +39,7 @@ test-all:
 
 # On a GPU machine, with its own python3, from the source tree (no setup, no network, no gguf,
 # no server stack: those tests skip). Two commands of under 10 minutes each on an H100:
-#   make gpu-preflight gpu-test   # ~1 min, then every cuda- and triton-marked test, ~3 min
+#   make gpu-preflight gpu-test   # ~1 min, then every cuda- and triton-marked test, ~6 min
 #   make gpu-bench                # benchmarks/gpu_decode.py, ~6 min, within GPU_BENCH_BUDGET_S
 #   make gpu-switches             # the decode step with each untimed switch off and on, ~2 min
 # The preflight stops with a report when the machine cannot run the rest (compiler, Triton,
@@ -67,6 +67,8 @@ gpu-bench:
 
 # The batch 1/2/8 step with packed uploads and the in-kernel combine of decode attention each
 # off and on (one JSON each, `-packed-X-combine-Y` in its name): what decides their defaults.
+# Both are off: the combine measured slower, and packed uploads fault at batch 256 (README,
+# `gpu_decode.py --sections graphs --quick --batch-sizes 256 --long-context 0 --packed-uploads on`).
 gpu-switches:
 	for packed in off on; do for combine in off on; do \
 		$(GPU_ENV) $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) --sections graphs,kernels \

@@ -1,12 +1,13 @@
 """Builds a step's model inputs in persistent buffers instead of fresh Python lists.
 
 Host buffers are allocated once at start-up, sized for the largest step. A step writes only its
-rows and hands out device views of them: on CUDA the step's rows of every buffer are packed and
-sent in one transfer (`PackedUpload`; with that off, each buffer has a pinned host side and a
-device twin and is copied on its own); on CPU the host buffers are the device's. Block tables
-follow the scheduler's facts (`BlockTable`). Decode batches can be padded to a CUDA-graph size:
-padding rows get token 0, position 0, slot -1 (never written), context length 0 and an all -1
-block table, so nothing stale from an earlier, larger batch survives.
+rows and hands out device views of them: on CUDA each buffer has a pinned host side and a device
+twin and is copied on its own, or all the step's rows are packed and sent in one transfer
+(`PackedUpload`, off by default: see PACK_UPLOADS_ON_CUDA); on CPU the host buffers are the
+device's. Block tables follow the scheduler's facts (`BlockTable`). Decode batches can be
+padded to a CUDA-graph size: padding rows get token 0, position 0, slot -1 (never written),
+context length 0 and an all -1 block table, so nothing stale from an earlier, larger batch
+survives.
 
 A step is built in two halves: `fill_prefill` / `fill_decode` write the host rows from the
 scheduler's output and return a `StepLayout` (plain sizes); `upload` copies those rows to the
@@ -32,9 +33,11 @@ from fastgen.worker.packed_upload import ALIGN, PackedUpload
 
 PrepareMeta = Callable[[AttentionMetadata], AttentionMetadata]
 
-# A switch so that benchmarks can compare one packed transfer a step with one per buffer
-# (`benchmarks/gpu_decode.py --packed-uploads`); read when a builder is built.
-PACK_UPLOADS_ON_CUDA = True
+# One packed transfer a step instead of one per buffer (`benchmarks/gpu_decode.py
+# --packed-uploads`); read when a builder is built. Off: on an H200 it saved about 1% of the
+# batch 1-8 step, but a batch of 256 decoding sequences hit an illegal memory access with it on
+# (and ran with it off); the cause is not found yet.
+PACK_UPLOADS_ON_CUDA = False
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ class StepInputBuilder:
     block tables max_blocks_per_seq wide. prepare_meta: the attention backend's `prepare`, applied
     to every step's metadata. max_draft_tokens: most draft tokens a sequence verifies in a step
     (speculative decoding), each a row of logits. pack_uploads: send a step's rows in one transfer
-    (default: on CUDA, per PACK_UPLOADS_ON_CUDA); off, each buffer is copied on its own."""
+    (default: on CUDA when PACK_UPLOADS_ON_CUDA, which is off); off, each buffer is copied on its own."""
 
     def __init__(self, max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int, block_size: int,
                  device: torch.device, prepare_meta: PrepareMeta = lambda meta: meta, max_draft_tokens: int = 0,
