@@ -65,14 +65,14 @@ gpu-test:
 gpu-bench:
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) --time-budget-s $(GPU_BENCH_BUDGET_S)
 
-# The batch 1/2/8 step with packed uploads and the in-kernel combine of decode attention each
-# off and on (one JSON each, `-packed-X-combine-Y` in its name): what decides their defaults.
-# Both are off: the combine measured slower, and packed uploads fault at batch 256 (README,
-# `gpu_decode.py --sections graphs --quick --batch-sizes 256 --long-context 0 --packed-uploads on`).
+# The batch 1/2/8/256 step with packed uploads and the in-kernel combine of decode attention
+# each off and on (one JSON each, `-packed-X-combine-Y` in its name): what decides their
+# defaults. Both are off: the combine measured slower, and packed uploads wait for a batch-256
+# run that passes (README).
 gpu-switches:
 	for packed in off on; do for combine in off on; do \
 		$(GPU_ENV) $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) --sections graphs,kernels \
-			--quick --batch-sizes 1,2,8 --long-context 0 --packed-uploads $$packed --combine-in-split $$combine \
+			--quick --batch-sizes 1,2,8,256 --long-context 0 --packed-uploads $$packed --combine-in-split $$combine \
 			--suffix=-packed-$$packed-combine-$$combine || exit 1; done; done
 
 # Every benchmark once, as a plain test, so the suites never rot (seconds).

@@ -29,12 +29,15 @@ def summary_ms(values: list[float]) -> dict:
             "p90": ordered[(len(ordered) * 9) // 10]}
 
 
-def start_decoding(llm: LLM, batch: int, context: int, steps: int) -> list[str]:
-    """Queue `batch` random prompts of `context` tokens and run them until all decode."""
+def start_decoding(llm: LLM, batch: int, context: int) -> list[str]:
+    """Queue `batch` random prompts of `context` tokens and run them until all decode. Each may
+    write up to max_model_len, so none finishes while it is measured (the caller aborts them):
+    prompts admitted first decode through the others' prefill, so a budget counted in measured
+    steps let them finish early and shrank the batch under measurement."""
     engine = llm.engine
     rng = random.Random(batch * 7919 + context)
     vocab = engine.config.model_config.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=2 * steps + 16, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=engine.config.max_model_len - context, ignore_eos=True)
     ids = [engine.add_request([rng.randrange(100, vocab - 300) for _ in range(context)], params)
            for _ in range(batch)]
     while engine.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running):
@@ -52,7 +55,7 @@ def time_decode_steps(llm: LLM, batch: int, context: int, steps: int, device: st
     previous one): their mean wall time and the device's wait for the host before each step
     (exposed host time, `fastgen.worker.step_clock`)."""
     engine = llm.engine
-    ids = start_decoding(llm, batch, context, steps)
+    ids = start_decoding(llm, batch, context)
     wall, gpu = [], []
     for _ in range(steps):
         if _cuda(device):
@@ -80,13 +83,20 @@ def time_decode_steps(llm: LLM, batch: int, context: int, steps: int, device: st
     row["exposed_host_ms"] = summary_ms([t * 1e3 for t in times.idle]) if times.idle else None
     row["device_step_ms"] = summary_ms([t * 1e3 for t in times.busy]) if times.busy else None
     row["overlap_scheduling"] = engine.overlap
+    still_running = len(engine.scheduler.running)
     graphs = engine.runner.graphs
     if graphs is not None and graphs.can_run(batch):
         size = padded_size(batch, graphs.sizes)
         row["padded_to"] = size
-        row["graph_replay_gpu_ms"] = replay_ms(graphs.graphs[size, False]) if _cuda(device) and graphs.graphs else None
+        # Only the graph the last step ran, over that step's inputs: another graph would read
+        # what the last upload left at its addresses (another row count's layout).
+        last = graphs.last_replayed_shape()
+        row["graph_replay_gpu_ms"] = replay_ms(graphs.graphs[last]) if _cuda(device) and last == (size, False) else None
     for request_id in ids:
         engine.abort(request_id)
+    if still_running != batch:
+        raise RuntimeError(f"{still_running} of the {batch} sequences were still running after the measured steps: "
+                           "the figures would mix batch sizes")
     return row
 
 
@@ -137,7 +147,7 @@ def _device_events(llm: LLM, batch: int, context: int, steps: int) -> list:
     """torch.profiler's device events over `steps` engine steps of `batch` decoding sequences."""
     from torch.profiler import ProfilerActivity, profile
 
-    ids = start_decoding(llm, batch, context, steps + 8)
+    ids = start_decoding(llm, batch, context)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -181,7 +191,7 @@ def host_profile(llm: LLM, batch: int, context: int, steps: int = 5) -> dict:
     import cProfile
     import pstats
 
-    ids = start_decoding(llm, batch, context, steps + 8)
+    ids = start_decoding(llm, batch, context)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(steps):
@@ -205,7 +215,7 @@ def graph_vs_eager_logits(llm: LLM, batch: int, context: int) -> dict:
     rewrites the same cache slots with the same values). Greedy disagreements are counted apart
     where the graph's top two logits are further apart than the largest difference seen."""
     runner = llm.engine.runner
-    ids = start_decoding(llm, batch, context, 8)
+    ids = start_decoding(llm, batch, context)
     seen: dict = {}
     execute = runner.execute
 

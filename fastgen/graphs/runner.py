@@ -61,6 +61,8 @@ class CudaGraphRunner:
         # (rows, is a verify step) -> graph, and its outputs: (logits, greedy ids)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        # The shape the last replay ran and the builder's upload count then (`last_replayed_shape`).
+        self._last_replay: tuple[tuple[int, bool], int] | None = None
         self.warmup_seconds = 0.0
         self.capture_seconds = 0.0
         self.graph_memory_bytes = 0
@@ -152,11 +154,23 @@ class CudaGraphRunner:
         """Run uploaded decode (or verify, `StepInputBuilder.fill_verify`) inputs whose row count
         is a captured size; logits and greedy ids of every row, padding included (the graph's
         own output tensors)."""
+        shape = (inputs.input_ids.shape[0], inputs.meta.several_rows_a_sequence)
+        self._last_replay = (shape, self.inputs.uploads)
         if self.capture_enabled:
-            shape = (inputs.input_ids.shape[0], inputs.meta.several_rows_a_sequence)
             self.graphs[shape].replay()
             return self.outputs[shape]
         return self._decode(inputs)
+
+    def last_replayed_shape(self) -> tuple[int, bool] | None:
+        """The (rows, verify) shape of the last replayed step while no upload has followed it, so
+        that its graph's inputs are still in place (what a benchmark may replay again by itself);
+        else None. A graph reads its inputs at fixed addresses: replayed after another step's
+        upload it reads that step's rows, and with packed uploads another layout's bytes (block
+        ids from the wrong piece: an illegal memory access)."""
+        if self._last_replay is None:
+            return None
+        shape, uploads = self._last_replay
+        return shape if uploads == self.inputs.uploads else None
 
 
 def verify_sizes(sizes: list[int], rows_per_seq: int, max_rows: int) -> list[int]:

@@ -34,9 +34,9 @@ from fastgen.worker.packed_upload import ALIGN, PackedUpload
 PrepareMeta = Callable[[AttentionMetadata], AttentionMetadata]
 
 # One packed transfer a step instead of one per buffer (`benchmarks/gpu_decode.py
-# --packed-uploads`); read when a builder is built. Off: on an H200 it saved about 1% of the
-# batch 1-8 step, but a batch of 256 decoding sequences hit an illegal memory access with it on
-# (and ran with it off); the cause is not found yet.
+# --packed-uploads`); read when a builder is built. Off until a GPU run at batch 256 passes with
+# it: on an H200 it saved about 1% of the batch 1-8 step, and its batch-256 run faulted, in the
+# benchmark's own replay of a graph over another step's inputs (since fixed, not yet rerun).
 PACK_UPLOADS_ON_CUDA = False
 
 
@@ -128,6 +128,7 @@ class StepInputBuilder:
         # Most steps sync anyway (sampling reads the tokens back), but a middle chunk of a long
         # prompt samples nothing, so the next build waits for this event before overwriting it.
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
+        self.uploads = 0  # steps uploaded so far: tells whether a step's inputs are still the last
 
     @staticmethod
     def num_bytes(max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int, max_draft_tokens: int = 0) -> int:
@@ -150,6 +151,7 @@ class StepInputBuilder:
     def _finish(self, inputs: StepInputs) -> StepInputs:
         if self._uploaded is not None:
             self._uploaded.record()
+        self.uploads += 1
         return dataclasses.replace(inputs, meta=self.prepare_meta(inputs.meta))
 
     def build_decode(self, out: SchedulerOutput, pad_to: int | None = None) -> StepInputs:

@@ -101,6 +101,23 @@ def test_padding_rows_never_write_the_cache(tiny_models):
     assert torch.equal(cache_blocks(runner, others), before)
 
 
+def test_the_last_replayed_shape_is_known_only_while_its_inputs_are_the_last_uploaded(tiny_models):
+    """What a benchmark may replay again by itself: a graph replayed after another step's upload
+    reads that step's rows (with packed uploads, another layout's bytes)."""
+    llm = llm_with_emulated_graphs(tiny_models["qwen3"], [2, 8], block_size=4, num_kv_blocks=128, max_num_seqs=8,
+                                   max_model_len=128)
+    runner, engine = llm.engine.runner, llm.engine
+    assert runner.graphs.last_replayed_shape() is None
+    out = _decode_batch(llm, random_prompts([6, 11, 7], seed=5))
+    runner.graphs.run(out)
+    assert runner.graphs.last_replayed_shape() == (8, False)
+    runner.inputs.build_decode(out)  # any later upload, here the same step unpadded
+    assert runner.graphs.last_replayed_shape() is None
+    engine.add_request(random_prompts([9], seed=6)[0], SamplingParams(temperature=0.0, max_tokens=4))
+    engine.step()  # a prefill (eager) after the replays
+    assert runner.graphs.last_replayed_shape() is None
+
+
 # ---- on a GPU ----------------------------------------------------------------------------
 
 
