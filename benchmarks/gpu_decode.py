@@ -302,7 +302,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.steps, args.num_prompts = 16, 64
     # At least 4096 on a GPU, so long contexts and the split policy are in play.
     args.max_model_len = max(4096 if args.device.startswith("cuda") else 0,
-                             max(c for _, c in args.points) + args.steps + 64)
+                             max(c for _, c in args.points) + 2 * args.steps + 64)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but no CUDA GPU is available")
     return args

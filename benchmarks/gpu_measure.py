@@ -91,7 +91,11 @@ def time_decode_steps(llm: LLM, batch: int, context: int, steps: int, device: st
         # Only the graph the last step ran, over that step's inputs: another graph would read
         # what the last upload left at its addresses (another row count's layout).
         last = graphs.last_replayed_shape()
-        row["graph_replay_gpu_ms"] = replay_ms(graphs.graphs[last]) if _cuda(device) and last == (size, False) else None
+        row["graph_replay_gpu_ms"] = None
+        if last != (size, False):
+            row["graph_replay_skipped"] = f"the last step's inputs are not the {size}-row graph's (last: {last})"
+        elif _cuda(device):
+            row["graph_replay_gpu_ms"] = replay_ms(graphs.graphs[last])
     for request_id in ids:
         engine.abort(request_id)
     if still_running != batch:

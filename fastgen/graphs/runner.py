@@ -155,18 +155,19 @@ class CudaGraphRunner:
         is a captured size; logits and greedy ids of every row, padding included (the graph's
         own output tensors)."""
         shape = (inputs.input_ids.shape[0], inputs.meta.several_rows_a_sequence)
-        self._last_replay = (shape, self.inputs.uploads)
+        self._last_replay = (shape, inputs.upload)
         if self.capture_enabled:
             self.graphs[shape].replay()
             return self.outputs[shape]
         return self._decode(inputs)
 
     def last_replayed_shape(self) -> tuple[int, bool] | None:
-        """The (rows, verify) shape of the last replayed step while no upload has followed it, so
-        that its graph's inputs are still in place (what a benchmark may replay again by itself);
-        else None. A graph reads its inputs at fixed addresses: replayed after another step's
-        upload it reads that step's rows, and with packed uploads another layout's bytes (block
-        ids from the wrong piece: an illegal memory access)."""
+        """The (rows, verify) shape of the last replayed step while its inputs are the last ones
+        uploaded, so that its graph reads them (what a benchmark may replay again by itself, on
+        one rank: under tensor parallelism a graph's collectives need every rank); else None. A
+        graph reads its inputs at fixed addresses: replayed after another step's upload it reads
+        that step's rows, and with packed uploads another layout's bytes (block ids from the
+        wrong piece: an illegal memory access)."""
         if self._last_replay is None:
             return None
         shape, uploads = self._last_replay

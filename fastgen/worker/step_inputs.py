@@ -35,8 +35,9 @@ PrepareMeta = Callable[[AttentionMetadata], AttentionMetadata]
 
 # One packed transfer a step instead of one per buffer (`benchmarks/gpu_decode.py
 # --packed-uploads`); read when a builder is built. Off until a GPU run at batch 256 passes with
-# it: on an H200 it saved about 1% of the batch 1-8 step, and its batch-256 run faulted, in the
-# benchmark's own replay of a graph over another step's inputs (since fixed, not yet rerun).
+# it: on an H200 it saved about 1% of the batch 1-8 step, and its batch-256 run faulted, most
+# likely in the benchmark's own replay of a graph over another step's inputs (since fixed, not
+# yet rerun on a GPU).
 PACK_UPLOADS_ON_CUDA = False
 
 
@@ -81,6 +82,7 @@ class StepInputs:
     meta: AttentionMetadata
     sample_rows: list[int]  # which scheduled sequences sample a token this step
     num_rows: int  # real sequences (padding rows excluded)
+    upload: int = 0  # which of the builder's uploads made these (`StepInputBuilder.uploads`)
 
 
 class StepInputBuilder:
@@ -128,7 +130,7 @@ class StepInputBuilder:
         # Most steps sync anyway (sampling reads the tokens back), but a middle chunk of a long
         # prompt samples nothing, so the next build waits for this event before overwriting it.
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
-        self.uploads = 0  # steps uploaded so far: tells whether a step's inputs are still the last
+        self.uploads = 0  # steps uploaded so far: whether a step's inputs are still the last ones
 
     @staticmethod
     def num_bytes(max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int, max_draft_tokens: int = 0) -> int:
@@ -152,7 +154,7 @@ class StepInputBuilder:
         if self._uploaded is not None:
             self._uploaded.record()
         self.uploads += 1
-        return dataclasses.replace(inputs, meta=self.prepare_meta(inputs.meta))
+        return dataclasses.replace(inputs, meta=self.prepare_meta(inputs.meta), upload=self.uploads)
 
     def build_decode(self, out: SchedulerOutput, pad_to: int | None = None) -> StepInputs:
         """`fill_decode` then `upload`."""

@@ -42,7 +42,7 @@ def test_not_on_a_cpu_and_the_launch_keyword_only_when_on():
 
 def test_a_triton_without_grid_dependency_control_runs_the_kernels_as_before():
     # Compiled on a GPU, where the launch keyword would otherwise be passed; under the interpreter
-    # on a CPU. (Triton 3.6's interpreter cannot run a loop to a runtime bound with numpy 2.5,
+    # on a CPU. (Triton 3.6's interpreter cannot run a loop to a runtime bound with numpy 2.4+,
     # which is what the GPU machine has, so the GPU does not fall back to it.)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     env = os.environ | {"PYTHONPATH": str(ROOT)}
