@@ -61,7 +61,7 @@ class CudaGraphRunner:
         # (rows, is a verify step) -> graph, and its outputs: (logits, greedy ids)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
-        # The shape the last replay ran and the builder's upload count then (`last_replayed_shape`).
+        # The shape the last replay ran and its inputs' upload number (`last_replayed_shape`).
         self._last_replay: tuple[tuple[int, bool], int] | None = None
         self.warmup_seconds = 0.0
         self.capture_seconds = 0.0
