@@ -35,32 +35,39 @@ MAX_NORMED_K = 4096
 
 
 @triton.jit
-def _normed_skinny_matmul_kernel(
-    x_ptr, res_ptr, norm_w_ptr, w_ptr, bias_ptr, out_ptr, res_out_ptr,
+def normed_weight_tiles(pid, w_ptr, norm_w_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        SWIGLU: tl.constexpr):
+    """Program pid's weight tiles (gate, and up with SWIGLU; gate again without) and the norm's
+    weight, in float32: all it reads that no kernel of a step writes, so it may load them
+    before the kernel in front has finished."""
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    tile_mask = (cols < N)[:, None] & (ks < K)[None, :]
+    w = tl.load(w_ptr + cols[:, None].to(tl.int64) * stride_wn + ks[None, :], mask=tile_mask, other=0.0)
+    w = w.to(tl.float32)
+    w_up = w
+    if SWIGLU:
+        w_up = tl.load(w_ptr + (cols + N)[:, None].to(tl.int64) * stride_wn + ks[None, :], mask=tile_mask, other=0.0)
+        w_up = w_up.to(tl.float32)
+    norm_w = tl.load(norm_w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+    return w, w_up, norm_w
+
+
+@triton.jit
+def normed_program(
+    pid, w, w_up, norm_w, x_ptr, res_ptr, bias_ptr, out_ptr, res_out_ptr,
     M, N, K, eps,
-    stride_xm, stride_rm, stride_wn, stride_om, stride_rom,
+    stride_xm, stride_rm, stride_om, stride_rom,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
 ):
-    """out[:M, cols] for this program's BLOCK_N columns (of N; the weight has 2N rows with
-    SWIGLU); ROWS is M rounded up to a power of two."""
-    pid = tl.program_id(0)
+    """out[:M, cols] for program pid's BLOCK_N columns (of N; the weight has 2N rows with
+    SWIGLU), given its tiles (`normed_weight_tiles`); ROWS is M rounded up to a power of two.
+    Program 0 writes the new residual."""
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
     k_ok = ks < K
-    tile_mask = col_ok[:, None] & k_ok[None, :]
-    # Weights first: no kernel of a step writes them, so they load while the one in front ends.
-    w = tl.load(w_ptr + cols[:, None].to(tl.int64) * stride_wn + ks[None, :], mask=tile_mask, other=0.0)
-    w = w.to(tl.float32)
-    if SWIGLU:
-        w_up = tl.load(w_ptr + (cols + N)[:, None].to(tl.int64) * stride_wn + ks[None, :], mask=tile_mask, other=0.0)
-        w_up = w_up.to(tl.float32)
-    norm_w = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
-
     dtype = x_ptr.dtype.element_ty
     row_ids = tl.arange(0, ROWS)
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
@@ -91,6 +98,27 @@ def _normed_skinny_matmul_kernel(
         acc = silu * acc_up.to(dtype).to(tl.float32)
     out_at = out_ptr + row_ids[:, None].to(tl.int64) * stride_om + cols[None, :]
     tl.store(out_at, acc.to(dtype), mask=(row_ids < M)[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _normed_skinny_matmul_kernel(
+    x_ptr, res_ptr, norm_w_ptr, w_ptr, bias_ptr, out_ptr, res_out_ptr,
+    M, N, K, eps,
+    stride_xm, stride_rm, stride_wn, stride_om, stride_rom,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr,
+):
+    """out[:M, cols] for this program's BLOCK_N columns (of N; the weight has 2N rows with
+    SWIGLU); ROWS is M rounded up to a power of two."""
+    pid = tl.program_id(0)
+    # Weights first: no kernel of a step writes them, so they load while the one in front ends.
+    w, w_up, norm_w = normed_weight_tiles(pid, w_ptr, norm_w_ptr, N, K, stride_wn, BLOCK_N, BLOCK_K, SWIGLU)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    normed_program(pid, w, w_up, norm_w, x_ptr, res_ptr, bias_ptr, out_ptr, res_out_ptr, M, N, K, eps,
+                   stride_xm, stride_rm, stride_om, stride_rom, ROWS, BLOCK_N, BLOCK_K,
+                   HAS_RESIDUAL, HAS_BIAS, SWIGLU)
 
 
 @dataclass(frozen=True)

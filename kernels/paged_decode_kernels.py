@@ -60,6 +60,117 @@ def norm_rope_rows(row_ptrs, row_ok, offs_d, partner_d, weight_ptr, eps, cos, si
 
 
 @triton.jit
+def decode_split_program(
+    seq, kv_head, split,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+    scale,
+    stride_qb, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_ob, stride_oh,
+    stride_bt,
+    num_heads, num_kv_heads, grid_splits,
+    k_new_ptr, v_new_ptr, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, slot_mapping_ptr, eps,
+    stride_knt, stride_knh, stride_vnt, stride_vnh, stride_cs,
+    splits_done_ptr,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, NEW_TOKEN: tl.constexpr, QK_NORM: tl.constexpr,
+    COMBINE_IN_LAST_SPLIT: tl.constexpr,
+):
+    """What the split kernel's program (seq, kv_head, split) does (seq an int64); nothing when
+    the sequence uses fewer splits."""
+    context_len = tl.load(context_lens_ptr + seq)
+    num_splits = splits_for(context_len, grid_splits, MIN_TOKENS)
+    if split < num_splits:  # a short sequence's work is in fewer programs
+        tokens_per_split = (context_len + num_splits - 1) // num_splits
+        start = split * tokens_per_split
+        end = tl.minimum(start + tokens_per_split, context_len)
+
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_g = offs_g < GROUP
+        heads = kv_head * GROUP + offs_g  # the query heads sharing this KV head; rows >= GROUP pad
+        q_rows = q_ptr + seq * stride_qb + heads[:, None] * stride_qh
+        if NEW_TOKEN:
+            # q and the new key arrive as projected: normalise (Qwen3) and rotate them here, and the
+            # program whose slice holds the new token stores its K/V before reading the cache.
+            HALF: tl.constexpr = HEAD_DIM // 2
+            partner_d = (offs_d + HALF) % HEAD_DIM
+            table = cos_sin_ptr + tl.load(positions_ptr + seq) * stride_cs
+            d_ok = offs_d < HEAD_DIM
+            # Eager torch casts the float32 table to the activation dtype before multiplying.
+            act = q_ptr.dtype.element_ty
+            cos = tl.load(table + offs_d % HALF, mask=d_ok, other=0.0).to(act).to(tl.float32)[None, :]
+            sin = tl.load(table + HALF + offs_d % HALF, mask=d_ok, other=0.0).to(act).to(tl.float32)
+            sin_signed = tl.where(offs_d < HALF, -sin, sin)[None, :]
+            q = norm_rope_rows(q_rows, mask_g, offs_d, partner_d, q_norm_ptr, eps, cos, sin_signed,
+                               HEAD_DIM, BLOCK_D, QK_NORM).to(DOT_DTYPE)
+            slot = tl.load(slot_mapping_ptr + seq).to(tl.int64)
+            holds_new_token = (context_len - 1) // tl.maximum(tokens_per_split, 1) == split
+            if holds_new_token & (context_len > 0) & (slot >= 0):
+                one_row = tl.arange(0, 1) == 0
+                k_new = norm_rope_rows(k_new_ptr + seq * stride_knt + kv_head * stride_knh + tl.zeros([1, 1], tl.int32),
+                                       one_row, offs_d, partner_d, k_norm_ptr, eps, cos, sin_signed,
+                                       HEAD_DIM, BLOCK_D, QK_NORM)
+                v_new = tl.load(v_new_ptr + seq * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
+                                mask=row_mask(one_row, offs_d, HEAD_DIM, BLOCK_D))
+                block, in_block = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+                new_mask = row_mask(one_row, offs_d, HEAD_DIM, BLOCK_D)
+                tl.store(k_cache_ptr + block * stride_kb + in_block * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                         k_new, mask=new_mask)
+                tl.store(v_cache_ptr + block * stride_vb + in_block * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                         v_new, mask=new_mask)
+                tl.debug_barrier()  # this program's threads read the stored row back below
+        else:
+            q = tl.load(q_rows + offs_d[None, :], mask=row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D),
+                        other=0.0).to(DOT_DTYPE)
+
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        table_row = block_tables_ptr + seq * stride_bt
+        last_visible = tl.zeros([BLOCK_G], tl.int32) + (end - 1)  # every row sees the whole slice
+        for tile_start in range(start, end, BLOCK_N):
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_row, kv_head, scale,
+                                        tile_start, end, last_visible,
+                                        stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                                        BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_DTYPE)
+
+        out_mask = row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D)
+        out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        # A context of 0 (a padding row) leaves acc = 0 and l = 0: its output is exact zeros.
+        normalised = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        if ONE_SPLIT:  # grid_splits == 1: the partials and the combine are compiled out
+            tl.store(out_ptrs, normalised.to(out_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            if num_splits == 1:
+                tl.store(out_ptrs, normalised.to(out_ptr.dtype.element_ty), mask=out_mask)
+            else:
+                # Partials: [batch, num_heads, grid_splits] (+ HEAD_DIM for acc), contiguous.
+                part_row = (seq * num_heads + heads) * grid_splits + split
+                tl.store(part_max_ptr + part_row, m_i, mask=mask_g)
+                tl.store(part_sum_ptr + part_row, l_i, mask=mask_g)
+                tl.store(part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+                if COMBINE_IN_LAST_SPLIT:
+                    # Count this (sequence, KV head)'s finished splits; the program that finishes
+                    # last combines them. The barrier puts all of this program's partial stores
+                    # before its count; acq_rel publishes them with it and, in the last program,
+                    # makes every other program's visible before it reads them.
+                    tl.debug_barrier()
+                    counter = splits_done_ptr + seq * num_kv_heads + kv_head
+                    done_before = tl.atomic_add(counter, 1, sem="acq_rel")
+                    if done_before == num_splits - 1:
+                        tl.atomic_xchg(counter, 0)  # zero again for the next launch (graph replays too)
+                        tl.debug_barrier()
+                        combine_group(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptrs, out_mask,
+                                      (seq * num_heads + heads) * grid_splits, mask_g, offs_d, num_splits,
+                                      HEAD_DIM, BLOCK_G, BLOCK_D)
+
+
+@triton.jit
 def decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
@@ -82,97 +193,20 @@ def decode_split_kernel(
     if PDL:  # q and the cache come from the kernels in front
         gdc_launch_dependents()
         gdc_wait()
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-
-    context_len = tl.load(context_lens_ptr + seq)
-    num_splits = splits_for(context_len, grid_splits, MIN_TOKENS)
-    if split >= num_splits:  # this sequence is short: its work is in fewer programs
-        return
-    tokens_per_split = (context_len + num_splits - 1) // num_splits
-    start = split * tokens_per_split
-    end = tl.minimum(start + tokens_per_split, context_len)
-
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_g = offs_g < GROUP
-    heads = kv_head * GROUP + offs_g  # the query heads sharing this KV head; rows >= GROUP pad
-    q_rows = q_ptr + seq * stride_qb + heads[:, None] * stride_qh
-    if NEW_TOKEN:
-        # q and the new key arrive as projected: normalise (Qwen3) and rotate them here, and the
-        # program whose slice holds the new token stores its K/V before reading the cache.
-        HALF: tl.constexpr = HEAD_DIM // 2
-        partner_d = (offs_d + HALF) % HEAD_DIM
-        table = cos_sin_ptr + tl.load(positions_ptr + seq) * stride_cs
-        d_ok = offs_d < HEAD_DIM
-        # Eager torch casts the float32 table to the activation dtype before multiplying.
-        act = q_ptr.dtype.element_ty
-        cos = tl.load(table + offs_d % HALF, mask=d_ok, other=0.0).to(act).to(tl.float32)[None, :]
-        sin = tl.load(table + HALF + offs_d % HALF, mask=d_ok, other=0.0).to(act).to(tl.float32)
-        sin_signed = tl.where(offs_d < HALF, -sin, sin)[None, :]
-        q = norm_rope_rows(q_rows, mask_g, offs_d, partner_d, q_norm_ptr, eps, cos, sin_signed,
-                           HEAD_DIM, BLOCK_D, QK_NORM).to(DOT_DTYPE)
-        slot = tl.load(slot_mapping_ptr + seq).to(tl.int64)
-        holds_new_token = (context_len - 1) // tl.maximum(tokens_per_split, 1) == split
-        if holds_new_token & (context_len > 0) & (slot >= 0):
-            one_row = tl.arange(0, 1) == 0
-            k_new = norm_rope_rows(k_new_ptr + seq * stride_knt + kv_head * stride_knh + tl.zeros([1, 1], tl.int32),
-                                   one_row, offs_d, partner_d, k_norm_ptr, eps, cos, sin_signed,
-                                   HEAD_DIM, BLOCK_D, QK_NORM)
-            v_new = tl.load(v_new_ptr + seq * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
-                            mask=row_mask(one_row, offs_d, HEAD_DIM, BLOCK_D))
-            block, in_block = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-            new_mask = row_mask(one_row, offs_d, HEAD_DIM, BLOCK_D)
-            tl.store(k_cache_ptr + block * stride_kb + in_block * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                     k_new, mask=new_mask)
-            tl.store(v_cache_ptr + block * stride_vb + in_block * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                     v_new, mask=new_mask)
-            tl.debug_barrier()  # this program's threads read the stored row back below
-    else:
-        q = tl.load(q_rows + offs_d[None, :], mask=row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D),
-                    other=0.0).to(DOT_DTYPE)
-
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    table_row = block_tables_ptr + seq * stride_bt
-    last_visible = tl.zeros([BLOCK_G], tl.int32) + (end - 1)  # every row sees the whole slice
-    for tile_start in range(start, end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_row, kv_head, scale,
-                                    tile_start, end, last_visible,
-                                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                                    BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_DTYPE)
-
-    out_mask = row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D)
-    out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    # A context of 0 (a padding row) leaves acc = 0 and l = 0: its output is exact zeros.
-    normalised = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    if ONE_SPLIT:  # grid_splits == 1: the partials and the combine are compiled out
-        tl.store(out_ptrs, normalised.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        if num_splits == 1:
-            tl.store(out_ptrs, normalised.to(out_ptr.dtype.element_ty), mask=out_mask)
-        else:
-            # Partials: [batch, num_heads, grid_splits] (+ HEAD_DIM for acc), contiguous.
-            part_row = (seq * num_heads + heads) * grid_splits + split
-            tl.store(part_max_ptr + part_row, m_i, mask=mask_g)
-            tl.store(part_sum_ptr + part_row, l_i, mask=mask_g)
-            tl.store(part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
-            if COMBINE_IN_LAST_SPLIT:
-                # Count this (sequence, KV head)'s finished splits; the program that finishes
-                # last combines them. The barrier puts all of this program's partial stores
-                # before its count; acq_rel publishes them with it and, in the last program,
-                # makes every other program's visible before it reads them.
-                tl.debug_barrier()
-                counter = splits_done_ptr + seq * tl.num_programs(1) + kv_head
-                done_before = tl.atomic_add(counter, 1, sem="acq_rel")
-                if done_before == num_splits - 1:
-                    tl.atomic_xchg(counter, 0)  # zero again for the next launch (graph replays too)
-                    tl.debug_barrier()
-                    combine_group(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptrs, out_mask,
-                                  (seq * num_heads + heads) * grid_splits, mask_g, offs_d, num_splits,
-                                  HEAD_DIM, BLOCK_G, BLOCK_D)
+    decode_split_program(
+        tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2),
+        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+        out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+        scale,
+        stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+        stride_ob, stride_oh, stride_bt,
+        num_heads, tl.num_programs(1), grid_splits,
+        k_new_ptr, v_new_ptr, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, slot_mapping_ptr, eps,
+        stride_knt, stride_knh, stride_vnt, stride_vnh, stride_cs,
+        splits_done_ptr,
+        BLOCK_SIZE, GROUP, HEAD_DIM, ONE_SPLIT, MIN_TOKENS, BLOCK_G, BLOCK_N, BLOCK_D, DOT_DTYPE,
+        NEW_TOKEN, QK_NORM, COMBINE_IN_LAST_SPLIT,
+    )
 
 
 @triton.jit
@@ -199,6 +233,35 @@ def combine_group(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptrs, out_mask, 
 
 
 @triton.jit
+def combine_program(
+    seq, head, part_acc_ptr, part_max_ptr, part_sum_ptr, context_lens_ptr, out_ptr,
+    stride_ob, stride_oh,
+    num_heads, grid_splits,
+    HEAD_DIM: tl.constexpr, MIN_TOKENS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """The combine of (seq, head)'s partials (seq an int64); nothing for a sequence that used
+    one split (the split program wrote its output itself)."""
+    num_splits = splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS)
+    if num_splits > 1:
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_s = offs_s < num_splits
+        row = (seq * num_heads + head) * grid_splits + offs_s
+        m = tl.load(part_max_ptr + row, mask=mask_s, other=float("-inf"))
+        l = tl.load(part_sum_ptr + row, mask=mask_s, other=0.0)
+        acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=row_mask(mask_s, offs_d, HEAD_DIM, BLOCK_D), other=0.0)
+        # More than one split means a context longer than MIN_TOKENS, and every split then holds
+        # tokens, so m_max is finite; an empty split (max -inf) would still weigh exp(-inf) = 0.
+        m_max = tl.max(m, axis=0)
+        weight = tl.exp(m - m_max)
+        denom = tl.sum(weight * l, axis=0)
+        result = tl.sum(weight[:, None] * acc, axis=0) / denom
+        tl.store(out_ptr + seq * stride_ob + head * stride_oh + offs_d,
+                 result.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+@triton.jit
 def decode_combine_kernel(
     part_acc_ptr, part_max_ptr, part_sum_ptr, context_lens_ptr, out_ptr,
     stride_ob, stride_oh,
@@ -209,24 +272,6 @@ def decode_combine_kernel(
     if PDL:  # the partials come from the split kernel
         gdc_launch_dependents()
         gdc_wait()
-    seq = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    num_splits = splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS)
-    if num_splits == 1:  # the split kernel wrote this sequence's output itself
-        return
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < num_splits
-    row = (seq * num_heads + head) * grid_splits + offs_s
-    m = tl.load(part_max_ptr + row, mask=mask_s, other=float("-inf"))
-    l = tl.load(part_sum_ptr + row, mask=mask_s, other=0.0)
-    acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=row_mask(mask_s, offs_d, HEAD_DIM, BLOCK_D), other=0.0)
-    # More than one split means a context longer than MIN_TOKENS, and every split then holds
-    # tokens, so m_max is finite; an empty split (max -inf) would still weigh exp(-inf) = 0.
-    m_max = tl.max(m, axis=0)
-    weight = tl.exp(m - m_max)
-    denom = tl.sum(weight * l, axis=0)
-    result = tl.sum(weight[:, None] * acc, axis=0) / denom
-    tl.store(out_ptr + seq * stride_ob + head * stride_oh + offs_d,
-             result.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    combine_program(tl.program_id(0).to(tl.int64), tl.program_id(1), part_acc_ptr, part_max_ptr, part_sum_ptr,
+                    context_lens_ptr, out_ptr, stride_ob, stride_oh, num_heads, grid_splits,
+                    HEAD_DIM, MIN_TOKENS, BLOCK_S, BLOCK_D)

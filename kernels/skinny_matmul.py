@@ -56,22 +56,26 @@ def _add_rows_times_tile(acc, w, x_ptr, stride_xm, M, K, k0, ROWS: tl.constexpr,
 
 
 @triton.jit
-def _skinny_matmul_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+def skinny_first_tile(pid, w_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      EVEN_K: tl.constexpr):
+    """Program pid's first weight tile: what it may load before the kernel in front has
+    finished, since no kernel of a step writes weights."""
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    return _weight_tile(w_ptr + cols[:, None].to(tl.int64) * stride_wn, 0, K, cols < N, BLOCK_K, EVEN_K)
+
+
+@triton.jit
+def skinny_program(
+    pid, w, x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
-    """out[:M, cols] for this program's BLOCK_N columns; ROWS is M rounded up to a power of two."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """out[:M, cols] for program pid's BLOCK_N columns, given its first weight tile w
+    (`skinny_first_tile`); ROWS is M rounded up to a power of two."""
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     row_ids = tl.arange(0, ROWS)
     w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_wn
-    # The first weight tile is asked for before waiting on the kernel in front (no kernel of a
-    # step writes weights): launched as its dependent, the load overlaps that kernel's tail.
-    w = _weight_tile(w_rows, 0, K, col_ok, BLOCK_K, EVEN_K)
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
     acc = _add_rows_times_tile(tl.zeros((ROWS, BLOCK_N), dtype=tl.float32), w, x_ptr, stride_xm, M, K, 0,
                                ROWS, BLOCK_K)
     for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -81,6 +85,24 @@ def _skinny_matmul_kernel(
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     out_at = out_ptr + row_ids[:, None].to(tl.int64) * stride_om + cols[None, :]
     tl.store(out_at, acc.to(out_ptr.dtype.element_ty), mask=(row_ids < M)[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _skinny_matmul_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+):
+    """out[:M, cols] for this program's BLOCK_N columns; ROWS is M rounded up to a power of two."""
+    pid = tl.program_id(0)
+    # The first weight tile is asked for before waiting on the kernel in front (no kernel of a
+    # step writes weights): launched as its dependent, the load overlaps that kernel's tail.
+    w = skinny_first_tile(pid, w_ptr, N, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    skinny_program(pid, w, x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                   ROWS, BLOCK_N, BLOCK_K, EVEN_K, HAS_BIAS)
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ def programmatic_launches():
     """The decode path's launchers as on an H100, where they launch as programmatic dependents
     (`kernels/programmatic_launch.py`): the stand-in device here is a CPU, which never does."""
     modules = [importlib.import_module(f"fastgen.kernels.{name}") for name in (
-        "normed_skinny_matmul", "paged_decode_attention", "qk_norm_rope_store", "skinny_matmul")]
+        "decode_layer", "normed_skinny_matmul", "paged_decode_attention", "qk_norm_rope_store", "skinny_matmul")]
     saved = [m.programmatic_launch for m in modules]
     for m in modules:
         m.programmatic_launch = lambda device: True
@@ -171,6 +171,7 @@ def launch_everything() -> None:
             yield tag, lambda: store_kvcache(kv, kv, cache, cache, slots)
     yield from _skinny_products()
     yield from _normed_products()
+    yield from _decode_layers()
 
 
 def _skinny_products():
@@ -197,6 +198,33 @@ def _normed_products():
                 tag = {"dtype": str(dtype).split(".")[1], "n": n, "k": k, "rows": rows, "swiglu": swiglu}
                 yield from with_and_without_pdl(tag, lambda x=x, w=weight, g=norm, s=swiglu: normed_skinny_matmul(
                     x, x, g, 1e-6, w, swiglu=s))
+
+
+def _decode_layers():
+    """A whole layer's decode step in one launch at Qwen3-0.6B's, Qwen2-0.5B's and Llama-3.2-1B's
+    shapes (hidden, heads, KV heads, head dim, intermediate), one and two rows."""
+    from fastgen.kernels.decode_layer import DecodeLayerWeights, decode_layer, new_layer_counters
+
+    shapes = {"qwen3-0.6b": (1024, 16, 8, 128, 3072, True, False), "qwen2-0.5b": (896, 14, 2, 64, 4864, False, True),
+              "llama-3.2-1b": (2048, 32, 8, 64, 8192, False, False)}
+    for dtype in (torch.bfloat16, torch.float32):
+        for name, (hidden, heads, kv_heads, head_dim, inter, qk_norm, bias) in shapes.items():
+            def zeros(*shape):
+                return torch.zeros(*shape, dtype=dtype)
+
+            n_qkv = (heads + 2 * kv_heads) * head_dim
+            w = DecodeLayerWeights(zeros(hidden), zeros(n_qkv, hidden), zeros(n_qkv) if bias else None,
+                                   zeros(head_dim) if qk_norm else None, zeros(head_dim) if qk_norm else None,
+                                   zeros(hidden, heads * head_dim), zeros(hidden), zeros(2 * inter, hidden),
+                                   zeros(hidden, inter), heads, kv_heads, head_dim, 1e-6, 1e-6)
+            cache = zeros(8, 256, kv_heads, head_dim)
+            for rows in (1, 2):
+                x = zeros(rows, hidden)
+                args = (torch.zeros(rows, dtype=torch.int64), torch.zeros(64, head_dim), cache, cache,
+                        torch.zeros(rows, 8, dtype=torch.int32), torch.zeros(rows, dtype=torch.int32),
+                        torch.zeros(rows, dtype=torch.int64), 0.1, new_layer_counters(torch.device("cpu")))
+                tag = {"dtype": str(dtype).split(".")[1], "layer": name, "rows": rows}
+                yield from with_and_without_pdl(tag, lambda x=x, w=w, a=args: decode_layer(x, x, w, *a))
 
 
 def main() -> int:

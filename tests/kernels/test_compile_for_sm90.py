@@ -33,7 +33,7 @@ def test_every_kernel_compiles_within_h100_limits(compiled):
     names = {r["kernel"] for r in compiled}
     assert names == {"decode_split_kernel", "decode_combine_kernel", "prefill_kernel",
                      "qk_norm_rope_store_kernel", "_store_kvcache_kernel", "_skinny_matmul_kernel",
-                     "_normed_skinny_matmul_kernel"}
+                     "_normed_skinny_matmul_kernel", "decode_layer_kernel"}
     for row in compiled:
         assert row["shared_bytes"] <= H100_SHARED_BYTES, row
         if row["config"]["dtype"] != "float32" and "stack" in row:
@@ -57,17 +57,18 @@ def test_decode_kernels_wait_on_the_kernel_in_front_only_when_launched_as_its_de
     variants = [r for r in compiled if "pdl" in r["config"]]
     assert {r["kernel"] for r in variants} == {"decode_split_kernel", "decode_combine_kernel",
                                                "qk_norm_rope_store_kernel", "_skinny_matmul_kernel",
-                                               "_normed_skinny_matmul_kernel"}
+                                               "_normed_skinny_matmul_kernel", "decode_layer_kernel"}
     for row in variants:
         assert (row["grid_dependency_ops"] >= 2) == row["config"]["pdl"], row
 
 
 @pytest.mark.slow
-def test_only_decode_attention_that_combines_in_its_last_split_uses_atomics(compiled):
-    """The split counters are the one atomic in the decode path, and only where asked for."""
+def test_only_the_kernels_that_count_on_the_device_use_atomics(compiled):
+    """The decode path's atomics are the split counters, only where asked for, and the phase
+    counters of the one-launch layer (`kernels/decode_layer.py`)."""
     for row in compiled:
         combining = row["kernel"] == "decode_split_kernel" and row["config"].get("combine_in_split", False)
-        assert (row["atomic_ops"] > 0) == combining, row
+        assert (row["atomic_ops"] > 0) == (combining or row["kernel"] == "decode_layer_kernel"), row
     assert any(row["config"].get("combine_in_split") for row in compiled)
     # Beside them, the plain new-token variants at one split and at several.
     assert {row["config"]["max_splits"] for row in compiled if row["kernel"] == "decode_split_kernel"

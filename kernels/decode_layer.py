@@ -1,0 +1,356 @@
+"""A Llama-family decoder layer's decode step for a few rows in one launch.
+
+A decode step of a small model at batch 1 or 2 is six short kernels a layer (norm + q|k|v,
+split attention, its combine, o_proj, norm + gate|up + SwiGLU, down), each a few microseconds
+of weight streaming behind its own launch, ramp and tail: a step of Qwen3-0.6B on an H100
+spends more time between and at the edges of its kernels than at the memory's rate. Here the
+six are phases of one grid, and a program of a later phase waits, on the device, for the
+phase before it instead of for a kernel boundary: its weight tile is loaded before it waits,
+so one phase's weights stream in while the phase in front finishes.
+
+Programs do not take their work from `program_id`: each draws a ticket (an atomic counter),
+and tickets are handed out phase by phase in order. A program waits only for phases whose
+tickets are all lower than its own, and a lower ticket was drawn by a program that is already
+running, so every wait ends whatever order the GPU starts programs in, and however few fit on
+it at once (the Triton interpreter, which runs programs one after another, never waits at all).
+A phase counts its finished programs on a counter of its own: a program's stores, a barrier,
+then a release add; the waiter spins, then acquires. The last program to finish sets the
+counters back to zero, so one set serves every launch of its layer, CUDA-graph replays
+included; a layer's launches must therefore run one after another (one stream), and each layer
+needs its own set, since with programmatic dependent launch the next layer's programs draw
+their tickets while this one is still finishing.
+
+The phases compute exactly what the separate kernels do (they are the same code:
+`normed_program`, `decode_split_program`, `combine_program`, `skinny_program`), so the
+outputs equal the six launches' bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms
+from .normed_skinny_matmul import MAX_NORMED_K, normed_program, normed_weight_tiles
+from .paged_decode_kernels import combine_program, decode_split_program
+from .programmatic_launch import gdc_launch_dependents, gdc_wait, launch_options, programmatic_launch
+from .qk_norm_rope_store import check_qk_norm_rope_args
+from .skinny_matmul import SKINNY_ROWS, skinny_first_tile, skinny_program
+from .triton_types import TL_DTYPES, dot_dtype
+
+# The counters of one layer's launches: [ticket, q|k|v done, splits done, combines done, o_proj
+# done, gate|up done, programs finished, unused].
+COUNTERS_PER_LAYER = 8
+_TICKET, _QKV_DONE, _SPLITS_DONE, _COMBINES_DONE, _O_DONE, _GATE_UP_DONE, _FINISHED = (
+    tl.constexpr(i) for i in range(7))
+_COUNTERS = tl.constexpr(COUNTERS_PER_LAYER)
+
+
+def new_layer_counters(device: torch.device) -> torch.Tensor:
+    """A layer's counters, at zero (allocate before any CUDA-graph capture that launches it)."""
+    return torch.zeros(COUNTERS_PER_LAYER, dtype=torch.int32, device=device)
+
+
+@triton.jit
+def _count_done(counter_ptr):
+    """Count this program's phase work done: every thread's stores come before the count."""
+    tl.debug_barrier()
+    tl.atomic_add(counter_ptr, 1, sem="release")
+
+
+@triton.jit
+def _wait_until(counter_ptr, target):
+    """Wait for `target` programs to have counted on counter_ptr; then what they stored before
+    counting is visible to all of this program's threads."""
+    seen = tl.load(counter_ptr, volatile=True)
+    while seen < target:
+        seen = tl.load(counter_ptr, volatile=True)
+    tl.atomic_add(counter_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
+def decode_layer_kernel(
+    x_ptr, res_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, block_tables_ptr, context_lens_ptr,
+    k_cache_ptr, v_cache_ptr,
+    in_norm_ptr, qkv_w_ptr, qkv_b_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
+    qkv_ptr, attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, o_ptr, res1_ptr, act_ptr, out_ptr, res2_ptr,
+    counters_ptr,
+    M, hidden, intermediate, num_heads, num_kv_heads, eps, qk_eps, scale, grid_splits,
+    n_qkv_programs, n_split_programs, n_combine_programs, n_o_programs, n_gate_up_programs, n_down_programs,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt, stride_cs,
+    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NORMED_BLOCK_N: tl.constexpr, NORMED_BLOCK_K: tl.constexpr,
+    SKINNY_BLOCK_N: tl.constexpr, O_BLOCK_K: tl.constexpr, O_EVEN_K: tl.constexpr,
+    DOWN_BLOCK_K: tl.constexpr, DOWN_EVEN_K: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_QKV_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
+    BLOCK_G: tl.constexpr, ATTN_BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+):
+    """One program of the layer's grid: phase and work item from its ticket (the module's
+    docstring). Rows of x are sequences; all buffers but the cache and weights are contiguous."""
+    ticket = tl.atomic_add(counters_ptr + _TICKET, 1, sem="relaxed")
+    if PDL:
+        gdc_launch_dependents()
+    q_size = num_heads * HEAD_DIM
+    kv_size = num_kv_heads * HEAD_DIM
+    n_qkv = q_size + 2 * kv_size
+    end_qkv = n_qkv_programs
+    end_split = end_qkv + n_split_programs
+    end_combine = end_split + n_combine_programs
+    end_o = end_combine + n_o_programs
+    end_gate_up = end_o + n_gate_up_programs
+    if ticket < end_qkv:
+        # Input norm (with the residual add) and q|k|v; program 0 writes the new residual.
+        pid = ticket
+        qkv_tile, qkv_tile_again, in_norm = normed_weight_tiles(pid, qkv_w_ptr, in_norm_ptr, n_qkv, hidden, hidden,
+                                                                NORMED_BLOCK_N, NORMED_BLOCK_K, False)
+        if PDL:  # x and the residual come from the kernel in front
+            gdc_wait()
+        normed_program(pid, qkv_tile, qkv_tile_again, in_norm, x_ptr, res_ptr, qkv_b_ptr, qkv_ptr, res1_ptr, M, n_qkv, hidden, eps,
+                       hidden, hidden, n_qkv, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
+                       HAS_RESIDUAL, HAS_QKV_BIAS, False)
+        _count_done(counters_ptr + _QKV_DONE)
+    elif ticket < end_split:
+        # Split attention; it prepares (q/k norm, RoPE) and stores the new token itself.
+        if PDL:
+            gdc_wait()
+        _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs)
+        item = ticket - end_qkv
+        seq = (item // (num_kv_heads * grid_splits)).to(tl.int64)
+        kv_head = (item // grid_splits) % num_kv_heads
+        split = item % grid_splits
+        decode_split_program(
+            seq, kv_head, split,
+            qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+            attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+            scale,
+            n_qkv, HEAD_DIM,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            q_size, HEAD_DIM, stride_bt,
+            num_heads, num_kv_heads, grid_splits,
+            qkv_ptr + q_size, qkv_ptr + q_size + kv_size, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr,
+            slot_mapping_ptr, qk_eps,
+            n_qkv, HEAD_DIM, n_qkv, HEAD_DIM, stride_cs,
+            counters_ptr,
+            BLOCK_SIZE, GROUP, HEAD_DIM, ONE_SPLIT, MIN_TOKENS, BLOCK_G, ATTN_BLOCK_N, BLOCK_D, DOT_DTYPE,
+            True, QK_NORM, False,
+        )
+        _count_done(counters_ptr + _SPLITS_DONE)
+    elif ticket < end_combine:
+        # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
+        if PDL:
+            gdc_wait()
+        _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs)
+        item = ticket - end_split
+        combine_program((item // num_heads).to(tl.int64), item % num_heads, part_acc_ptr, part_max_ptr,
+                        part_sum_ptr, context_lens_ptr, attn_ptr, q_size, HEAD_DIM, num_heads, grid_splits,
+                        HEAD_DIM, MIN_TOKENS, BLOCK_S, BLOCK_D)
+        _count_done(counters_ptr + _COMBINES_DONE)
+    elif ticket < end_o:
+        # o_proj.
+        pid = ticket - end_combine
+        o_tile = skinny_first_tile(pid, o_w_ptr, hidden, q_size, q_size, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K)
+        if PDL:
+            gdc_wait()
+        _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs)
+        skinny_program(pid, o_tile, attn_ptr, o_w_ptr, o_w_ptr, o_ptr, M, hidden, q_size, q_size, q_size, hidden,
+                       ROWS, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K, False)
+        _count_done(counters_ptr + _O_DONE)
+    elif ticket < end_gate_up:
+        # Post-attention norm (with the residual add), gate|up and SwiGLU; program 0 writes the
+        # layer's new residual.
+        pid = ticket - end_o
+        gate_tile, up_tile, post_norm = normed_weight_tiles(pid, gate_up_w_ptr, post_norm_ptr, intermediate, hidden,
+                                                            hidden, NORMED_BLOCK_N, NORMED_BLOCK_K, True)
+        if PDL:
+            gdc_wait()
+        _wait_until(counters_ptr + _O_DONE, n_o_programs)
+        normed_program(pid, gate_tile, up_tile, post_norm, o_ptr, res1_ptr, o_ptr, act_ptr, res2_ptr, M, intermediate, hidden,
+                       eps, hidden, hidden, intermediate, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
+                       True, False, True)
+        _count_done(counters_ptr + _GATE_UP_DONE)
+    else:
+        # down_proj: the layer's output.
+        pid = ticket - end_gate_up
+        down_tile = skinny_first_tile(pid, down_w_ptr, hidden, intermediate, intermediate, SKINNY_BLOCK_N,
+                                      DOWN_BLOCK_K, DOWN_EVEN_K)
+        if PDL:
+            gdc_wait()
+        _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs)
+        skinny_program(pid, down_tile, act_ptr, down_w_ptr, down_w_ptr, out_ptr, M, hidden, intermediate, intermediate,
+                       intermediate, hidden, ROWS, SKINNY_BLOCK_N, DOWN_BLOCK_K, DOWN_EVEN_K, False)
+    # The last program to finish (every other one has stopped reading the counters) zeroes
+    # them for the layer's next launch.
+    finished = tl.atomic_add(counters_ptr + _FINISHED, 1, sem="acq_rel")
+    if finished == end_gate_up + n_down_programs - 1:
+        tl.store(counters_ptr + tl.arange(0, _COUNTERS), tl.zeros([_COUNTERS], tl.int32))
+
+
+@dataclass(frozen=True)
+class LayerTiling:
+    """One launch's shape, shared by its phases: weight rows a program of the normed products
+    (q|k|v, gate|up) and of the plain ones (o_proj, down) owns, and warps a program."""
+
+    normed_block_n: int
+    skinny_block_n: int
+    num_warps: int
+
+
+def default_layer_tiling(hidden: int) -> LayerTiling:
+    """Eight warps; eight weight rows a program for the plain products, and for the normed ones
+    up to 1,024 inputs (two beyond, whose tiles hold all of K). One launch's registers are its
+    most demanding phase's, for all of its programs: compiled for sm_90 at Qwen3-0.6B's shapes,
+    4 warps take 178-187 registers a thread and 8 warps 95-116, so two programs fit an SM either
+    way and 8 warps bring twice the threads; at Llama-3.2-1B's (2,048 inputs) two normed rows
+    take 64-74 and four spill at one row. With two programs an SM, the plain products' tiles of
+    two weight rows (the separate kernel's, which runs 16 programs an SM) would keep too few
+    bytes in flight; eight rows keep 16 KB a program. Chosen from registers, not yet timed."""
+    return LayerTiling(8 if hidden <= 1024 else 2, 8, 8)
+
+
+@dataclass(frozen=True)
+class DecodeLayerWeights:
+    """One layer's weights as the kernel reads them, all in the activations' dtype:
+    input_norm [hidden]; qkv [(heads + 2 kv_heads) head_dim, hidden] (q|k|v rows) and its
+    optional bias; q_norm / k_norm [head_dim] (Qwen3) or None; o [hidden, heads head_dim];
+    post_norm [hidden]; gate_up [2 intermediate, hidden] (gate rows, then up); down
+    [hidden, intermediate]. eps: both RMSNorms'; qk_eps: the per-head norms'."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float
+    qk_eps: float
+
+
+def check_decode_layer_args(x: torch.Tensor, residual: torch.Tensor | None, w: DecodeLayerWeights) -> None:
+    """ValueError naming what does not fit the kernel (cheap: shapes and dtypes only)."""
+    if x.dim() != 2 or not 0 < x.shape[0] <= SKINNY_ROWS:
+        raise ValueError(f"decode_layer: x must be [rows, hidden] with 1 to {SKINNY_ROWS} rows, got {tuple(x.shape)}")
+    rows, hidden = x.shape
+    q_size, kv_size = w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
+    intermediate = w.down.shape[-1]
+    expected = {
+        "residual": (None if residual is None else tuple(residual.shape), (rows, hidden)),
+        "input_norm": (tuple(w.input_norm.shape), (hidden,)),
+        "qkv": (tuple(w.qkv.shape), (q_size + 2 * kv_size, hidden)),
+        "o": (tuple(w.o.shape), (hidden, q_size)),
+        "post_norm": (tuple(w.post_norm.shape), (hidden,)),
+        "gate_up": (tuple(w.gate_up.shape), (2 * intermediate, hidden)),
+        "down": (tuple(w.down.shape), (hidden, intermediate)),
+        "qkv_bias": (None if w.qkv_bias is None else tuple(w.qkv_bias.shape), (q_size + 2 * kv_size,)),
+    }
+    for name, (got, want) in expected.items():
+        if got is not None and got != want:
+            raise ValueError(f"decode_layer: {name} has shape {got}, the layer needs {want}")
+    if hidden > MAX_NORMED_K:
+        raise ValueError(f"decode_layer: hidden size {hidden}, at most {MAX_NORMED_K}")
+    tensors = [x, residual, w.input_norm, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.o, w.post_norm, w.gate_up, w.down]
+    dtypes = {t.dtype for t in tensors if t is not None}
+    if x.dtype not in TL_DTYPES or len(dtypes) != 1:
+        raise ValueError(f"decode_layer: dtypes {sorted(map(str, dtypes))} must be one of {list(TL_DTYPES)}")
+    if w.num_heads % w.num_kv_heads:
+        raise ValueError(f"decode_layer: {w.num_heads} heads are not a multiple of {w.num_kv_heads} KV heads")
+
+
+def decode_layer(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weights: DecodeLayerWeights,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    scale: float,
+    counters: torch.Tensor,
+    tiling: LayerTiling | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step of one Llama-family layer in one launch: (down_proj's output, the new
+    residual), as the layer computes them from x and residual (None for the first layer, whose
+    residual is then x) with `normed_skinny_matmul`, `paged_decode_attention` (new token
+    prepared and stored: positions [rows] int64, cos_sin float32 [max_positions, head_dim],
+    slot_mapping [rows], -1 stores nothing), `skinny_matmul`, the SwiGLU `normed_skinny_matmul`
+    and `skinny_matmul` again. Row i is sequence i (block_tables [rows, width] int32,
+    context_lens [rows] int32, the new token included). counters: this layer's
+    (`new_layer_counters`), used by no other layer. ValueError for what it does not take."""
+    w = weights
+    check_decode_layer_args(x, residual, w)
+    rows, hidden = x.shape
+    q_size, kv_size = w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
+    n_qkv, intermediate = q_size + 2 * kv_size, w.down.shape[-1]
+    qkv = torch.empty(rows, n_qkv, dtype=x.dtype, device=x.device)
+    q, k, v = qkv.view(rows, -1, w.head_dim).split([w.num_heads, w.num_kv_heads, w.num_kv_heads], dim=1)
+    check_qk_norm_rope_args(q, k, v, positions, cos_sin, w.q_norm, w.k_norm, k_cache, v_cache, slot_mapping)
+    if block_tables.shape[0] != rows or context_lens.shape != (rows,):
+        raise ValueError(f"decode_layer: block_tables {tuple(block_tables.shape)} and context_lens "
+                         f"{tuple(context_lens.shape)} must have a row per row of x ({rows})")
+    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
+        raise ValueError(f"decode_layer: block_tables and context_lens must be int32, got {block_tables.dtype} "
+                         f"and {context_lens.dtype}")
+    if counters.shape != (COUNTERS_PER_LAYER,) or counters.dtype != torch.int32:
+        raise ValueError(f"decode_layer: counters must be int32 [{COUNTERS_PER_LAYER}] (new_layer_counters)")
+    x = x.contiguous()
+    residual = None if residual is None else residual.contiguous()
+    block_tables, context_lens = block_tables.contiguous(), context_lens.contiguous()
+    weights_in_order = [t.contiguous() for t in (w.input_norm, w.qkv, w.o, w.post_norm, w.gate_up, w.down)]
+    input_norm, qkv_w, o_w, post_norm, gate_up_w, down_w = weights_in_order
+
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    splits = grid_splits(rows, num_kv_heads, block_tables.shape[1] * block_size, num_sms(x.device))
+    attn = torch.empty(rows, q_size, dtype=x.dtype, device=x.device)
+    part_acc = torch.empty(rows, w.num_heads, splits, head_dim, dtype=torch.float32, device=x.device)
+    part_max = torch.empty(rows, w.num_heads, splits, dtype=torch.float32, device=x.device)
+    part_sum = torch.empty_like(part_max)
+    o_out = torch.empty_like(x)
+    new_residual = x if residual is None else torch.empty_like(x)
+    act = torch.empty(rows, intermediate, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x)
+    layer_residual = torch.empty_like(x)
+
+    tiling = tiling or default_layer_tiling(hidden)
+    normed_n, skinny_n = tiling.normed_block_n, tiling.skinny_block_n
+    o_block_k, down_block_k = min(1024, triton.next_power_of_2(q_size)), min(1024, triton.next_power_of_2(intermediate))
+    programs = (triton.cdiv(n_qkv, normed_n), rows * num_kv_heads * splits, rows * w.num_heads,
+                triton.cdiv(hidden, skinny_n), triton.cdiv(intermediate, normed_n), triton.cdiv(hidden, skinny_n))
+    group = w.num_heads // num_kv_heads
+    pdl = programmatic_launch(x.device)
+    decode_layer_kernel[(sum(programs),)](
+        x, x if residual is None else residual, positions, cos_sin, slot_mapping, block_tables, context_lens,
+        k_cache, v_cache,
+        input_norm, qkv_w, qkv_w if w.qkv_bias is None else w.qkv_bias.contiguous(),
+        x if w.q_norm is None else w.q_norm, x if w.k_norm is None else w.k_norm,
+        o_w, post_norm, gate_up_w, down_w,
+        qkv, attn, part_acc, part_max, part_sum, o_out, new_residual, act, out, layer_residual,
+        counters,
+        rows, hidden, intermediate, w.num_heads, num_kv_heads, w.eps, w.qk_eps, scale, splits,
+        *programs,
+        *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0), cos_sin.stride(0),
+        ROWS=triton.next_power_of_2(rows), HEAD_DIM=head_dim,
+        NORMED_BLOCK_N=normed_n, NORMED_BLOCK_K=triton.next_power_of_2(hidden),
+        SKINNY_BLOCK_N=skinny_n, O_BLOCK_K=o_block_k, O_EVEN_K=q_size % o_block_k == 0,
+        DOWN_BLOCK_K=down_block_k, DOWN_EVEN_K=intermediate % down_block_k == 0,
+        HAS_RESIDUAL=residual is not None, HAS_QKV_BIAS=w.qkv_bias is not None, QK_NORM=w.q_norm is not None,
+        BLOCK_SIZE=block_size, GROUP=group, ONE_SPLIT=splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), ATTN_BLOCK_N=16 if k_cache.element_size() >= 4 else 64,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), DOT_DTYPE=dot_dtype(k_cache.dtype),
+        BLOCK_S=triton.next_power_of_2(MAX_SPLITS), PDL=pdl,
+        num_warps=tiling.num_warps, **launch_options(pdl),
+    )
+    return out, layer_residual

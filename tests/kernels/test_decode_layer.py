@@ -1,0 +1,97 @@
+"""A decoder layer's decode step in one launch (`kernels/decode_layer.py`) equals the six
+launches it replaces (`normed_skinny_matmul`, `paged_decode_attention` preparing the new token,
+`skinny_matmul`, the SwiGLU `normed_skinny_matmul`, `skinny_matmul`), each of which its own
+tests hold to the torch ops; the layer as a whole is held to transformers' in
+`tests/models/test_one_launch_layer.py`. Run by the Triton interpreter on a CPU (whose programs
+run one after another, so no phase ever waits) and compiled on a GPU by `make gpu-test` (where
+the phases overlap and wait on each other)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastgen.kernels.decode_layer import DecodeLayerWeights, decode_layer, new_layer_counters
+from fastgen.kernels.normed_skinny_matmul import normed_skinny_matmul
+from fastgen.kernels.paged_decode_attention import NewToken, paged_decode_attention
+from fastgen.kernels.skinny_matmul import skinny_matmul
+from tests.kernels.test_decode_new_token import HEADS, KV_HEADS, step
+
+pytestmark = pytest.mark.triton
+
+EPS, QK_EPS = 1e-6, 1e-5
+
+
+def layer_weights(dtype, head_dim, hidden, intermediate, qk_norm, qkv_bias, gen, device):
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
+
+    n_qkv = (HEADS + 2 * KV_HEADS) * head_dim
+    return DecodeLayerWeights(
+        input_norm=(1 + 0.1 * rand(hidden)), qkv=rand(n_qkv, hidden, scale=hidden**-0.5),
+        qkv_bias=rand(n_qkv) if qkv_bias else None,
+        q_norm=(1 + 0.1 * rand(head_dim)) if qk_norm else None, k_norm=(1 + 0.1 * rand(head_dim)) if qk_norm else None,
+        o=rand(hidden, HEADS * head_dim, scale=(HEADS * head_dim) ** -0.5), post_norm=(1 + 0.1 * rand(hidden)),
+        gate_up=rand(2 * intermediate, hidden, scale=hidden**-0.5), down=rand(hidden, intermediate,
+                                                                            scale=intermediate**-0.5),
+        num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=head_dim, eps=EPS, qk_eps=QK_EPS)
+
+
+def six_launches(x, residual, w: DecodeLayerWeights, positions, cos_sin, k_cache, v_cache, tables, lens, slots,
+                 scale):
+    """The layer as the separate kernels compute it: (down's output, the new residual)."""
+    qkv, res1 = normed_skinny_matmul(x, residual, w.input_norm, w.eps, w.qkv, w.qkv_bias)
+    rows = x.shape[0]
+    q, k, v = qkv.view(rows, -1, w.head_dim).split([w.num_heads, w.num_kv_heads, w.num_kv_heads], dim=1)
+    attn = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale,
+                                  new_token=NewToken(k, v, positions, cos_sin, w.q_norm, w.k_norm, w.qk_eps, slots))
+    o = skinny_matmul(attn.flatten(1), w.o)
+    act, res2 = normed_skinny_matmul(o, res1, w.post_norm, w.eps, w.gate_up, swiglu=True)
+    return skinny_matmul(act, w.down), res2
+
+
+@pytest.mark.parametrize("lens", [[1], [40], [300], [300, 0], [1, 200]], ids=["one-token", "one-split",
+                                                                            "three-splits", "padding-row", "two-rows"])
+@pytest.mark.parametrize("first_layer", [False, True], ids=["residual", "first-layer"])
+@pytest.mark.parametrize("dtype,head_dim,hidden,intermediate,qk_norm,qkv_bias", [
+    (torch.float32, 64, 100, 164, True, False),  # Qwen3's kind of layer; widths that leave programs part-full
+    (torch.bfloat16, 32, 64, 128, False, True),  # Qwen2's (a q|k|v bias, no per-head norm)
+], ids=["fp32-qwen3", "bf16-qwen2"])
+def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediate, qk_norm, qkv_bias, first_layer,
+                                            lens):
+    _, _, _, k_cache, v_cache, tables, lens_t, positions, cos_sin, _, slots = step(dtype, head_dim, lens, seed=7)
+    gen = torch.Generator().manual_seed(11)
+    device = k_cache.device
+    w = layer_weights(dtype, head_dim, hidden, intermediate, qk_norm, qkv_bias, gen, device)
+    x = torch.randn(len(lens), hidden, generator=gen).to(dtype).to(device)
+    residual = None if first_layer else torch.randn(len(lens), hidden, generator=gen).to(dtype).to(device)
+    scale = head_dim**-0.5
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    want, want_residual = six_launches(x, residual, w, positions, cos_sin, k_ref, v_ref, tables, lens_t, slots, scale)
+
+    counters = new_layer_counters(device)
+    for launch in range(2):  # the second launch finds the counters the first one left
+        got, got_residual = decode_layer(x, residual, w, positions, cos_sin, k_cache, v_cache, tables, lens_t, slots,
+                                         scale, counters)
+        assert torch.equal(got, want), f"launch {launch}: {(got.float() - want.float()).abs().max()}"
+        assert torch.equal(got_residual, want_residual)
+        assert torch.equal(k_cache.nan_to_num(7.0), k_ref.nan_to_num(7.0))
+        assert torch.equal(v_cache.nan_to_num(7.0), v_ref.nan_to_num(7.0))
+        assert not counters.any(), counters
+
+
+def test_what_the_layer_kernel_does_not_take_is_refused():
+    _, _, _, k_cache, v_cache, tables, lens, positions, cos_sin, _, slots = step(torch.float32, 32, [5])
+    gen = torch.Generator().manual_seed(0)
+    w = layer_weights(torch.float32, 32, 64, 128, True, False, gen, k_cache.device)
+    x = torch.randn(1, 64).to(k_cache.device)
+    counters = new_layer_counters(k_cache.device)
+    args = (positions, cos_sin, k_cache, v_cache, tables, lens, slots, 0.1, counters)
+    with pytest.raises(ValueError, match="x must be"):
+        decode_layer(x.expand(9, 64), None, w, *args)
+    with pytest.raises(ValueError, match="residual has shape"):
+        decode_layer(x, torch.zeros(1, 32, device=x.device), w, *args)
+    with pytest.raises(ValueError, match="dtypes"):
+        decode_layer(x.double(), None, w, *args)
+    with pytest.raises(ValueError, match="counters must be"):
+        decode_layer(x, None, w, *args[:-1], counters[:4])
