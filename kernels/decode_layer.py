@@ -111,7 +111,8 @@ def decode_layer_kernel(
                                                                 NORMED_BLOCK_N, NORMED_BLOCK_K, False)
         if PDL:  # x and the residual come from the kernel in front
             gdc_wait()
-        normed_program(pid, qkv_tile, qkv_tile_again, in_norm, x_ptr, res_ptr, qkv_b_ptr, qkv_ptr, res1_ptr, M, n_qkv, hidden, eps,
+        normed_program(pid, qkv_tile, qkv_tile_again, in_norm, x_ptr, res_ptr, qkv_b_ptr, qkv_ptr, res1_ptr,
+                       M, n_qkv, hidden, eps,
                        hidden, hidden, n_qkv, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
                        HAS_RESIDUAL, HAS_QKV_BIAS, False)
         _count_done(counters_ptr + _QKV_DONE)
@@ -170,7 +171,8 @@ def decode_layer_kernel(
         if PDL:
             gdc_wait()
         _wait_until(counters_ptr + _O_DONE, n_o_programs)
-        normed_program(pid, gate_tile, up_tile, post_norm, o_ptr, res1_ptr, o_ptr, act_ptr, res2_ptr, M, intermediate, hidden,
+        normed_program(pid, gate_tile, up_tile, post_norm, o_ptr, res1_ptr, o_ptr, act_ptr, res2_ptr,
+                       M, intermediate, hidden,
                        eps, hidden, hidden, intermediate, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
                        True, False, True)
         _count_done(counters_ptr + _GATE_UP_DONE)

@@ -248,14 +248,14 @@ def combine_program(
         mask_s = offs_s < num_splits
         row = (seq * num_heads + head) * grid_splits + offs_s
         m = tl.load(part_max_ptr + row, mask=mask_s, other=float("-inf"))
-        l = tl.load(part_sum_ptr + row, mask=mask_s, other=0.0)
+        sums = tl.load(part_sum_ptr + row, mask=mask_s, other=0.0)
         acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
                       mask=row_mask(mask_s, offs_d, HEAD_DIM, BLOCK_D), other=0.0)
         # More than one split means a context longer than MIN_TOKENS, and every split then holds
         # tokens, so m_max is finite; an empty split (max -inf) would still weigh exp(-inf) = 0.
         m_max = tl.max(m, axis=0)
         weight = tl.exp(m - m_max)
-        denom = tl.sum(weight * l, axis=0)
+        denom = tl.sum(weight * sums, axis=0)
         result = tl.sum(weight[:, None] * acc, axis=0) / denom
         tl.store(out_ptr + seq * stride_ob + head * stride_oh + offs_d,
                  result.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)

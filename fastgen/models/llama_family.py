@@ -29,6 +29,7 @@ from fastgen.layers.rotary import RotaryEmbedding, rope_table_positions
 from fastgen.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from fastgen.models.llama_family_config import LlamaFamilyConfig
 from fastgen.models.loader import CheckpointFormat
+from fastgen.models.one_launch_layer import one_launch_decode
 from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
 from fastgen.parallel.sharding import even_shard, kv_head_shard
 
@@ -89,6 +90,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
     def forward(self, positions, x, residual, meta: AttentionMetadata, kv: LayerCache):
+        one_launch = one_launch_decode(self, positions, x, residual, meta, kv)
+        if one_launch is not None:
+            return one_launch
         # Each norm feeds the product after it (one launch for both at decode batches on CUDA).
         qkv, residual = self.input_layernorm.project(x, residual, self.self_attn.qkv_proj)
         x = self.self_attn(positions, qkv, meta, kv)

@@ -1,0 +1,69 @@
+"""A Llama-family decoder layer's decode step as one launch (`fastgen.kernels.decode_layer`),
+where that kernel applies: decode steps of one or two rows (batch 1 and 2, where the products
+stream weights and launches set the pace) with the Triton attention backend, float weights, one
+tensor-parallel rank. Everywhere else the layer runs its parts in turn.
+
+Off until a GPU run measures it against the six launches it replaces
+(`benchmarks/gpu_decode.py --one-launch-layers on`); tests turn it on, on CPU too (where the
+Triton interpreter runs it), through `ONE_LAUNCH_DEVICE_TYPES`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from fastgen.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from fastgen.models.llama_family import DecoderLayer, LayerCache
+
+ONE_LAUNCH_LAYERS_ON_CUDA = False
+ONE_LAUNCH_DEVICE_TYPES = ("cuda",)
+# The rows the skinny products take (`fastgen.layers.quantizable`): beyond, cuBLAS's tiles win.
+_MAX_ROWS = 2
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def one_launch_decode(layer: DecoderLayer, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                      meta: AttentionMetadata, kv: LayerCache) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(output, new residual) of `layer`'s forward from one launch, or None where the kernel
+    does not apply (the caller then runs the layer's parts)."""
+    if not ONE_LAUNCH_LAYERS_ON_CUDA or x.device.type not in ONE_LAUNCH_DEVICE_TYPES:
+        return None
+    if meta.is_prefill or meta.several_rows_a_sequence or x.dim() != 2 or not 0 < x.shape[0] <= _MAX_ROWS:
+        return None
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    if attn.attn.backend.name != "triton" or attn.o_proj.tp.size != 1 or x.dtype not in _FLOAT_DTYPES:
+        return None
+    if any(p.quant_format is not None or p.weight.dtype != x.dtype for p in projections):
+        return None
+    from fastgen.kernels.decode_layer import DecodeLayerWeights, decode_layer
+    from fastgen.kernels.normed_skinny_matmul import MAX_NORMED_K
+
+    if x.shape[-1] > MAX_NORMED_K:
+        return None
+    weights = DecodeLayerWeights(
+        input_norm=layer.input_layernorm.weight, qkv=attn.qkv_proj.weight, qkv_bias=attn.qkv_proj.bias,
+        q_norm=attn.q_norm.weight if attn.qk_norm else None, k_norm=attn.k_norm.weight if attn.qk_norm else None,
+        o=attn.o_proj.weight, post_norm=layer.post_attention_layernorm.weight, gate_up=mlp.gate_up_proj.weight,
+        down=mlp.down_proj.weight, num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+        eps=layer.input_layernorm.eps, qk_eps=attn.q_norm.eps if attn.qk_norm else 0.0)
+    k_cache, v_cache = kv
+    return decode_layer(x, residual, weights, positions, attn.rotary.cos_sin, k_cache, v_cache, meta.block_tables,
+                        meta.context_lens, meta.slot_mapping, attn.attn.scale, _layer_counters(layer, x.device))
+
+
+def _layer_counters(layer: DecoderLayer, device: torch.device) -> torch.Tensor:
+    """The layer's own counters on `device`, made at its first launch there: the eager warm-up
+    that comes before any CUDA-graph capture (`fastgen.graphs.runner`)."""
+    counters = layer.__dict__.get("_one_launch_counters")
+    if counters is None or counters.device != device:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("a layer's one-launch counters must be made before CUDA-graph capture")
+        from fastgen.kernels.decode_layer import new_layer_counters
+
+        counters = layer.__dict__["_one_launch_counters"] = new_layer_counters(device)
+    return counters

@@ -1,0 +1,55 @@
+"""Decode steps of one or two rows with each layer in one launch (`fastgen.models.one_launch_layer`,
+`kernels/decode_layer.py`) give transformers' greedy tokens: run end to end on CPU under the
+Triton interpreter (the switch turned on for CPU tensors), compiled on a GPU by `make gpu-test`."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from fastgen import LLM, SamplingParams
+from fastgen.graphs import CudaGraphRunner
+from fastgen.kernels import decode_layer as decode_layer_module
+from fastgen.models import one_launch_layer
+from tests.conftest import random_prompts
+
+pytestmark = [pytest.mark.triton,
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                                 reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture
+def one_launch_layers(monkeypatch):
+    """The switch on, on this machine's device, and a count of the launches."""
+    launches = []
+    kernel_call = decode_layer_module.decode_layer
+
+    def counted(x, *args, **kwargs):
+        launches.append(x.shape[0])
+        return kernel_call(x, *args, **kwargs)
+
+    monkeypatch.setattr(one_launch_layer, "ONE_LAUNCH_LAYERS_ON_CUDA", True)
+    monkeypatch.setattr(one_launch_layer, "ONE_LAUNCH_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(decode_layer_module, "decode_layer", counted)
+    return launches
+
+
+# Qwen3 (a per-head q/k norm) and Qwen2 (a q|k|v bias) take the kernel's two switches.
+@pytest.mark.parametrize("family", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow)])
+def test_decode_in_one_launch_a_layer_matches_transformers(tiny_models, reference, one_launch_layers, family):
+    model = tiny_models[family]
+    prompts = random_prompts([4, 150], seed=31)  # the long one attends over several splits
+    llm = LLM(model, dtype="float32", attention_backend="triton", block_size=16, num_kv_blocks=64, max_num_seqs=2,
+              max_num_batched_tokens=64)
+    runner = llm.engine.runner
+    # The decode path a CUDA graph replays (rows padded to 2), eagerly.
+    runner.graphs = CudaGraphRunner(runner.model, runner.inputs, runner.kv_cache.layers, [1, 2],
+                                    llm.config.max_model_len, runner.device, capture=False)
+    outputs = llm.generate(prompts, GREEDY)
+    layers = llm.engine.runner.model.config.num_layers
+    assert one_launch_layers and len(one_launch_layers) % layers == 0
+    assert set(one_launch_layers) <= {1, 2} and 2 in one_launch_layers
+    assert [o.token_ids for o in outputs] == reference(model, prompts, GREEDY.max_tokens)
