@@ -7,7 +7,7 @@ FASTGEN := $(VENV)/bin/fastgen
 # pytest-benchmark settings shared by bench-save and bench-check (see docs/perf-ci.md).
 BENCH_ARGS ?=
 
-.PHONY: setup run serve test test-slow test-all bench-smoke bench-save bench-check gpu-check gpu-preflight gpu-test gpu-bench gpu-switches clean
+.PHONY: setup run serve test test-slow test-all bench-smoke bench-save bench-check gpu-check gpu-preflight gpu-test gpu-bench gpu-switches gpu-one-launch clean
 
 # torch is pinned first, from its CPU build, so that nothing below pulls a CUDA build of it.
 setup:
@@ -77,6 +77,18 @@ gpu-switches:
 				--quick --batch-sizes $$batches --long-context 0 --packed-uploads $$packed --combine-in-split $$combine \
 				--suffix=-packed-$$packed-combine-$$combine$$([ $$batches = 256 ] && echo -256) || failed=1; \
 		done; done; done; exit $$failed
+
+# Decode steps of one and two rows with each layer in one launch, against the six launches a
+# layer (`kernels/decode_layer.py`, off by default until this measures it): its tests first (a
+# wrong wait would hang, hence the time limits), then one JSON each, `-one-launch-X` in its name.
+gpu-one-launch:
+	$(GPU_ENV) timeout 600 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -rfEs -m "cuda or triton" \
+		tests/kernels/test_decode_layer.py tests/models/test_one_launch_layer.py
+	failed=0; for layers in off on; do \
+		$(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
+			--sections graphs,kernels --quick --batch-sizes 1,2 --long-context 0 --one-launch-layers $$layers \
+			--suffix=-one-launch-$$layers || failed=1; \
+	done; exit $$failed
 
 # Every benchmark once, as a plain test, so the suites never rot (seconds).
 bench-smoke:

@@ -68,6 +68,7 @@ from fastgen.bench.workload import WorkloadSpec, build_workload  # noqa: E402
 from fastgen.cli.arg_types import int_range  # noqa: E402
 import fastgen.kernels.programmatic_launch as launch_policy  # noqa: E402
 from fastgen.layers import quantizable  # noqa: E402
+from fastgen.models import one_launch_layer  # noqa: E402
 from fastgen.models.presets import preset_config, preset_model_dir  # noqa: E402
 from fastgen.worker import step_inputs  # noqa: E402
 
@@ -288,6 +289,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "launch of its own (the default)")
     p.add_argument("--packed-uploads", choices=("on", "off"), default="off",
                    help="a step's inputs sent in one packed transfer, or one copy a buffer (the default)")
+    p.add_argument("--one-launch-layers", choices=("on", "off"), default="off",
+                   help="each layer's decode step of one or two rows in one launch, or in six (the default)")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     args.quant_batch_sizes = [int(b) for b in args.quant_batch_sizes.split(",") if b]
@@ -315,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     launch_policy.PROGRAMMATIC_LAUNCH_ON_CUDA = args.programmatic_launch == "on"
     triton_paged.DECODE_PREPARES_NEW_TOKEN = args.decode_new_token == "on"
     step_inputs.PACK_UPLOADS_ON_CUDA = args.packed_uploads == "on"
+    one_launch_layer.ONE_LAUNCH_LAYERS_ON_CUDA = args.one_launch_layers == "on"
     importlib.import_module("fastgen.kernels.paged_decode_attention").COMBINE_IN_LAST_SPLIT = \
         args.combine_in_split == "on"
     args.model_dir = preset_model_dir(args.preset)
@@ -336,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"steps": args.steps, "dense_products": args.dense_products, "fused_norms": args.fused_norms,
                      "decode_new_token": args.decode_new_token,
                      "programmatic_launch": args.programmatic_launch, "packed_uploads": args.packed_uploads,
-                     "combine_in_split": args.combine_in_split,
+                     "combine_in_split": args.combine_in_split, "one_launch_layers": args.one_launch_layers,
                      "block_size": args.block_size,
                      "max_model_len": args.max_model_len,
                      "points": args.points, "workload": {"num_prompts": args.num_prompts,

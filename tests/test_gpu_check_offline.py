@@ -24,7 +24,7 @@ def test_gpu_check_selection_collects_offline_without_the_packages_it_lacks():
     collected = done.stdout
     for test in ("test_cuda_matches_transformers.py", "test_compiled_ops.py", "test_graph_runner.py",
                  "test_paged_decode_attention.py", "test_paged_prefill_attention.py", "test_qk_norm_rope_store.py",
-                 "test_triton_backend_matches_transformers.py"):
+                 "test_triton_backend_matches_transformers.py", "test_decode_layer.py", "test_one_launch_layer.py"):
         assert test in collected, f"{test} has no cuda test in the gpu-check selection"
     assert "error" not in collected.lower()
 

@@ -38,6 +38,7 @@ def test_gpu_decode_script_smoke_on_cpu(tmp_path):
     assert path.name == "gpu-decode-cpu.json"
     doc = json.loads(path.read_text())
     assert doc["schema"] == "fastgen.bench.gpu-decode/3"
+    assert doc["settings"]["one_launch_layers"] == "off" and doc["settings"]["packed_uploads"] == "off"
     assert set(doc["section_seconds"]) == {"bandwidth", "graphs", "eager", "speculative", "throughput", "transformers"}
     assert [run["sections"] for run in doc["runs"]] == [["bandwidth", "graphs", "logits", "eager"],
                                                         ["speculative", "throughput", "transformers"]]
