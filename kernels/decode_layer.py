@@ -10,19 +10,23 @@ so one phase's weights stream in while the phase in front finishes.
 
 Programs do not take their work from `program_id`: each draws a ticket (an atomic counter),
 and tickets are handed out phase by phase in order. A program waits only for phases whose
-tickets are all lower than its own, and a lower ticket was drawn by a program that is already
-running, so every wait ends whatever order the GPU starts programs in, and however few fit on
-it at once (the Triton interpreter, which runs programs one after another, never waits at all).
-A phase counts its finished programs on a counter of its own: a program's stores, a barrier,
-then a release add; the waiter spins, then acquires. The last program to finish sets the
-counters back to zero, so one set serves every launch of its layer, CUDA-graph replays
-included; a layer's launches must therefore run one after another (one stream), and each layer
-needs its own set, since with programmatic dependent launch the next layer's programs draw
-their tickets while this one is still finishing.
+tickets are all lower than its own, and a lower ticket was drawn by a program that has
+started, so as long as started programs keep running (as GPUs run them), every wait ends
+whatever order the GPU starts programs in and however few fit on it at once (the Triton
+interpreter, which runs programs one after another, never waits at all). A phase counts its
+finished programs on a counter of its own: a program's stores, a barrier, then a release add;
+the waiter spins, then acquires. The last program to finish sets the counters back to zero.
 
-The phases compute exactly what the separate kernels do (they are the same code:
-`normed_program`, `decode_split_program`, `combine_program`, `skinny_program`), so the
-outputs equal the six launches' bit for bit.
+A launch's counters must be at zero when its first program draws a ticket. Each layer
+(`LayerCounters`) keeps two sets and its launches take them in turn; a program lets the next
+launch start (programmatic dependent launch) only once the kernel in front has finished, so
+the launch two ahead, the next on the same set, starts after this one has finished and zeroed
+it. Launches of different layers use different counters.
+
+The phases run the separate kernels' code (`normed_program`, `decode_split_program`,
+`combine_program`, `skinny_program`), so under the interpreter the outputs equal the six
+launches' bit for bit; compiled, a launch of 8 warps may sum in another order than the
+separate kernels' 4 and differ in the last bit.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import triton.language as tl
 
 from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms
 from .normed_skinny_matmul import MAX_NORMED_K, normed_program, normed_weight_tiles
+from .paged_decode_attention import check_decode_args
 from .paged_decode_kernels import combine_program, decode_split_program
 from .programmatic_launch import gdc_launch_dependents, gdc_wait, launch_options, programmatic_launch
 from .qk_norm_rope_store import check_qk_norm_rope_args
@@ -49,9 +54,19 @@ _TICKET, _QKV_DONE, _SPLITS_DONE, _COMBINES_DONE, _O_DONE, _GATE_UP_DONE, _FINIS
 _COUNTERS = tl.constexpr(COUNTERS_PER_LAYER)
 
 
-def new_layer_counters(device: torch.device) -> torch.Tensor:
-    """A layer's counters, at zero (allocate before any CUDA-graph capture that launches it)."""
-    return torch.zeros(COUNTERS_PER_LAYER, dtype=torch.int32, device=device)
+class LayerCounters:
+    """One layer's two sets of counters, at zero, which its launches take in turn (the
+    module's docstring). Make them before any CUDA-graph capture that launches the layer."""
+
+    def __init__(self, device: torch.device):
+        self.sets = torch.zeros(2, COUNTERS_PER_LAYER, dtype=torch.int32, device=device)
+        self._next = 0
+
+    def take(self) -> torch.Tensor:
+        """The set the next launch uses."""
+        counters = self.sets[self._next]
+        self._next ^= 1
+        return counters
 
 
 @triton.jit
@@ -59,6 +74,15 @@ def _count_done(counter_ptr):
     """Count this program's phase work done: every thread's stores come before the count."""
     tl.debug_barrier()
     tl.atomic_add(counter_ptr, 1, sem="release")
+
+
+@triton.jit
+def _after_the_kernel_in_front(PDL: tl.constexpr):
+    """Wait until the kernel in front has finished, then let the next launch start (both only
+    with programmatic dependent launch, where this launch may start before that kernel ends)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -94,8 +118,6 @@ def decode_layer_kernel(
     """One program of the layer's grid: phase and work item from its ticket (the module's
     docstring). Rows of x are sequences; all buffers but the cache and weights are contiguous."""
     ticket = tl.atomic_add(counters_ptr + _TICKET, 1, sem="relaxed")
-    if PDL:
-        gdc_launch_dependents()
     q_size = num_heads * HEAD_DIM
     kv_size = num_kv_heads * HEAD_DIM
     n_qkv = q_size + 2 * kv_size
@@ -109,8 +131,7 @@ def decode_layer_kernel(
         pid = ticket
         qkv_tile, qkv_tile_again, in_norm = normed_weight_tiles(pid, qkv_w_ptr, in_norm_ptr, n_qkv, hidden, hidden,
                                                                 NORMED_BLOCK_N, NORMED_BLOCK_K, False)
-        if PDL:  # x and the residual come from the kernel in front
-            gdc_wait()
+        _after_the_kernel_in_front(PDL)  # x and the residual come from it
         normed_program(pid, qkv_tile, qkv_tile_again, in_norm, x_ptr, res_ptr, qkv_b_ptr, qkv_ptr, res1_ptr,
                        M, n_qkv, hidden, eps,
                        hidden, hidden, n_qkv, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
@@ -118,8 +139,7 @@ def decode_layer_kernel(
         _count_done(counters_ptr + _QKV_DONE)
     elif ticket < end_split:
         # Split attention; it prepares (q/k norm, RoPE) and stores the new token itself.
-        if PDL:
-            gdc_wait()
+        _after_the_kernel_in_front(PDL)
         _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs)
         item = ticket - end_qkv
         seq = (item // (num_kv_heads * grid_splits)).to(tl.int64)
@@ -144,8 +164,7 @@ def decode_layer_kernel(
         _count_done(counters_ptr + _SPLITS_DONE)
     elif ticket < end_combine:
         # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
-        if PDL:
-            gdc_wait()
+        _after_the_kernel_in_front(PDL)
         _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs)
         item = ticket - end_split
         combine_program((item // num_heads).to(tl.int64), item % num_heads, part_acc_ptr, part_max_ptr,
@@ -156,8 +175,7 @@ def decode_layer_kernel(
         # o_proj.
         pid = ticket - end_combine
         o_tile = skinny_first_tile(pid, o_w_ptr, hidden, q_size, q_size, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K)
-        if PDL:
-            gdc_wait()
+        _after_the_kernel_in_front(PDL)
         _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs)
         skinny_program(pid, o_tile, attn_ptr, o_w_ptr, o_w_ptr, o_ptr, M, hidden, q_size, q_size, q_size, hidden,
                        ROWS, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K, False)
@@ -168,8 +186,7 @@ def decode_layer_kernel(
         pid = ticket - end_o
         gate_tile, up_tile, post_norm = normed_weight_tiles(pid, gate_up_w_ptr, post_norm_ptr, intermediate, hidden,
                                                             hidden, NORMED_BLOCK_N, NORMED_BLOCK_K, True)
-        if PDL:
-            gdc_wait()
+        _after_the_kernel_in_front(PDL)
         _wait_until(counters_ptr + _O_DONE, n_o_programs)
         normed_program(pid, gate_tile, up_tile, post_norm, o_ptr, res1_ptr, o_ptr, act_ptr, res2_ptr,
                        M, intermediate, hidden,
@@ -181,8 +198,7 @@ def decode_layer_kernel(
         pid = ticket - end_gate_up
         down_tile = skinny_first_tile(pid, down_w_ptr, hidden, intermediate, intermediate, SKINNY_BLOCK_N,
                                       DOWN_BLOCK_K, DOWN_EVEN_K)
-        if PDL:
-            gdc_wait()
+        _after_the_kernel_in_front(PDL)
         _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs)
         skinny_program(pid, down_tile, act_ptr, down_w_ptr, down_w_ptr, out_ptr, M, hidden, intermediate, intermediate,
                        intermediate, hidden, ROWS, SKINNY_BLOCK_N, DOWN_BLOCK_K, DOWN_EVEN_K, False)
@@ -281,7 +297,7 @@ def decode_layer(
     context_lens: torch.Tensor,
     slot_mapping: torch.Tensor,
     scale: float,
-    counters: torch.Tensor,
+    counters: LayerCounters,
     tiling: LayerTiling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A decode step of one Llama-family layer in one launch: (down_proj's output, the new
@@ -290,8 +306,8 @@ def decode_layer(
     prepared and stored: positions [rows] int64, cos_sin float32 [max_positions, head_dim],
     slot_mapping [rows], -1 stores nothing), `skinny_matmul`, the SwiGLU `normed_skinny_matmul`
     and `skinny_matmul` again. Row i is sequence i (block_tables [rows, width] int32,
-    context_lens [rows] int32, the new token included). counters: this layer's
-    (`new_layer_counters`), used by no other layer. ValueError for what it does not take."""
+    context_lens [rows] int32, the new token included). counters: this layer's, used by no
+    other layer. ValueError for what it does not take."""
     w = weights
     check_decode_layer_args(x, residual, w)
     rows, hidden = x.shape
@@ -299,15 +315,10 @@ def decode_layer(
     n_qkv, intermediate = q_size + 2 * kv_size, w.down.shape[-1]
     qkv = torch.empty(rows, n_qkv, dtype=x.dtype, device=x.device)
     q, k, v = qkv.view(rows, -1, w.head_dim).split([w.num_heads, w.num_kv_heads, w.num_kv_heads], dim=1)
+    check_decode_args(q, k_cache, v_cache, block_tables, context_lens, None)
     check_qk_norm_rope_args(q, k, v, positions, cos_sin, w.q_norm, w.k_norm, k_cache, v_cache, slot_mapping)
-    if block_tables.shape[0] != rows or context_lens.shape != (rows,):
-        raise ValueError(f"decode_layer: block_tables {tuple(block_tables.shape)} and context_lens "
-                         f"{tuple(context_lens.shape)} must have a row per row of x ({rows})")
-    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
-        raise ValueError(f"decode_layer: block_tables and context_lens must be int32, got {block_tables.dtype} "
-                         f"and {context_lens.dtype}")
-    if counters.shape != (COUNTERS_PER_LAYER,) or counters.dtype != torch.int32:
-        raise ValueError(f"decode_layer: counters must be int32 [{COUNTERS_PER_LAYER}] (new_layer_counters)")
+    if not isinstance(counters, LayerCounters) or counters.sets.device != x.device:
+        raise ValueError(f"decode_layer: counters must be the layer's LayerCounters on {x.device}")
     x = x.contiguous()
     residual = None if residual is None else residual.contiguous()
     block_tables, context_lens = block_tables.contiguous(), context_lens.contiguous()
@@ -340,7 +351,7 @@ def decode_layer(
         x if w.q_norm is None else w.q_norm, x if w.k_norm is None else w.k_norm,
         o_w, post_norm, gate_up_w, down_w,
         qkv, attn, part_acc, part_max, part_sum, o_out, new_residual, act, out, layer_residual,
-        counters,
+        counters.take(),
         rows, hidden, intermediate, w.num_heads, num_kv_heads, w.eps, w.qk_eps, scale, splits,
         *programs,
         *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0), cos_sin.stride(0),

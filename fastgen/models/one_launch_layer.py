@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from fastgen.attention import AttentionMetadata
+from fastgen.layers import quantizable
 
 if TYPE_CHECKING:
+    from fastgen.kernels.decode_layer import LayerCounters
     from fastgen.models.llama_family import DecoderLayer, LayerCache
 
 ONE_LAUNCH_LAYERS_ON_CUDA = False
@@ -38,7 +40,21 @@ def one_launch_decode(layer: DecoderLayer, positions: torch.Tensor, x: torch.Ten
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     if attn.attn.backend.name != "triton" or attn.o_proj.tp.size != 1 or x.dtype not in _FLOAT_DTYPES:
         return None
+    from fastgen.attention import triton_paged  # Triton: imported where the kernel may run
+
+    # It fuses what these switches turn on, and runs where they are all on.
+    if not (quantizable.SKINNY_MATMUL_ON_CUDA and quantizable.RMS_NORM_IN_PRODUCTS_ON_CUDA
+            and triton_paged.DECODE_PREPARES_NEW_TOKEN):
+        return None
     if any(p.quant_format is not None or p.weight.dtype != x.dtype for p in projections):
+        return None
+    # Only q|k|v may have a bias (Qwen2), and every other tensor the kernel reads has x's dtype.
+    if any(p.bias is not None for p in projections[1:]):
+        return None
+    others = [residual, attn.qkv_proj.bias, layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    if attn.qk_norm:
+        others += [attn.q_norm.weight, attn.k_norm.weight]
+    if any(t is not None and t.dtype != x.dtype for t in others):
         return None
     from fastgen.kernels.decode_layer import DecodeLayerWeights, decode_layer
     from fastgen.kernels.normed_skinny_matmul import MAX_NORMED_K
@@ -56,14 +72,14 @@ def one_launch_decode(layer: DecoderLayer, positions: torch.Tensor, x: torch.Ten
                         meta.context_lens, meta.slot_mapping, attn.attn.scale, _layer_counters(layer, x.device))
 
 
-def _layer_counters(layer: DecoderLayer, device: torch.device) -> torch.Tensor:
+def _layer_counters(layer: DecoderLayer, device: torch.device) -> LayerCounters:
     """The layer's own counters on `device`, made at its first launch there: the eager warm-up
     that comes before any CUDA-graph capture (`fastgen.graphs.runner`)."""
     counters = layer.__dict__.get("_one_launch_counters")
-    if counters is None or counters.device != device:
+    if counters is None or counters.sets.device != device:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("a layer's one-launch counters must be made before CUDA-graph capture")
-        from fastgen.kernels.decode_layer import new_layer_counters
+        from fastgen.kernels.decode_layer import LayerCounters
 
-        counters = layer.__dict__["_one_launch_counters"] = new_layer_counters(device)
+        counters = layer.__dict__["_one_launch_counters"] = LayerCounters(device)
     return counters

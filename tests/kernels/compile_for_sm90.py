@@ -203,7 +203,7 @@ def _normed_products():
 def _decode_layers():
     """A whole layer's decode step in one launch at Qwen3-0.6B's, Qwen2-0.5B's and Llama-3.2-1B's
     shapes (hidden, heads, KV heads, head dim, intermediate), one and two rows."""
-    from fastgen.kernels.decode_layer import DecodeLayerWeights, decode_layer, new_layer_counters
+    from fastgen.kernels.decode_layer import DecodeLayerWeights, LayerCounters, decode_layer
 
     shapes = {"qwen3-0.6b": (1024, 16, 8, 128, 3072, True, False), "qwen2-0.5b": (896, 14, 2, 64, 4864, False, True),
               "llama-3.2-1b": (2048, 32, 8, 64, 8192, False, False)}
@@ -222,7 +222,7 @@ def _decode_layers():
                 x = zeros(rows, hidden)
                 args = (torch.zeros(rows, dtype=torch.int64), torch.zeros(64, head_dim), cache, cache,
                         torch.zeros(rows, 8, dtype=torch.int32), torch.zeros(rows, dtype=torch.int32),
-                        torch.zeros(rows, dtype=torch.int64), 0.1, new_layer_counters(torch.device("cpu")))
+                        torch.zeros(rows, dtype=torch.int64), 0.1, LayerCounters(torch.device("cpu")))
                 tag = {"dtype": str(dtype).split(".")[1], "layer": name, "rows": rows}
                 yield from with_and_without_pdl(tag, lambda x=x, w=w, a=args: decode_layer(x, x, w, *a))
 
