@@ -62,7 +62,8 @@ def six_launches(x, residual, w: DecodeLayerWeights, positions, cos_sin, k_cache
 
 @pytest.mark.parametrize("lens,first_layer", [([1], True), ([40], False), ([300], False), ([300, 0], False),
                                                ([1, 200], True)],
-                         ids=["one-token-first-layer", "one-split", "three-splits", "padding-row", "two-rows-first-layer"])
+                         ids=["one-token-first-layer", "one-split", "three-splits", "padding-row",
+                              "two-rows-first-layer"])
 @pytest.mark.parametrize("dtype,head_dim,hidden,intermediate,qk_norm,qkv_bias", [
     (torch.float32, 64, 100, 164, True, False),  # Qwen3's kind of layer; widths that leave programs part-full
     (torch.bfloat16, 32, 64, 128, False, True),  # Qwen2's (a q|k|v bias, no per-head norm)
