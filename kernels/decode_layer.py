@@ -15,7 +15,8 @@ started, so as long as started programs keep running (as GPUs run them), every w
 whatever order the GPU starts programs in and however few fit on it at once (the Triton
 interpreter, which runs programs one after another, never waits at all). A phase counts its
 finished programs on a counter of its own: a program's stores, a barrier, then a release add;
-the waiter spins, then acquires. The last program to finish sets the counters back to zero.
+one thread of a waiting program reads it with acquire, pausing between reads, and a barrier
+then lets the program's other threads on. The last program to finish zeroes the counters.
 
 A launch's counters must be at zero when its first program draws a ticket. Each layer
 (`LayerCounters`) keeps two sets and its launches take them in turn; a program lets the next
@@ -31,6 +32,7 @@ separate kernels' 4 and differ in the last bit.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -85,14 +87,41 @@ def _after_the_kernel_in_front(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+# The wait's loop in PTX, for one thread of the program (thread 0; the others go on to the
+# barrier after it): hundreds of programs may wait on one counter at once, and their threads'
+# reads would crowd the cache line that the counting programs add to. Thread 0 reads with
+# acquire, and pauses between reads. Labels are local to the braces, so the loop may be inlined
+# at every wait.
+_SPIN = tl.constexpr("""{
+    .reg .pred not_first, waiting;
+    .reg .u32 thread;
+    .reg .s32 seen;
+    mov.u32 thread, %tid.x;
+    setp.ne.u32 not_first, thread, 0;
+    mov.s32 $0, 0;
+    @not_first bra DONE;
+    SPIN:
+    ld.acquire.gpu.global.s32 seen, [$1];
+    setp.lt.s32 waiting, seen, $2;
+    @!waiting bra DONE;
+    nanosleep.u32 64;
+    bra SPIN;
+    DONE:
+}""")
+
+
 @triton.jit
-def _wait_until(counter_ptr, target):
+def _wait_until(counter_ptr, target, SPIN_IN_PTX: tl.constexpr):
     """Wait for `target` programs to have counted on counter_ptr; then what they stored before
-    counting is visible to all of this program's threads."""
-    seen = tl.load(counter_ptr, volatile=True)
-    while seen < target:
+    counting is visible to all of this program's threads. Without SPIN_IN_PTX (under the
+    interpreter, whose waits are over before they start) the loop is Triton's."""
+    if SPIN_IN_PTX:
+        tl.inline_asm_elementwise(_SPIN, "=r,l,r", [counter_ptr, target], dtype=tl.int32, is_pure=False, pack=1)
+    else:
         seen = tl.load(counter_ptr, volatile=True)
-    tl.atomic_add(counter_ptr, 0, sem="acquire")
+        while seen < target:
+            seen = tl.load(counter_ptr, volatile=True)
+        tl.atomic_add(counter_ptr, 0, sem="acquire")
     tl.debug_barrier()
 
 
@@ -113,7 +142,7 @@ def decode_layer_kernel(
     HAS_RESIDUAL: tl.constexpr, HAS_QKV_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, ATTN_BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_S: tl.constexpr, PDL: tl.constexpr, SPIN_IN_PTX: tl.constexpr,
 ):
     """One program of the layer's grid: phase and work item from its ticket (the module's
     docstring). Rows of x are sequences; all buffers but the cache and weights are contiguous."""
@@ -140,7 +169,7 @@ def decode_layer_kernel(
     elif ticket < end_split:
         # Split attention; it prepares (q/k norm, RoPE) and stores the new token itself.
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs)
+        _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs, SPIN_IN_PTX)
         item = ticket - end_qkv
         seq = (item // (num_kv_heads * grid_splits)).to(tl.int64)
         kv_head = (item // grid_splits) % num_kv_heads
@@ -165,7 +194,7 @@ def decode_layer_kernel(
     elif ticket < end_combine:
         # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs)
+        _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs, SPIN_IN_PTX)
         item = ticket - end_split
         combine_program((item // num_heads).to(tl.int64), item % num_heads, part_acc_ptr, part_max_ptr,
                         part_sum_ptr, context_lens_ptr, attn_ptr, q_size, HEAD_DIM, num_heads, grid_splits,
@@ -176,7 +205,7 @@ def decode_layer_kernel(
         pid = ticket - end_combine
         o_tile = skinny_first_tile(pid, o_w_ptr, hidden, q_size, q_size, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K)
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs)
+        _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs, SPIN_IN_PTX)
         skinny_program(pid, o_tile, attn_ptr, o_w_ptr, o_w_ptr, o_ptr, M, hidden, q_size, q_size, q_size, hidden,
                        ROWS, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K, False)
         _count_done(counters_ptr + _O_DONE)
@@ -187,7 +216,7 @@ def decode_layer_kernel(
         gate_tile, up_tile, post_norm = normed_weight_tiles(pid, gate_up_w_ptr, post_norm_ptr, intermediate, hidden,
                                                             hidden, NORMED_BLOCK_N, NORMED_BLOCK_K, True)
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _O_DONE, n_o_programs)
+        _wait_until(counters_ptr + _O_DONE, n_o_programs, SPIN_IN_PTX)
         normed_program(pid, gate_tile, up_tile, post_norm, o_ptr, res1_ptr, o_ptr, act_ptr, res2_ptr,
                        M, intermediate, hidden,
                        eps, hidden, hidden, intermediate, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
@@ -199,7 +228,7 @@ def decode_layer_kernel(
         down_tile = skinny_first_tile(pid, down_w_ptr, hidden, intermediate, intermediate, SKINNY_BLOCK_N,
                                       DOWN_BLOCK_K, DOWN_EVEN_K)
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs)
+        _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs, SPIN_IN_PTX)
         skinny_program(pid, down_tile, act_ptr, down_w_ptr, down_w_ptr, out_ptr, M, hidden, intermediate, intermediate,
                        intermediate, hidden, ROWS, SKINNY_BLOCK_N, DOWN_BLOCK_K, DOWN_EVEN_K, False)
     # The last program to finish (every other one has stopped reading the counters) zeroes
@@ -207,6 +236,16 @@ def decode_layer_kernel(
     finished = tl.atomic_add(counters_ptr + _FINISHED, 1, sem="acq_rel")
     if finished == end_gate_up + n_down_programs - 1:
         tl.store(counters_ptr + tl.arange(0, _COUNTERS), tl.zeros([_COUNTERS], tl.int32))
+
+
+def _interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter (`TRITON_INTERPRET`, read as Triton reads it)."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.runtime.interpret)
+    except (ImportError, AttributeError):  # a Triton before 3.4
+        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 @dataclass(frozen=True)
@@ -363,7 +402,7 @@ def decode_layer(
         BLOCK_SIZE=block_size, GROUP=group, ONE_SPLIT=splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
         BLOCK_G=max(16, triton.next_power_of_2(group)), ATTN_BLOCK_N=16 if k_cache.element_size() >= 4 else 64,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), DOT_DTYPE=dot_dtype(k_cache.dtype),
-        BLOCK_S=triton.next_power_of_2(MAX_SPLITS), PDL=pdl,
+        BLOCK_S=triton.next_power_of_2(MAX_SPLITS), PDL=pdl, SPIN_IN_PTX=not _interpreting(),
         num_warps=tiling.num_warps, **launch_options(pdl),
     )
     return out, layer_residual

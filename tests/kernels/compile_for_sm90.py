@@ -78,7 +78,8 @@ def resource_usage(kernel) -> dict:
              "num_stages": kernel.metadata.num_stages, "tensor_core_ops": len(re.findall(r"\b(w?gmma|mma)\b",
                                                                                           kernel.asm["ptx"])),
              "grid_dependency_ops": len(re.findall(r"\bgriddepcontrol\.", kernel.asm["ptx"])),
-             "atomic_ops": len(re.findall(r"\batom\.", kernel.asm["ptx"]))}
+             "atomic_ops": len(re.findall(r"\batom\.", kernel.asm["ptx"])),
+             "spin_waits": len(re.findall(r"\bnanosleep\.", kernel.asm["ptx"]))}
     if tool.exists():
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(kernel.asm["cubin"])

@@ -73,3 +73,11 @@ def test_only_the_kernels_that_count_on_the_device_use_atomics(compiled):
     # Beside them, the plain new-token variants at one split and at several.
     assert {row["config"]["max_splits"] for row in compiled if row["kernel"] == "decode_split_kernel"
             and row["config"].get("new_token") and not row["config"].get("combine_in_split")} == {1, 8}
+
+
+@pytest.mark.slow
+def test_the_one_launch_layer_waits_in_one_thread_a_program_between_its_phases(compiled):
+    """Five waits (one a phase after the first), each thread 0's loop in PTX (`_SPIN`), as the
+    GPU runs it; the interpreter's loop is not the one compiled."""
+    rows = [r for r in compiled if r["kernel"] == "decode_layer_kernel"]
+    assert rows and all(r["spin_waits"] == 5 for r in rows), [r["spin_waits"] for r in rows]
