@@ -22,7 +22,10 @@ A launch's counters must be at zero when its first program draws a ticket. Each 
 (`LayerCounters`) keeps two sets and its launches take them in turn; a program lets the next
 launch start (programmatic dependent launch) only once the kernel in front has finished, so
 the launch two ahead, the next on the same set, starts after this one has finished and zeroed
-it. Launches of different layers use different counters.
+it. Launches of different layers use different counters. (In the engine a step's launches of a
+layer are further apart: kernels launched without programmatic dependence, which wait for
+everything before them, sit between them; each captured graph keeps the set it was captured
+with, and its replays never overlap.)
 
 The phases run the separate kernels' code (`normed_program`, `decode_split_program`,
 `combine_program`, `skinny_program`), so under the interpreter the outputs equal the six
@@ -32,7 +35,6 @@ separate kernels' 4 and differ in the last bit.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -239,13 +241,8 @@ def decode_layer_kernel(
 
 
 def _interpreting() -> bool:
-    """Whether Triton runs kernels in its interpreter (`TRITON_INTERPRET`, read as Triton reads it)."""
-    try:
-        from triton import knobs
-
-        return bool(knobs.runtime.interpret)
-    except (ImportError, AttributeError):  # a Triton before 3.4
-        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    """Whether Triton's interpreter runs the kernel (decided when Triton decorated it)."""
+    return not isinstance(decode_layer_kernel, triton.runtime.JITFunction)
 
 
 @dataclass(frozen=True)

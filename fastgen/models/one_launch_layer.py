@@ -32,7 +32,8 @@ def one_launch_decode(layer: DecoderLayer, positions: torch.Tensor, x: torch.Ten
                       meta: AttentionMetadata, kv: LayerCache) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(output, new residual) of `layer`'s forward from one launch, or None where the kernel
     does not apply (the caller then runs the layer's parts)."""
-    if not ONE_LAUNCH_LAYERS_ON_CUDA or x.device.type not in ONE_LAUNCH_DEVICE_TYPES:
+    # ROCm builds call their devices "cuda" too; the kernel's waits are written in PTX.
+    if not ONE_LAUNCH_LAYERS_ON_CUDA or x.device.type not in ONE_LAUNCH_DEVICE_TYPES or torch.version.hip:
         return None
     if meta.is_prefill or meta.several_rows_a_sequence or x.dim() != 2 or not 0 < x.shape[0] <= _MAX_ROWS:
         return None

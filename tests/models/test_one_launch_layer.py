@@ -37,17 +37,22 @@ def one_launch_layers(monkeypatch):
     return launches
 
 
-# Qwen3 (a per-head q/k norm) and Qwen2 (a q|k|v bias) take the kernel's two switches.
+# Qwen3 (a per-head q/k norm) and Qwen2 (a q|k|v bias) take the kernel's two switches. On a
+# GPU the graphs are captured too, as the engine runs them: each layer's launch then keeps the
+# counter set it was captured with, its programs wait in PTX, and steps replay back to back.
+@pytest.mark.parametrize("graphs", ["eager", pytest.param("captured", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="captures CUDA graphs"))])
 @pytest.mark.parametrize("family", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow)])
-def test_decode_in_one_launch_a_layer_matches_transformers(tiny_models, reference, one_launch_layers, family):
+def test_decode_in_one_launch_a_layer_matches_transformers(tiny_models, reference, one_launch_layers, family,
+                                                          graphs):
     model = tiny_models[family]
     prompts = random_prompts([4, 150], seed=31)  # the long one attends over several splits
     llm = LLM(model, dtype="float32", attention_backend="triton", block_size=16, num_kv_blocks=64, max_num_seqs=2,
               max_num_batched_tokens=64)
     runner = llm.engine.runner
-    # The decode path a CUDA graph replays (rows padded to 2), eagerly.
+    # The decode path a CUDA graph replays (rows padded to 2), eagerly or captured.
     runner.graphs = CudaGraphRunner(runner.model, runner.inputs, runner.kv_cache.layers, [1, 2],
-                                    llm.config.max_model_len, runner.device, capture=False)
+                                    llm.config.max_model_len, runner.device, capture=graphs == "captured")
     outputs = llm.generate(prompts, GREEDY)
     layers = llm.engine.runner.model.config.num_layers
     assert one_launch_layers and len(one_launch_layers) % layers == 0
