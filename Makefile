@@ -80,14 +80,19 @@ gpu-switches:
 
 # Decode steps of one and two rows with each layer in one launch, against the six launches a
 # layer (`kernels/decode_layer.py`, off by default until this measures it): its tests first,
-# under a time limit (a wrong wait would hang: then nothing else runs), then one JSON each,
-# `-one-launch-X` in its name, whether the tests passed or not (~3-5 min, compiles included).
+# under a time limit (a wrong wait would hang: then nothing else runs), then, whether they
+# passed or not, one layer alone against its six launches at a few tilings
+# (`gpu-decode-layer-sweep-<gpu>.json`) and the decode step with it off and on (one JSON each,
+# `-one-launch-X` in its name) (~4-6 min, compiles included).
 gpu-one-launch:
 	failed=0; $(GPU_ENV) timeout -k 15 420 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -rfEs \
 		-m "cuda or triton" tests/kernels/test_decode_layer.py tests/models/test_one_launch_layer.py; rc=$$?; \
 	[ $$rc = 124 ] || [ $$rc = 137 ] && { echo "the one-launch tests timed out (a hung wait, or a slow compile)"; \
 		exit 1; }; \
 	[ $$rc = 0 ] || failed=1; \
+	$(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode_layer_sweep.py \
+		--output $(GPU_RESULTS)/gpu-decode-layer-sweep-$$($(GPU_PYTHON) -c "import re, torch; \
+		print(re.sub('[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))").json || failed=1; \
 	for layers in off on; do \
 		$(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
 			--sections graphs,kernels --quick --batch-sizes 1,2 --long-context 0 --one-launch-layers $$layers \

@@ -42,7 +42,7 @@ def test_the_offline_runner_blocks_what_the_gpu_machine_lacks(code, error):
 @pytest.mark.parametrize("script", ["benchmarks/gpu_decode.py", "benchmarks/gpu_preflight.py",
                                     "benchmarks/gpu_decode_attention_sweep.py",
                                     "benchmarks/gpu_quantized_matmul_sweep.py", "benchmarks/gpu_speculative.py",
-                                    "benchmarks/gpu_launch_floor.py"])
+                                    "benchmarks/gpu_launch_floor.py", "benchmarks/gpu_decode_layer_sweep.py"])
 def test_gpu_scripts_start_without_the_packages_the_gpu_machine_lacks(script):
     done = subprocess.run([sys.executable, "tests/offline_python.py", script, "--help"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -1,0 +1,130 @@
+"""A layer's decode step in one launch (`kernels/decode_layer.py`) against the six launches it
+replaces, as the engine runs them (`normed_skinny_matmul`, `paged_decode_attention` preparing the
+new token, `skinny_matmul`, the SwiGLU `normed_skinny_matmul`, `skinny_matmul`, all launched as
+programmatic dependents on Hopper), at Qwen3-0.6B's layer in bf16, 1 and 2 rows, 512-token
+contexts. GPU time a layer: 40 layers in one CUDA graph, cycling through enough copies of the
+layer's weights and cache that each launch reads them from memory, not the L2; the one launch
+at its default tiling and at a few others. One JSON:
+
+    python3 benchmarks/gpu_decode_layer_sweep.py [--output FILE] [--tilings 8/8/8,8/2/8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.gpu_quantized_matmul_sweep import time_tilings, time_us, write_report  # noqa: E402
+from fastgen.kernels.decode_layer import (  # noqa: E402
+    DecodeLayerWeights,
+    LayerCounters,
+    LayerTiling,
+    decode_layer,
+    default_layer_tiling,
+)
+from fastgen.kernels.normed_skinny_matmul import normed_skinny_matmul  # noqa: E402
+from fastgen.kernels.paged_decode_attention import NewToken, paged_decode_attention  # noqa: E402
+from fastgen.kernels.skinny_matmul import skinny_matmul  # noqa: E402
+from fastgen.layers.rotary import RotaryEmbedding  # noqa: E402
+
+# Qwen3-0.6B: hidden, heads, KV heads, head dim, intermediate.
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 1024, 16, 8, 128, 3072
+BLOCK, CONTEXT = 256, 512
+EPS = 1e-6
+DEFAULT_TILINGS = "8/8/8,8/2/8,8/4/8,4/8/8,8/8/4"  # normed rows / plain rows / warps
+
+
+def parse_tilings(text: str) -> list[LayerTiling]:
+    tilings = []
+    for item in text.split(","):
+        normed, skinny, warps = (int(v) for v in item.split("/"))
+        tilings.append(LayerTiling(normed, skinny, warps))
+    return tilings
+
+
+def layer_copy(device, rows: int, gen: torch.Generator) -> dict:
+    """One layer's weights and a cache holding each row's context but its newest token."""
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16).to(device)
+
+    n_qkv = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    weights = DecodeLayerWeights(
+        input_norm=1 + 0.1 * rand(HIDDEN), qkv=rand(n_qkv, HIDDEN, scale=HIDDEN**-0.5), qkv_bias=None,
+        q_norm=1 + 0.1 * rand(HEAD_DIM), k_norm=1 + 0.1 * rand(HEAD_DIM),
+        o=rand(HIDDEN, HEADS * HEAD_DIM, scale=(HEADS * HEAD_DIM) ** -0.5), post_norm=1 + 0.1 * rand(HIDDEN),
+        gate_up=rand(2 * INTERMEDIATE, HIDDEN, scale=HIDDEN**-0.5), down=rand(HIDDEN, INTERMEDIATE,
+                                                                           scale=INTERMEDIATE**-0.5),
+        num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, eps=EPS, qk_eps=EPS)
+    blocks_per_row = CONTEXT // BLOCK
+    k_cache = rand(rows * blocks_per_row, BLOCK, KV_HEADS, HEAD_DIM)
+    v_cache = rand(rows * blocks_per_row, BLOCK, KV_HEADS, HEAD_DIM)
+    tables = torch.arange(rows * blocks_per_row, dtype=torch.int32, device=device).view(rows, blocks_per_row)
+    return {"weights": weights, "k_cache": k_cache, "v_cache": v_cache, "tables": tables,
+            "counters": LayerCounters(device)}
+
+
+def six_launches(layer, x, residual, step):
+    w = layer["weights"]
+    qkv, res1 = normed_skinny_matmul(x, residual, w.input_norm, w.eps, w.qkv, w.qkv_bias)
+    q, k, v = qkv.view(x.shape[0], -1, HEAD_DIM).split([HEADS, KV_HEADS, KV_HEADS], dim=1)
+    attn = paged_decode_attention(q, layer["k_cache"], layer["v_cache"], layer["tables"], step["lens"],
+                                  HEAD_DIM**-0.5, new_token=NewToken(k, v, step["positions"], step["cos_sin"],
+                                                                     w.q_norm, w.k_norm, w.qk_eps, step["slots"]))
+    o = skinny_matmul(attn.flatten(1), w.o)
+    act, res2 = normed_skinny_matmul(o, res1, w.post_norm, w.eps, w.gate_up, swiglu=True)
+    return skinny_matmul(act, w.down), res2
+
+
+def one_launch(layer, x, residual, step, tiling=None):
+    return decode_layer(x, residual, layer["weights"], step["positions"], step["cos_sin"], layer["k_cache"],
+                        layer["v_cache"], layer["tables"], step["lens"], step["slots"], HEAD_DIM**-0.5,
+                        layer["counters"], tiling)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu-decode-layer-sweep.json"))
+    p.add_argument("--tilings", default=DEFAULT_TILINGS, help="normed rows/plain rows/warps, comma-separated")
+    args = p.parse_args()
+    tilings = parse_tilings(args.tilings)
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    report = {"device": torch.cuda.get_device_name(), "shape": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
+              "head_dim": HEAD_DIM, "intermediate": INTERMEDIATE, "context": CONTEXT, "block_size": BLOCK},
+              "default": str(default_layer_tiling(HIDDEN)), "rows": []}
+    layer_bytes = 2 * HIDDEN * ((HEADS + 2 * KV_HEADS) * HEAD_DIM + HEADS * HEAD_DIM + 3 * INTERMEDIATE)
+    copies = max(1, -(-256 * 2**20 // layer_bytes))
+    for rows in (1, 2):
+        layers = [layer_copy(device, rows, gen) for _ in range(copies)]
+        # Each row's newest token at the end of its context, in its last block.
+        step = {"lens": torch.full((rows,), CONTEXT, dtype=torch.int32, device=device),
+                "positions": torch.full((rows,), CONTEXT - 1, dtype=torch.int64, device=device),
+                "slots": torch.tensor([(r * (CONTEXT // BLOCK) + CONTEXT // BLOCK - 1) * BLOCK + BLOCK - 1
+                                       for r in range(rows)], dtype=torch.int64, device=device),
+                "cos_sin": RotaryEmbedding(HEAD_DIM, 4096, 1e6, None).cos_sin.to(device)}
+        x = torch.randn(rows, HIDDEN, generator=gen).to(torch.bfloat16).to(device)
+        residual = torch.randn(rows, HIDDEN, generator=gen).to(torch.bfloat16).to(device)
+        want = six_launches(layers[0], x, residual, step)[0].float()
+        got = one_launch(layers[0], x, residual, step)[0].float()
+        row = {"batch": rows, "layer_bytes": layer_bytes, "copies": copies,
+               "relative_error": ((got - want).norm() / want.norm()).item(), "tilings": {}}
+        row["six_launches_us"] = time_us(lambda i: six_launches(layers[i], x, residual, step), copies)
+        row["one_launch_us"] = time_us(lambda i: one_launch(layers[i], x, residual, step), copies)
+        time_tilings(row, tilings, lambda tiling, i: one_launch(layers[i], x, residual, step, tiling), copies)
+        for key in ("six_launches", "one_launch"):  # the layer's weights at that rate (the cache adds 2 MB a row)
+            row[f"{key}_weights_tb_per_s"] = layer_bytes / row[f"{key}_us"] / 1e6
+        print(f"bs={rows}: six launches {row['six_launches_us']:.1f} us, one launch {row['one_launch_us']:.1f} us, "
+              f"best {row.get('best_us', 0):.1f} us {row.get('best')}, error {row['relative_error']:.1e}", flush=True)
+        report["rows"].append(row)
+        write_report(args.output, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
