@@ -26,11 +26,9 @@ from fastgen.kernels.decode_layer import (  # noqa: E402
     LayerCounters,
     LayerTiling,
     decode_layer,
+    decode_layer_in_six_launches,
     default_layer_tiling,
 )
-from fastgen.kernels.normed_skinny_matmul import normed_skinny_matmul  # noqa: E402
-from fastgen.kernels.paged_decode_attention import NewToken, paged_decode_attention  # noqa: E402
-from fastgen.kernels.skinny_matmul import skinny_matmul  # noqa: E402
 from fastgen.layers.rotary import RotaryEmbedding  # noqa: E402
 
 # Qwen3-0.6B: hidden, heads, KV heads, head dim, intermediate.
@@ -70,15 +68,9 @@ def layer_copy(device, rows: int, gen: torch.Generator) -> dict:
 
 
 def six_launches(layer, x, residual, step):
-    w = layer["weights"]
-    qkv, res1 = normed_skinny_matmul(x, residual, w.input_norm, w.eps, w.qkv, w.qkv_bias)
-    q, k, v = qkv.view(x.shape[0], -1, HEAD_DIM).split([HEADS, KV_HEADS, KV_HEADS], dim=1)
-    attn = paged_decode_attention(q, layer["k_cache"], layer["v_cache"], layer["tables"], step["lens"],
-                                  HEAD_DIM**-0.5, new_token=NewToken(k, v, step["positions"], step["cos_sin"],
-                                                                     w.q_norm, w.k_norm, w.qk_eps, step["slots"]))
-    o = skinny_matmul(attn.flatten(1), w.o)
-    act, res2 = normed_skinny_matmul(o, res1, w.post_norm, w.eps, w.gate_up, swiglu=True)
-    return skinny_matmul(act, w.down), res2
+    return decode_layer_in_six_launches(x, residual, layer["weights"], step["positions"], step["cos_sin"],
+                                        layer["k_cache"], layer["v_cache"], layer["tables"], step["lens"],
+                                        step["slots"], HEAD_DIM**-0.5)
 
 
 def one_launch(layer, x, residual, step, tiling=None):

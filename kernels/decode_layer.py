@@ -42,13 +42,13 @@ import triton
 import triton.language as tl
 
 from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms
-from .normed_skinny_matmul import MAX_NORMED_K, normed_program, normed_weight_tiles
-from .paged_decode_attention import check_decode_args
+from .normed_skinny_matmul import MAX_NORMED_K, normed_program, normed_skinny_matmul, normed_weight_tiles
+from .paged_decode_attention import NewToken, check_decode_args, paged_decode_attention, split_tiles
 from .paged_decode_kernels import combine_program, decode_split_program
 from .programmatic_launch import gdc_launch_dependents, gdc_wait, launch_options, programmatic_launch
 from .qk_norm_rope_store import check_qk_norm_rope_args
-from .skinny_matmul import SKINNY_ROWS, skinny_first_tile, skinny_program
-from .triton_types import TL_DTYPES, dot_dtype
+from .skinny_matmul import SKINNY_ROWS, default_skinny_tiling, skinny_first_tile, skinny_matmul, skinny_program
+from .triton_types import TL_DTYPES
 
 # The counters of one layer's launches: [ticket, q|k|v done, splits done, combines done, o_proj
 # done, gate|up done, programs finished, unused].
@@ -375,10 +375,12 @@ def decode_layer(
 
     tiling = tiling or default_layer_tiling(hidden)
     normed_n, skinny_n = tiling.normed_block_n, tiling.skinny_block_n
-    o_block_k, down_block_k = min(1024, triton.next_power_of_2(q_size)), min(1024, triton.next_power_of_2(intermediate))
+    # The plain products step through K as the separate kernel does.
+    o_block_k, down_block_k = default_skinny_tiling(q_size).block_k, default_skinny_tiling(intermediate).block_k
     programs = (triton.cdiv(n_qkv, normed_n), rows * num_kv_heads * splits, rows * w.num_heads,
                 triton.cdiv(hidden, skinny_n), triton.cdiv(intermediate, normed_n), triton.cdiv(hidden, skinny_n))
     group = w.num_heads // num_kv_heads
+    block_g, attn_block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
     pdl = programmatic_launch(x.device)
     decode_layer_kernel[(sum(programs),)](
         x, x if residual is None else residual, positions, cos_sin, slot_mapping, block_tables, context_lens,
@@ -397,9 +399,23 @@ def decode_layer(
         DOWN_BLOCK_K=down_block_k, DOWN_EVEN_K=intermediate % down_block_k == 0,
         HAS_RESIDUAL=residual is not None, HAS_QKV_BIAS=w.qkv_bias is not None, QK_NORM=w.q_norm is not None,
         BLOCK_SIZE=block_size, GROUP=group, ONE_SPLIT=splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), ATTN_BLOCK_N=16 if k_cache.element_size() >= 4 else 64,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), DOT_DTYPE=dot_dtype(k_cache.dtype),
+        BLOCK_G=block_g, ATTN_BLOCK_N=attn_block_n, BLOCK_D=block_d, DOT_DTYPE=dot,
         BLOCK_S=triton.next_power_of_2(MAX_SPLITS), PDL=pdl, SPIN_IN_PTX=not _interpreting(),
         num_warps=tiling.num_warps, **launch_options(pdl),
     )
     return out, layer_residual
+
+
+def decode_layer_in_six_launches(x, residual, weights: DecodeLayerWeights, positions, cos_sin, k_cache, v_cache,
+                                 block_tables, context_lens, slot_mapping, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """`decode_layer`'s twin: the same step as the separate kernels run it, launch by launch (the
+    reference its tests and benchmark hold it to)."""
+    w = weights
+    qkv, res1 = normed_skinny_matmul(x, residual, w.input_norm, w.eps, w.qkv, w.qkv_bias)
+    q, k, v = qkv.view(x.shape[0], -1, w.head_dim).split([w.num_heads, w.num_kv_heads, w.num_kv_heads], dim=1)
+    attn = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                  new_token=NewToken(k, v, positions, cos_sin, w.q_norm, w.k_norm, w.qk_eps,
+                                                     slot_mapping))
+    o = skinny_matmul(attn.flatten(1), w.o)
+    act, res2 = normed_skinny_matmul(o, res1, w.post_norm, w.eps, w.gate_up, swiglu=True)
+    return skinny_matmul(act, w.down), res2

@@ -103,6 +103,17 @@ def check_decode_args(q, k_cache, v_cache, block_tables, context_lens, out) -> N
         raise ValueError("block_tables rows and context_lens must be contiguous")
 
 
+def split_tiles(group: int, head_dim: int, cache_dtype: torch.dtype) -> tuple[int, int, int, object]:
+    """The split kernel's tile constants (BLOCK_G, BLOCK_N, BLOCK_D, DOT_DTYPE) for a GQA group
+    and head dim over a cache of `cache_dtype`."""
+    # tl.dot needs at least 16 rows and an inner dimension of at least 16.
+    block_g = max(16, triton.next_power_of_2(group))
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    # fp32 (tests) multiplies on CUDA cores, not tensor cores: smaller tiles keep it in registers.
+    block_n = 16 if cache_dtype.itemsize >= 4 else 64
+    return block_g, block_n, block_d, dot_dtype(cache_dtype)
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -148,7 +159,6 @@ def paged_decode_attention(
         out = torch.empty_like(q)
     if batch == 0:
         return out
-    dot = dot_dtype(k_cache.dtype)
     if max_splits is None:
         max_splits = grid_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, num_sms(q.device))
     if not 1 <= max_splits <= MAX_SPLITS:
@@ -156,11 +166,7 @@ def paged_decode_attention(
 
     group = num_heads // num_kv_heads
     pdl = programmatic_launch(q.device)
-    # tl.dot needs at least 16 rows and an inner dimension of at least 16.
-    block_g = max(16, triton.next_power_of_2(group))
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    # fp32 (tests) multiplies on CUDA cores, not tensor cores: smaller tiles keep it in registers.
-    block_n = 16 if k_cache.element_size() >= 4 else 64
+    block_g, block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
     combine_in_split = max_splits > 1 and COMBINE_IN_LAST_SPLIT
     if max_splits > 1:
         part_acc = torch.empty((batch, num_heads, max_splits, head_dim), dtype=torch.float32, device=q.device)

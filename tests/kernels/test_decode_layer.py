@@ -12,10 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastgen.kernels.decode_layer import DecodeLayerWeights, LayerCounters, decode_layer
-from fastgen.kernels.normed_skinny_matmul import normed_skinny_matmul
-from fastgen.kernels.paged_decode_attention import NewToken, paged_decode_attention
-from fastgen.kernels.skinny_matmul import skinny_matmul
+from fastgen.kernels.decode_layer import DecodeLayerWeights, LayerCounters, decode_layer, decode_layer_in_six_launches
 from tests.kernels.paged_cases import DEVICE
 from tests.kernels.test_decode_new_token import HEADS, KV_HEADS, step
 
@@ -47,19 +44,6 @@ def layer_weights(dtype, head_dim, hidden, intermediate, qk_norm, qkv_bias, gen,
         num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=head_dim, eps=EPS, qk_eps=QK_EPS)
 
 
-def six_launches(x, residual, w: DecodeLayerWeights, positions, cos_sin, k_cache, v_cache, tables, lens, slots,
-                 scale):
-    """The layer as the separate kernels compute it: (down's output, the new residual)."""
-    qkv, res1 = normed_skinny_matmul(x, residual, w.input_norm, w.eps, w.qkv, w.qkv_bias)
-    rows = x.shape[0]
-    q, k, v = qkv.view(rows, -1, w.head_dim).split([w.num_heads, w.num_kv_heads, w.num_kv_heads], dim=1)
-    attn = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale,
-                                  new_token=NewToken(k, v, positions, cos_sin, w.q_norm, w.k_norm, w.qk_eps, slots))
-    o = skinny_matmul(attn.flatten(1), w.o)
-    act, res2 = normed_skinny_matmul(o, res1, w.post_norm, w.eps, w.gate_up, swiglu=True)
-    return skinny_matmul(act, w.down), res2
-
-
 @pytest.mark.parametrize("lens,first_layer", [([1], True), ([40], False), ([300], False), ([300, 0], False),
                                                ([1, 200], True)],
                          ids=["one-token-first-layer", "one-split", "three-splits", "padding-row",
@@ -78,7 +62,8 @@ def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediat
     residual = None if first_layer else torch.randn(len(lens), hidden, generator=gen).to(dtype).to(device)
     scale = head_dim**-0.5
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    want, want_residual = six_launches(x, residual, w, positions, cos_sin, k_ref, v_ref, tables, lens_t, slots, scale)
+    want, want_residual = decode_layer_in_six_launches(x, residual, w, positions, cos_sin, k_ref, v_ref, tables,
+                                                       lens_t, slots, scale)
 
     counters = LayerCounters(device)
     # Back to back, without a sync: the third launch takes the first one's counters again.
