@@ -44,7 +44,7 @@ import triton.language as tl
 from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms
 from .normed_skinny_matmul import MAX_NORMED_K, normed_program, normed_skinny_matmul, normed_weight_tiles
 from .paged_decode_attention import NewToken, check_decode_args, paged_decode_attention, split_tiles
-from .paged_decode_kernels import combine_program, decode_split_program
+from .paged_decode_kernels import combine_program, decode_split_program, splits_for
 from .programmatic_launch import gdc_launch_dependents, gdc_wait, launch_options, programmatic_launch
 from .qk_norm_rope_store import check_qk_norm_rope_args
 from .skinny_matmul import SKINNY_ROWS, default_skinny_tiling, skinny_first_tile, skinny_matmul, skinny_program
@@ -170,28 +170,32 @@ def decode_layer_kernel(
         _count_done(counters_ptr + _QKV_DONE)
     elif ticket < end_split:
         # Split attention; it prepares (q/k norm, RoPE) and stores the new token itself.
-        _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs, SPIN_IN_PTX)
         item = ticket - end_qkv
         seq = (item // (num_kv_heads * grid_splits)).to(tl.int64)
         kv_head = (item // grid_splits) % num_kv_heads
         split = item % grid_splits
-        decode_split_program(
-            seq, kv_head, split,
-            qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-            attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-            scale,
-            n_qkv, HEAD_DIM,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-            q_size, HEAD_DIM, stride_bt,
-            num_heads, num_kv_heads, grid_splits,
-            qkv_ptr + q_size, qkv_ptr + q_size + kv_size, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr,
-            slot_mapping_ptr, qk_eps,
-            n_qkv, HEAD_DIM, n_qkv, HEAD_DIM, stride_cs,
-            counters_ptr,
-            BLOCK_SIZE, GROUP, HEAD_DIM, ONE_SPLIT, MIN_TOKENS, BLOCK_G, ATTN_BLOCK_N, BLOCK_D, DOT_DTYPE,
-            True, QK_NORM, False,
-        )
+        _after_the_kernel_in_front(PDL)  # the context lengths may come from it
+        # A split past what its sequence uses (most of the grid's at batch 1 over a short
+        # context) counts itself done without waiting for q|k|v: its place on the SM goes to a
+        # later phase's program, which starts streaming its weights.
+        if split < splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS):
+            _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs, SPIN_IN_PTX)
+            decode_split_program(
+                seq, kv_head, split,
+                qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+                attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+                scale,
+                n_qkv, HEAD_DIM,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                q_size, HEAD_DIM, stride_bt,
+                num_heads, num_kv_heads, grid_splits,
+                qkv_ptr + q_size, qkv_ptr + q_size + kv_size, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr,
+                slot_mapping_ptr, qk_eps,
+                n_qkv, HEAD_DIM, n_qkv, HEAD_DIM, stride_cs,
+                counters_ptr,
+                BLOCK_SIZE, GROUP, HEAD_DIM, ONE_SPLIT, MIN_TOKENS, BLOCK_G, ATTN_BLOCK_N, BLOCK_D, DOT_DTYPE,
+                True, QK_NORM, False,
+            )
         _count_done(counters_ptr + _SPLITS_DONE)
     elif ticket < end_combine:
         # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
