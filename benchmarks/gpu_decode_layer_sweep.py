@@ -2,11 +2,13 @@
 replaces, as the engine runs them (`normed_skinny_matmul`, `paged_decode_attention` preparing the
 new token, `skinny_matmul`, the SwiGLU `normed_skinny_matmul`, `skinny_matmul`, all launched as
 programmatic dependents on Hopper), at Qwen3-0.6B's layer in bf16, 1 and 2 rows, 512-token
-contexts. GPU time a layer: 40 layers in one CUDA graph, cycling through enough copies of the
+contexts in block tables as wide as the engine's (`--table-reach`, gpu_decode.py's max_model_len:
+the split grid is sized from it, so most split programs find nothing to do, as in the engine's
+graphs). GPU time a layer: 40 layers in one CUDA graph, cycling through enough copies of the
 layer's weights and cache that each launch reads them from memory, not the L2; the one launch
 at its default tiling and at a few others. One JSON:
 
-    python3 benchmarks/gpu_decode_layer_sweep.py [--output FILE] [--tilings 8/8/8,8/2/8]
+    python3 benchmarks/gpu_decode_layer_sweep.py [--output FILE] [--tilings 8/8/8,8/2/8] [--table-reach 4096]
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def parse_tilings(text: str) -> list[LayerTiling]:
     return tilings
 
 
-def layer_copy(device, rows: int, gen: torch.Generator) -> dict:
-    """One layer's weights and a cache holding each row's context but its newest token."""
+def layer_copy(device, rows: int, reach: int, gen: torch.Generator) -> dict:
+    """One layer's weights and a cache holding each row's context but its newest token, in block
+    tables `reach` tokens wide (-1 past the context)."""
     def rand(*shape, scale=1.0):
         return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16).to(device)
 
@@ -62,7 +65,9 @@ def layer_copy(device, rows: int, gen: torch.Generator) -> dict:
     blocks_per_row = CONTEXT // BLOCK
     k_cache = rand(rows * blocks_per_row, BLOCK, KV_HEADS, HEAD_DIM)
     v_cache = rand(rows * blocks_per_row, BLOCK, KV_HEADS, HEAD_DIM)
-    tables = torch.arange(rows * blocks_per_row, dtype=torch.int32, device=device).view(rows, blocks_per_row)
+    tables = torch.full((rows, -(-reach // BLOCK)), -1, dtype=torch.int32)
+    tables[:, :blocks_per_row] = torch.arange(rows * blocks_per_row, dtype=torch.int32).view(rows, blocks_per_row)
+    tables = tables.to(device)
     return {"weights": weights, "k_cache": k_cache, "v_cache": v_cache, "tables": tables,
             "counters": LayerCounters(device)}
 
@@ -83,17 +88,21 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu-decode-layer-sweep.json"))
     p.add_argument("--tilings", default=DEFAULT_TILINGS, help="normed rows/plain rows/warps, comma-separated")
+    p.add_argument("--table-reach", type=int, default=4096, help="tokens a block table covers (>= the context)")
     args = p.parse_args()
+    if args.table_reach < CONTEXT:
+        p.error(f"--table-reach must be at least the context, {CONTEXT}; got {args.table_reach}")
     tilings = parse_tilings(args.tilings)
     device = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
     report = {"device": torch.cuda.get_device_name(), "shape": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
-              "head_dim": HEAD_DIM, "intermediate": INTERMEDIATE, "context": CONTEXT, "block_size": BLOCK},
+              "head_dim": HEAD_DIM, "intermediate": INTERMEDIATE, "context": CONTEXT, "block_size": BLOCK,
+              "table_reach": args.table_reach},
               "default": str(default_layer_tiling(HIDDEN)), "rows": []}
     layer_bytes = 2 * HIDDEN * ((HEADS + 2 * KV_HEADS) * HEAD_DIM + HEADS * HEAD_DIM + 3 * INTERMEDIATE)
     copies = max(1, -(-256 * 2**20 // layer_bytes))
     for rows in (1, 2):
-        layers = [layer_copy(device, rows, gen) for _ in range(copies)]
+        layers = [layer_copy(device, rows, args.table_reach, gen) for _ in range(copies)]
         # Each row's newest token at the end of its context, in its last block.
         step = {"lens": torch.full((rows,), CONTEXT, dtype=torch.int32, device=device),
                 "positions": torch.full((rows,), CONTEXT - 1, dtype=torch.int64, device=device),
