@@ -291,6 +291,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a step's inputs sent in one packed transfer, or one copy a buffer (the default)")
     p.add_argument("--one-launch-layers", choices=("on", "off"), default="off",
                    help="each layer's decode step of one or two rows in one launch, or in six (the default)")
+    p.add_argument("--layer-l2-prefetch", type=int, choices=range(4), default=0,
+                   help="with one-launch layers: how many of the products after attention (o_proj, gate|up, "
+                        "down) have their weights asked into the L2 as attention begins (default 0)")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     args.quant_batch_sizes = [int(b) for b in args.quant_batch_sizes.split(",") if b]
@@ -319,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     triton_paged.DECODE_PREPARES_NEW_TOKEN = args.decode_new_token == "on"
     step_inputs.PACK_UPLOADS_ON_CUDA = args.packed_uploads == "on"
     one_launch_layer.ONE_LAUNCH_LAYERS_ON_CUDA = args.one_launch_layers == "on"
+    importlib.import_module("fastgen.kernels.decode_layer").L2_PREFETCH_PRODUCTS = args.layer_l2_prefetch
     importlib.import_module("fastgen.kernels.paged_decode_attention").COMBINE_IN_LAST_SPLIT = \
         args.combine_in_split == "on"
     args.model_dir = preset_model_dir(args.preset)
@@ -341,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                      "decode_new_token": args.decode_new_token,
                      "programmatic_launch": args.programmatic_launch, "packed_uploads": args.packed_uploads,
                      "combine_in_split": args.combine_in_split, "one_launch_layers": args.one_launch_layers,
+                     "layer_l2_prefetch": args.layer_l2_prefetch,
                      "block_size": args.block_size,
                      "max_model_len": args.max_model_len,
                      "points": args.points, "workload": {"num_prompts": args.num_prompts,

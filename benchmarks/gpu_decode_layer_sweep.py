@@ -6,7 +6,8 @@ contexts in block tables as wide as the engine's (`--table-reach`, gpu_decode.py
 the split grid is sized from it, so most split programs find nothing to do, as in the engine's
 graphs). GPU time a layer: 40 layers in one CUDA graph, cycling through enough copies of the
 layer's weights and cache that each launch reads them from memory, not the L2; the one launch
-at its default tiling and at a few others. One JSON:
+at its default tiling and at a few others, with the weights of the products after attention
+asked into the L2 ahead or not (`LayerTiling.l2_prefetch`). One JSON:
 
     python3 benchmarks/gpu_decode_layer_sweep.py [--output FILE] [--tilings 8/8/8,8/2/8] [--table-reach 4096]
 """
@@ -37,14 +38,14 @@ from fastgen.layers.rotary import RotaryEmbedding  # noqa: E402
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 1024, 16, 8, 128, 3072
 BLOCK, CONTEXT = 256, 512
 EPS = 1e-6
-DEFAULT_TILINGS = "8/8/8,8/2/8,8/4/8,4/8/8,8/8/4"  # normed rows / plain rows / warps
+# normed rows / plain rows / warps [/ products after attention asked into the L2]
+DEFAULT_TILINGS = "8/8/8,8/2/8,8/4/8,4/8/8,8/8/4,8/8/8/1,8/8/8/2,8/8/8/3"
 
 
 def parse_tilings(text: str) -> list[LayerTiling]:
     tilings = []
     for item in text.split(","):
-        normed, skinny, warps = (int(v) for v in item.split("/"))
-        tilings.append(LayerTiling(normed, skinny, warps))
+        tilings.append(LayerTiling(*(int(v) for v in item.split("/"))))
     return tilings
 
 
@@ -87,7 +88,8 @@ def one_launch(layer, x, residual, step, tiling=None):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu-decode-layer-sweep.json"))
-    p.add_argument("--tilings", default=DEFAULT_TILINGS, help="normed rows/plain rows/warps, comma-separated")
+    p.add_argument("--tilings", default=DEFAULT_TILINGS,
+                   help="normed rows/plain rows/warps[/L2 prefetch], comma-separated")
     p.add_argument("--table-reach", type=int, default=4096, help="tokens a block table covers (>= the context)")
     args = p.parse_args()
     if args.table_reach < CONTEXT:

@@ -6,7 +6,9 @@ of weight streaming behind its own launch, ramp and tail: a step of Qwen3-0.6B o
 spends more time between and at the edges of its kernels than at the memory's rate. Here the
 six are phases of one grid, and a program of a later phase waits, on the device, for the
 phase before it instead of for a kernel boundary: its weight tile is loaded before it waits,
-so one phase's weights stream in while the phase in front finishes.
+so one phase's weights stream in while the phase in front finishes. Programs of their own may
+also ask the L2 for the weights of the products after attention, which then stream in during
+attention's latency-bound steps (`LayerTiling.l2_prefetch`).
 
 Programs do not take their work from `program_id`: each draws a ticket (an atomic counter),
 and tickets are handed out phase by phase in order. A program waits only for phases whose
@@ -113,11 +115,11 @@ _SPIN = tl.constexpr("""{
 
 
 @triton.jit
-def _wait_until(counter_ptr, target, SPIN_IN_PTX: tl.constexpr):
+def _wait_until(counter_ptr, target, INLINE_PTX: tl.constexpr):
     """Wait for `target` programs to have counted on counter_ptr; then what they stored before
-    counting is visible to all of this program's threads. Without SPIN_IN_PTX (under the
+    counting is visible to all of this program's threads. Without INLINE_PTX (under the
     interpreter, whose waits are over before they start) the loop is Triton's."""
-    if SPIN_IN_PTX:
+    if INLINE_PTX:
         tl.inline_asm_elementwise(_SPIN, "=r,l,r", [counter_ptr, target], dtype=tl.int32, is_pure=False, pack=1)
     else:
         seen = tl.load(counter_ptr, volatile=True)
@@ -125,6 +127,23 @@ def _wait_until(counter_ptr, target, SPIN_IN_PTX: tl.constexpr):
             seen = tl.load(counter_ptr, volatile=True)
         tl.atomic_add(counter_ptr, 0, sem="acquire")
     tl.debug_barrier()
+
+
+# The L2 asked for one 128-byte line of a weight (`_ask_l2_for`): nothing comes back, and nothing
+# waits for it.
+_PREFETCH_L2 = tl.constexpr("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;")
+L2_LINE_BYTES = 128
+# Lines a prefetching program asks for (256 KiB): eight a thread at 8 warps.
+PREFETCH_LINES = 2048
+
+
+@triton.jit
+def _ask_l2_for(w_ptr, numel, part, LINES: tl.constexpr, LINE_ELEMENTS: tl.constexpr):
+    """Ask the L2 for lines part * LINES .. of the weight at w_ptr (numel elements; a part past
+    its end asks for its last line again)."""
+    offs = (part * LINES + tl.arange(0, LINES)).to(tl.int64) * LINE_ELEMENTS
+    tl.inline_asm_elementwise(_PREFETCH_L2, "=r,l", [w_ptr + tl.minimum(offs, numel - 1)], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -135,7 +154,8 @@ def decode_layer_kernel(
     qkv_ptr, attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, o_ptr, res1_ptr, act_ptr, out_ptr, res2_ptr,
     counters_ptr,
     M, hidden, intermediate, num_heads, num_kv_heads, eps, qk_eps, scale, grid_splits,
-    n_qkv_programs, n_split_programs, n_combine_programs, n_o_programs, n_gate_up_programs, n_down_programs,
+    n_qkv_programs, n_split_programs, n_o_prefetch_programs, n_gate_up_prefetch_programs, n_down_prefetch_programs,
+    n_combine_programs, n_o_programs, n_gate_up_programs, n_down_programs,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt, stride_cs,
     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
     NORMED_BLOCK_N: tl.constexpr, NORMED_BLOCK_K: tl.constexpr,
@@ -144,7 +164,8 @@ def decode_layer_kernel(
     HAS_RESIDUAL: tl.constexpr, HAS_QKV_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, ATTN_BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_S: tl.constexpr, PDL: tl.constexpr, SPIN_IN_PTX: tl.constexpr,
+    BLOCK_S: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE_ELEMENTS: tl.constexpr,
+    PDL: tl.constexpr, INLINE_PTX: tl.constexpr,
 ):
     """One program of the layer's grid: phase and work item from its ticket (the module's
     docstring). Rows of x are sequences; all buffers but the cache and weights are contiguous."""
@@ -154,7 +175,8 @@ def decode_layer_kernel(
     n_qkv = q_size + 2 * kv_size
     end_qkv = n_qkv_programs
     end_split = end_qkv + n_split_programs
-    end_combine = end_split + n_combine_programs
+    end_prefetch = end_split + n_o_prefetch_programs + n_gate_up_prefetch_programs + n_down_prefetch_programs
+    end_combine = end_prefetch + n_combine_programs
     end_o = end_combine + n_o_programs
     end_gate_up = end_o + n_gate_up_programs
     if ticket < end_qkv:
@@ -179,7 +201,7 @@ def decode_layer_kernel(
         # context) counts itself done without waiting for q|k|v: its place on the SM goes to a
         # later phase's program, which starts streaming its weights.
         if split < splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS):
-            _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs, SPIN_IN_PTX)
+            _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs, INLINE_PTX)
             decode_split_program(
                 seq, kv_head, split,
                 qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
@@ -197,11 +219,25 @@ def decode_layer_kernel(
                 True, QK_NORM, False,
             )
         _count_done(counters_ptr + _SPLITS_DONE)
+    elif ticket < end_prefetch:
+        # Ask the L2 for the weights of products after attention (`LayerTiling.l2_prefetch`),
+        # so that they stream in while attention's chain of short steps leaves the memory idle.
+        # Weights are never written, so there is nothing to wait for (the interpreter has no L2).
+        if INLINE_PTX:
+            item = ticket - end_split
+            if item < n_o_prefetch_programs:
+                _ask_l2_for(o_w_ptr, hidden * q_size, item, PREFETCH_LINES, LINE_ELEMENTS)
+            elif item < n_o_prefetch_programs + n_gate_up_prefetch_programs:
+                _ask_l2_for(gate_up_w_ptr, 2 * intermediate * hidden, item - n_o_prefetch_programs,
+                            PREFETCH_LINES, LINE_ELEMENTS)
+            else:
+                _ask_l2_for(down_w_ptr, hidden * intermediate,
+                            item - n_o_prefetch_programs - n_gate_up_prefetch_programs, PREFETCH_LINES, LINE_ELEMENTS)
     elif ticket < end_combine:
         # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs, SPIN_IN_PTX)
-        item = ticket - end_split
+        _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs, INLINE_PTX)
+        item = ticket - end_prefetch
         combine_program((item // num_heads).to(tl.int64), item % num_heads, part_acc_ptr, part_max_ptr,
                         part_sum_ptr, context_lens_ptr, attn_ptr, q_size, HEAD_DIM, num_heads, grid_splits,
                         HEAD_DIM, MIN_TOKENS, BLOCK_S, BLOCK_D)
@@ -211,7 +247,7 @@ def decode_layer_kernel(
         pid = ticket - end_combine
         o_tile = skinny_first_tile(pid, o_w_ptr, hidden, q_size, q_size, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K)
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs, SPIN_IN_PTX)
+        _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs, INLINE_PTX)
         skinny_program(pid, o_tile, attn_ptr, o_w_ptr, o_w_ptr, o_ptr, M, hidden, q_size, q_size, q_size, hidden,
                        ROWS, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K, False)
         _count_done(counters_ptr + _O_DONE)
@@ -222,7 +258,7 @@ def decode_layer_kernel(
         gate_tile, up_tile, post_norm = normed_weight_tiles(pid, gate_up_w_ptr, post_norm_ptr, intermediate, hidden,
                                                             hidden, NORMED_BLOCK_N, NORMED_BLOCK_K, True)
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _O_DONE, n_o_programs, SPIN_IN_PTX)
+        _wait_until(counters_ptr + _O_DONE, n_o_programs, INLINE_PTX)
         normed_program(pid, gate_tile, up_tile, post_norm, o_ptr, res1_ptr, o_ptr, act_ptr, res2_ptr,
                        M, intermediate, hidden,
                        eps, hidden, hidden, intermediate, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
@@ -234,7 +270,7 @@ def decode_layer_kernel(
         down_tile = skinny_first_tile(pid, down_w_ptr, hidden, intermediate, intermediate, SKINNY_BLOCK_N,
                                       DOWN_BLOCK_K, DOWN_EVEN_K)
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs, SPIN_IN_PTX)
+        _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs, INLINE_PTX)
         skinny_program(pid, down_tile, act_ptr, down_w_ptr, down_w_ptr, out_ptr, M, hidden, intermediate, intermediate,
                        intermediate, hidden, ROWS, SKINNY_BLOCK_N, DOWN_BLOCK_K, DOWN_EVEN_K, False)
     # The last program to finish (every other one has stopped reading the counters) zeroes
@@ -249,14 +285,26 @@ def _interpreting() -> bool:
     return not isinstance(decode_layer_kernel, triton.runtime.JITFunction)
 
 
+# How many of the products after attention (o_proj, gate|up, down, in that order) have their
+# weights asked into the L2 as attention begins (`LayerTiling.l2_prefetch`). None until a GPU
+# measures it (`benchmarks/gpu_decode_layer_sweep.py`, `gpu_decode.py --layer-l2-prefetch`).
+L2_PREFETCH_PRODUCTS = 0
+
+
 @dataclass(frozen=True)
 class LayerTiling:
     """One launch's shape, shared by its phases: weight rows a program of the normed products
-    (q|k|v, gate|up) and of the plain ones (o_proj, down) owns, and warps a program."""
+    (q|k|v, gate|up) and of the plain ones (o_proj, down) owns, and warps a program; and how many
+    of the products after attention (0-3: o_proj, then gate|up, then down) programs of their own
+    ask the L2 to fetch ahead, after the q|k|v programs have started. At batch 1 or 2 attention
+    is a chain of short dependent steps (the new token, a few KV tiles, the combine) during which
+    the memory would idle but for the few weight tiles the waiting programs of later phases
+    hold; asked ahead, those products' weights stream in meanwhile and are read from the L2."""
 
     normed_block_n: int
     skinny_block_n: int
     num_warps: int
+    l2_prefetch: int = 0
 
 
 def default_layer_tiling(hidden: int) -> LayerTiling:
@@ -267,8 +315,9 @@ def default_layer_tiling(hidden: int) -> LayerTiling:
     way and 8 warps bring twice the threads; at Llama-3.2-1B's (2,048 inputs) two normed rows
     take 64-74 and four spill at one row. With two programs an SM, the plain products' tiles of
     two weight rows (the separate kernel's, which runs 16 programs an SM) would keep too few
-    bytes in flight; eight rows keep 16 KB a program. Chosen from registers, not yet timed."""
-    return LayerTiling(8 if hidden <= 1024 else 2, 8, 8)
+    bytes in flight; eight rows keep 16 KB a program. Chosen from registers, not yet timed.
+    L2 prefetch: `L2_PREFETCH_PRODUCTS`."""
+    return LayerTiling(8 if hidden <= 1024 else 2, 8, 8, L2_PREFETCH_PRODUCTS)
 
 
 @dataclass(frozen=True)
@@ -378,10 +427,15 @@ def decode_layer(
     layer_residual = torch.empty_like(x)
 
     tiling = tiling or default_layer_tiling(hidden)
+    if tiling.l2_prefetch not in range(4):
+        raise ValueError(f"decode_layer: l2_prefetch is {tiling.l2_prefetch}, at most the 3 products after attention")
     normed_n, skinny_n = tiling.normed_block_n, tiling.skinny_block_n
     # The plain products step through K as the separate kernel does.
     o_block_k, down_block_k = default_skinny_tiling(q_size).block_k, default_skinny_tiling(intermediate).block_k
-    programs = (triton.cdiv(n_qkv, normed_n), rows * num_kv_heads * splits, rows * w.num_heads,
+    line_elements = L2_LINE_BYTES // x.element_size()
+    prefetch_programs = [triton.cdiv(weight.numel(), PREFETCH_LINES * line_elements) if i < tiling.l2_prefetch else 0
+                         for i, weight in enumerate((o_w, gate_up_w, down_w))]
+    programs = (triton.cdiv(n_qkv, normed_n), rows * num_kv_heads * splits, *prefetch_programs, rows * w.num_heads,
                 triton.cdiv(hidden, skinny_n), triton.cdiv(intermediate, normed_n), triton.cdiv(hidden, skinny_n))
     group = w.num_heads // num_kv_heads
     block_g, attn_block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
@@ -404,7 +458,8 @@ def decode_layer(
         HAS_RESIDUAL=residual is not None, HAS_QKV_BIAS=w.qkv_bias is not None, QK_NORM=w.q_norm is not None,
         BLOCK_SIZE=block_size, GROUP=group, ONE_SPLIT=splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
         BLOCK_G=block_g, ATTN_BLOCK_N=attn_block_n, BLOCK_D=block_d, DOT_DTYPE=dot,
-        BLOCK_S=triton.next_power_of_2(MAX_SPLITS), PDL=pdl, SPIN_IN_PTX=not _interpreting(),
+        BLOCK_S=triton.next_power_of_2(MAX_SPLITS), PREFETCH_LINES=PREFETCH_LINES, LINE_ELEMENTS=line_elements,
+        PDL=pdl, INLINE_PTX=not _interpreting(),
         num_warps=tiling.num_warps, **launch_options(pdl),
     )
     return out, layer_residual

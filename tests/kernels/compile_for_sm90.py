@@ -79,7 +79,8 @@ def resource_usage(kernel) -> dict:
                                                                                           kernel.asm["ptx"])),
              "grid_dependency_ops": len(re.findall(r"\bgriddepcontrol\.", kernel.asm["ptx"])),
              "atomic_ops": len(re.findall(r"\batom\.", kernel.asm["ptx"])),
-             "spin_waits": len(re.findall(r"\bnanosleep\.", kernel.asm["ptx"]))}
+             "spin_waits": len(re.findall(r"\bnanosleep\.", kernel.asm["ptx"])),
+             "l2_prefetches": len(re.findall(r"\bprefetch\.global\.L2\b", kernel.asm["ptx"]))}
     if tool.exists():
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(kernel.asm["cubin"])

@@ -81,3 +81,17 @@ def test_the_one_launch_layer_waits_in_one_thread_a_program_between_its_phases(c
     GPU runs it; the interpreter's loop is not the one compiled."""
     rows = [r for r in compiled if r["kernel"] == "decode_layer_kernel"]
     assert rows and all(r["spin_waits"] == 5 for r in rows), [r["spin_waits"] for r in rows]
+
+
+@pytest.mark.slow
+def test_only_the_one_launch_layer_asks_the_l2_for_weights_ahead(compiled):
+    """Its three prefetch branches (o_proj, gate|up, down), each asking for PREFETCH_LINES lines a
+    program, one instruction a line a thread (`_ask_l2_for`), compiled whether a launch uses them
+    or not (how many programs prefetch is a launch argument); no other kernel prefetches."""
+    from fastgen.kernels.decode_layer import PREFETCH_LINES
+
+    for row in compiled:
+        if row["kernel"] == "decode_layer_kernel":
+            assert row["l2_prefetches"] == 3 * PREFETCH_LINES // (32 * row["num_warps"]), row
+        else:
+            assert row["l2_prefetches"] == 0, row

@@ -9,10 +9,18 @@ one launch's 8 warps may sum in another order than the separate kernels' 4."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from fastgen.kernels.decode_layer import DecodeLayerWeights, LayerCounters, decode_layer, decode_layer_in_six_launches
+from fastgen.kernels.decode_layer import (
+    DecodeLayerWeights,
+    LayerCounters,
+    decode_layer,
+    decode_layer_in_six_launches,
+    default_layer_tiling,
+)
 from tests.kernels.paged_cases import DEVICE
 from tests.kernels.test_decode_new_token import HEADS, KV_HEADS, step
 
@@ -77,6 +85,31 @@ def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediat
     assert not counters.sets.any(), counters.sets
 
 
+@pytest.mark.parametrize("l2_prefetch", [1, 2, 3])
+@pytest.mark.parametrize("lens", [[300], [1, 200]], ids=["three-splits", "two-rows"])
+def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_prefetch):
+    """With the products after attention asked into the L2 by programs of their own (which, with
+    no L2 under the interpreter, only take their tickets), every other phase's work is where it
+    was and the counters come back to zero."""
+    dtype, head_dim, hidden, intermediate = torch.float32, 64, 100, 164
+    _, _, _, k_cache, v_cache, tables, lens_t, positions, cos_sin, _, slots = step(dtype, head_dim, lens, seed=3)
+    gen = torch.Generator().manual_seed(5)
+    device = k_cache.device
+    w = layer_weights(dtype, head_dim, hidden, intermediate, True, False, gen, device)
+    x, residual = (torch.randn(len(lens), hidden, generator=gen).to(device) for _ in range(2))
+    args = (positions, cos_sin, k_cache, v_cache, tables, lens_t, slots, head_dim**-0.5)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    want, want_residual = decode_layer_in_six_launches(x, residual, w, *args[:2], k_ref, v_ref, *args[4:])
+    counters = LayerCounters(device)
+    tiling = replace(default_layer_tiling(hidden), l2_prefetch=l2_prefetch)
+    for launch in range(2):
+        got, got_residual = decode_layer(x, residual, w, *args, counters, tiling)
+        assert_same(got, want, f"launch {launch}")
+        assert_same(got_residual, want_residual, f"launch {launch}'s residual")
+    assert_same(k_cache.nan_to_num(7.0), k_ref.nan_to_num(7.0), "the K cache")
+    assert not counters.sets.any(), counters.sets
+
+
 def test_what_the_layer_kernel_does_not_take_is_refused():
     _, _, _, k_cache, v_cache, tables, lens, positions, cos_sin, _, slots = step(torch.float32, 32, [5])
     gen = torch.Generator().manual_seed(0)
@@ -92,3 +125,5 @@ def test_what_the_layer_kernel_does_not_take_is_refused():
         decode_layer(x.double(), None, w, *args)
     with pytest.raises(ValueError, match="counters must be"):
         decode_layer(x, None, w, *args[:-1], counters.sets[0])
+    with pytest.raises(ValueError, match="l2_prefetch is 4, at most the 3 products"):
+        decode_layer(x, None, w, *args, replace(default_layer_tiling(64), l2_prefetch=4))

@@ -43,8 +43,13 @@ def one_launch_layers(monkeypatch):
 @pytest.mark.parametrize("graphs", ["eager", pytest.param("captured", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="captures CUDA graphs"))])
 @pytest.mark.parametrize("family", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow)])
+# With the weights of the products after attention asked into the L2 (on a GPU only: under the
+# interpreter those programs only take tickets, which the kernel's own tests cover).
+@pytest.mark.parametrize("l2_prefetch", [0, pytest.param(3, marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the L2 prefetch is PTX"))])
 def test_decode_in_one_launch_a_layer_matches_transformers(tiny_models, reference, one_launch_layers, family,
-                                                          graphs):
+                                                          graphs, l2_prefetch, monkeypatch):
+    monkeypatch.setattr(decode_layer_module, "L2_PREFETCH_PRODUCTS", l2_prefetch)
     model = tiny_models[family]
     prompts = random_prompts([4, 150], seed=31)  # the long one attends over several splits
     llm = LLM(model, dtype="float32", attention_backend="triton", block_size=16, num_kv_blocks=64, max_num_seqs=2,
