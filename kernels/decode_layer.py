@@ -24,7 +24,11 @@ A launch's counters must be at zero when its first program draws a ticket. Each 
 (`LayerCounters`) keeps two sets and its launches take them in turn; a program lets the next
 launch start (programmatic dependent launch) only once the kernel in front has finished, so
 the launch two ahead, the next on the same set, starts after this one has finished and zeroed
-it. Launches of different layers use different counters. (In the engine a step's launches of a
+it. (Programs with nothing to wait for, split programs past their sequence's splits and the
+programs that ask the L2 for weights, end without waiting for the kernel in front; a program
+that ends counts as letting the next launch start, but every launch has q|k|v programs, which
+wait first, so the rule holds for the launch as a whole.) Launches of different layers use
+different counters. (In the engine a step's launches of a
 layer are further apart: kernels launched without programmatic dependence, which wait for
 everything before them, sit between them; each captured graph keeps the set it was captured
 with, and its replays never overlap.)
@@ -164,7 +168,7 @@ def decode_layer_kernel(
     HAS_RESIDUAL: tl.constexpr, HAS_QKV_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, ATTN_BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_S: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE_ELEMENTS: tl.constexpr,
+    BLOCK_S: tl.constexpr, LINES_A_PROGRAM: tl.constexpr, LINE_ELEMENTS: tl.constexpr,
     PDL: tl.constexpr, INLINE_PTX: tl.constexpr,
 ):
     """One program of the layer's grid: phase and work item from its ticket (the module's
@@ -226,13 +230,14 @@ def decode_layer_kernel(
         if INLINE_PTX:
             item = ticket - end_split
             if item < n_o_prefetch_programs:
-                _ask_l2_for(o_w_ptr, hidden * q_size, item, PREFETCH_LINES, LINE_ELEMENTS)
+                _ask_l2_for(o_w_ptr, hidden * q_size, item, LINES_A_PROGRAM, LINE_ELEMENTS)
             elif item < n_o_prefetch_programs + n_gate_up_prefetch_programs:
                 _ask_l2_for(gate_up_w_ptr, 2 * intermediate * hidden, item - n_o_prefetch_programs,
-                            PREFETCH_LINES, LINE_ELEMENTS)
+                            LINES_A_PROGRAM, LINE_ELEMENTS)
             else:
                 _ask_l2_for(down_w_ptr, hidden * intermediate,
-                            item - n_o_prefetch_programs - n_gate_up_prefetch_programs, PREFETCH_LINES, LINE_ELEMENTS)
+                            item - n_o_prefetch_programs - n_gate_up_prefetch_programs, LINES_A_PROGRAM,
+                            LINE_ELEMENTS)
     elif ticket < end_combine:
         # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
         _after_the_kernel_in_front(PDL)
@@ -286,7 +291,7 @@ def _interpreting() -> bool:
 
 
 # How many of the products after attention (o_proj, gate|up, down, in that order) have their
-# weights asked into the L2 as attention begins (`LayerTiling.l2_prefetch`). None until a GPU
+# weights asked into the L2 as attention begins (`LayerTiling.l2_prefetch`). Off (0) until a GPU
 # measures it (`benchmarks/gpu_decode_layer_sweep.py`, `gpu_decode.py --layer-l2-prefetch`).
 L2_PREFETCH_PRODUCTS = 0
 
@@ -296,10 +301,11 @@ class LayerTiling:
     """One launch's shape, shared by its phases: weight rows a program of the normed products
     (q|k|v, gate|up) and of the plain ones (o_proj, down) owns, and warps a program; and how many
     of the products after attention (0-3: o_proj, then gate|up, then down) programs of their own
-    ask the L2 to fetch ahead, after the q|k|v programs have started. At batch 1 or 2 attention
-    is a chain of short dependent steps (the new token, a few KV tiles, the combine) during which
-    the memory would idle but for the few weight tiles the waiting programs of later phases
-    hold; asked ahead, those products' weights stream in meanwhile and are read from the L2."""
+    ask the L2 to fetch ahead (their tickets follow the split programs': they start once every
+    q|k|v program has). At batch 1 or 2 attention is a chain of short dependent steps (the new
+    token, a few KV tiles, the combine) during which the memory would idle but for the few weight
+    tiles the waiting programs of later phases hold; asked ahead, those products' weights stream
+    in meanwhile and are read from the L2."""
 
     normed_block_n: int
     skinny_block_n: int
@@ -458,7 +464,7 @@ def decode_layer(
         HAS_RESIDUAL=residual is not None, HAS_QKV_BIAS=w.qkv_bias is not None, QK_NORM=w.q_norm is not None,
         BLOCK_SIZE=block_size, GROUP=group, ONE_SPLIT=splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
         BLOCK_G=block_g, ATTN_BLOCK_N=attn_block_n, BLOCK_D=block_d, DOT_DTYPE=dot,
-        BLOCK_S=triton.next_power_of_2(MAX_SPLITS), PREFETCH_LINES=PREFETCH_LINES, LINE_ELEMENTS=line_elements,
+        BLOCK_S=triton.next_power_of_2(MAX_SPLITS), LINES_A_PROGRAM=PREFETCH_LINES, LINE_ELEMENTS=line_elements,
         PDL=pdl, INLINE_PTX=not _interpreting(),
         num_warps=tiling.num_warps, **launch_options(pdl),
     )
