@@ -7,7 +7,8 @@ the split grid is sized from it, so most split programs find nothing to do, as i
 graphs). GPU time a layer: 40 layers in one CUDA graph, cycling through enough copies of the
 layer's weights and cache that each launch reads them from memory, not the L2; the one launch
 at its default tiling and at a few others, with the weights of the products after attention
-asked into the L2 ahead or not (`LayerTiling.l2_prefetch`). One JSON:
+asked into the L2 ahead or not (`LayerTiling.l2_prefetch`); and a launch's timeline, phase by
+phase (`LayerTrace`), at the default tiling with and without the L2 prefetch. One JSON:
 
     python3 benchmarks/gpu_decode_layer_sweep.py [--output FILE] [--tilings 8/8/8,8/2/8] [--table-reach 4096]
 """
@@ -15,7 +16,9 @@ asked into the L2 ahead or not (`LayerTiling.l2_prefetch`). One JSON:
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +31,7 @@ from fastgen.kernels.decode_layer import (  # noqa: E402
     DecodeLayerWeights,
     LayerCounters,
     LayerTiling,
+    LayerTrace,
     decode_layer,
     decode_layer_in_six_launches,
     default_layer_tiling,
@@ -79,10 +83,22 @@ def six_launches(layer, x, residual, step):
                                         step["slots"], HEAD_DIM**-0.5)
 
 
-def one_launch(layer, x, residual, step, tiling=None):
+def one_launch(layer, x, residual, step, tiling=None, trace=None):
     return decode_layer(x, residual, layer["weights"], step["positions"], step["cos_sin"], layer["k_cache"],
                         layer["v_cache"], layer["tables"], step["lens"], step["slots"], HEAD_DIM**-0.5,
-                        layer["counters"], tiling)
+                        layer["counters"], tiling, trace)
+
+
+def phase_timeline(layers, x, residual, step, tiling, launches: int = 9) -> dict:
+    """Where a launch's time goes (`LayerTrace`), phase by phase: the median over launches, one
+    at a time on layer copies the L2 does not hold, of each phase's figures."""
+    summaries = []
+    for i in range(launches):
+        trace = LayerTrace()
+        one_launch(layers[i % len(layers)], x, residual, step, tiling, trace)
+        summaries.append(trace.summary())
+    return {phase: {key: statistics.median(s[phase][key] for s in summaries) for key in figures}
+            for phase, figures in summaries[0].items()}
 
 
 def main() -> int:
@@ -120,6 +136,9 @@ def main() -> int:
         row["six_launches_us"] = time_us(lambda i: six_launches(layers[i], x, residual, step), copies)
         row["one_launch_us"] = time_us(lambda i: one_launch(layers[i], x, residual, step), copies)
         time_tilings(row, tilings, lambda tiling, i: one_launch(layers[i], x, residual, step, tiling), copies)
+        default = default_layer_tiling(HIDDEN)
+        row["phases"] = {f"l2_prefetch={n}": phase_timeline(layers, x, residual, step, replace(default, l2_prefetch=n))
+                         for n in (0, 3)}
         for key in ("six_launches", "one_launch"):  # the layer's weights at that rate (the cache adds 2 MB a row)
             row[f"{key}_weights_tb_per_s"] = layer_bytes / row[f"{key}_us"] / 1e6
         print(f"bs={rows}: six launches {row['six_launches_us']:.1f} us, one launch {row['one_launch_us']:.1f} us, "

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms
+from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms, splits_for_lengths
 from .normed_skinny_matmul import MAX_NORMED_K, normed_program, normed_skinny_matmul, normed_weight_tiles
 from .paged_decode_attention import NewToken, check_decode_args, paged_decode_attention, split_tiles
 from .paged_decode_kernels import combine_program, decode_split_program, splits_for
@@ -151,12 +151,23 @@ def _ask_l2_for(w_ptr, numel, part, LINES: tl.constexpr, LINE_ELEMENTS: tl.const
 
 
 @triton.jit
+def _clock_ns(ticket, TRACE: tl.constexpr, INLINE_PTX: tl.constexpr):
+    """The GPU's global clock in nanoseconds where the launch is traced (`LayerTrace`); 0 where
+    it is not, and under the interpreter."""
+    if TRACE and INLINE_PTX:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [ticket], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    else:
+        return ticket.to(tl.int64) * 0
+
+
+@triton.jit
 def decode_layer_kernel(
     x_ptr, res_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, block_tables_ptr, context_lens_ptr,
     k_cache_ptr, v_cache_ptr,
     in_norm_ptr, qkv_w_ptr, qkv_b_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
     qkv_ptr, attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, o_ptr, res1_ptr, act_ptr, out_ptr, res2_ptr,
-    counters_ptr,
+    counters_ptr, trace_ptr,
     M, hidden, intermediate, num_heads, num_kv_heads, eps, qk_eps, scale, grid_splits,
     n_qkv_programs, n_split_programs, n_o_prefetch_programs, n_gate_up_prefetch_programs, n_down_prefetch_programs,
     n_combine_programs, n_o_programs, n_gate_up_programs, n_down_programs,
@@ -169,11 +180,13 @@ def decode_layer_kernel(
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, ATTN_BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_S: tl.constexpr, LINES_A_PROGRAM: tl.constexpr, LINE_ELEMENTS: tl.constexpr,
-    PDL: tl.constexpr, INLINE_PTX: tl.constexpr,
+    PDL: tl.constexpr, INLINE_PTX: tl.constexpr, TRACE: tl.constexpr,
 ):
     """One program of the layer's grid: phase and work item from its ticket (the module's
     docstring). Rows of x are sequences; all buffers but the cache and weights are contiguous."""
     ticket = tl.atomic_add(counters_ptr + _TICKET, 1, sem="relaxed")
+    started = _clock_ns(ticket, TRACE, INLINE_PTX)
+    released = started  # when the program's phase work begins: after its wait
     q_size = num_heads * HEAD_DIM
     kv_size = num_kv_heads * HEAD_DIM
     n_qkv = q_size + 2 * kv_size
@@ -189,6 +202,7 @@ def decode_layer_kernel(
         qkv_tile, qkv_tile_again, in_norm = normed_weight_tiles(pid, qkv_w_ptr, in_norm_ptr, n_qkv, hidden, hidden,
                                                                 NORMED_BLOCK_N, NORMED_BLOCK_K, False)
         _after_the_kernel_in_front(PDL)  # x and the residual come from it
+        released = _clock_ns(ticket, TRACE, INLINE_PTX)
         normed_program(pid, qkv_tile, qkv_tile_again, in_norm, x_ptr, res_ptr, qkv_b_ptr, qkv_ptr, res1_ptr,
                        M, n_qkv, hidden, eps,
                        hidden, hidden, n_qkv, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
@@ -206,6 +220,7 @@ def decode_layer_kernel(
         # later phase's program, which starts streaming its weights.
         if split < splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS):
             _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs, INLINE_PTX)
+            released = _clock_ns(ticket, TRACE, INLINE_PTX)
             decode_split_program(
                 seq, kv_head, split,
                 qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
@@ -242,6 +257,7 @@ def decode_layer_kernel(
         # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
         _after_the_kernel_in_front(PDL)
         _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs, INLINE_PTX)
+        released = _clock_ns(ticket, TRACE, INLINE_PTX)
         item = ticket - end_prefetch
         combine_program((item // num_heads).to(tl.int64), item % num_heads, part_acc_ptr, part_max_ptr,
                         part_sum_ptr, context_lens_ptr, attn_ptr, q_size, HEAD_DIM, num_heads, grid_splits,
@@ -253,6 +269,7 @@ def decode_layer_kernel(
         o_tile = skinny_first_tile(pid, o_w_ptr, hidden, q_size, q_size, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K)
         _after_the_kernel_in_front(PDL)
         _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs, INLINE_PTX)
+        released = _clock_ns(ticket, TRACE, INLINE_PTX)
         skinny_program(pid, o_tile, attn_ptr, o_w_ptr, o_w_ptr, o_ptr, M, hidden, q_size, q_size, q_size, hidden,
                        ROWS, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K, False)
         _count_done(counters_ptr + _O_DONE)
@@ -264,6 +281,7 @@ def decode_layer_kernel(
                                                             hidden, NORMED_BLOCK_N, NORMED_BLOCK_K, True)
         _after_the_kernel_in_front(PDL)
         _wait_until(counters_ptr + _O_DONE, n_o_programs, INLINE_PTX)
+        released = _clock_ns(ticket, TRACE, INLINE_PTX)
         normed_program(pid, gate_tile, up_tile, post_norm, o_ptr, res1_ptr, o_ptr, act_ptr, res2_ptr,
                        M, intermediate, hidden,
                        eps, hidden, hidden, intermediate, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
@@ -276,8 +294,13 @@ def decode_layer_kernel(
                                       DOWN_BLOCK_K, DOWN_EVEN_K)
         _after_the_kernel_in_front(PDL)
         _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs, INLINE_PTX)
+        released = _clock_ns(ticket, TRACE, INLINE_PTX)
         skinny_program(pid, down_tile, act_ptr, down_w_ptr, down_w_ptr, out_ptr, M, hidden, intermediate, intermediate,
                        intermediate, hidden, ROWS, SKINNY_BLOCK_N, DOWN_BLOCK_K, DOWN_EVEN_K, False)
+    if TRACE:
+        times = tl.arange(0, 4)
+        when = tl.where(times == 0, started, tl.where(times == 1, released, _clock_ns(ticket, TRACE, INLINE_PTX)))
+        tl.store(trace_ptr + ticket.to(tl.int64) * 3 + times, when, mask=times < 3)
     # The last program to finish (every other one has stopped reading the counters) zeroes
     # them for the layer's next launch.
     finished = tl.atomic_add(counters_ptr + _FINISHED, 1, sem="acq_rel")
@@ -324,6 +347,47 @@ def default_layer_tiling(hidden: int) -> LayerTiling:
     bytes in flight; eight rows keep 16 KB a program. Chosen from registers, not yet timed.
     L2 prefetch: `L2_PREFETCH_PRODUCTS`."""
     return LayerTiling(8 if hidden <= 1024 else 2, 8, 8, L2_PREFETCH_PRODUCTS)
+
+
+class LayerTrace:
+    """Where one launch's time went (`decode_layer(..., trace=)`), for benchmarks: for each
+    program, in ticket order, when it started, began its phase's work (after its wait) and ended,
+    on the GPU's global clock (zeros under the interpreter), and its phase (`PHASES`; a split
+    program past its sequence's splits is an idle split)."""
+
+    PHASES = ("q|k|v", "split", "idle split", "prefetch", "combine", "o_proj", "gate|up", "down")
+
+    def __init__(self):
+        self.times: torch.Tensor | None = None  # int64 [programs, 3]: started, began, ended (ns)
+        self.phases: torch.Tensor | None = None  # int64 [programs], an index into PHASES
+
+    def start(self, programs, splits_used: torch.Tensor, num_kv_heads: int, grid_splits: int,
+              device: torch.device) -> None:
+        """Ready for a launch of `programs` (its phases' program counts, in ticket order);
+        splits_used: the splits each sequence uses."""
+        qkv, split, prefetch_o, prefetch_gate_up, prefetch_down, combine, o, gate_up, down = programs
+        counts = (qkv, split, prefetch_o + prefetch_gate_up + prefetch_down, combine, o, gate_up, down)
+        phases = torch.repeat_interleave(torch.tensor([0, 1, 3, 4, 5, 6, 7]), torch.tensor(counts))
+        item = torch.arange(split)
+        idle = item % grid_splits >= splits_used.long()[item // (num_kv_heads * grid_splits)]
+        phases[qkv:qkv + split][idle] = 2
+        self.phases = phases
+        self.times = torch.zeros(sum(counts), 3, dtype=torch.int64, device=device)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per phase: programs, and in microseconds from the launch's first start: its first and
+        last start, its last program's beginning of work and its last end (waits for the GPU)."""
+        times = self.times.cpu()
+        times = times - times[:, 0].min()
+        out = {}
+        for index, name in enumerate(self.PHASES):
+            phase = times[self.phases == index]
+            if len(phase):
+                out[name] = {"programs": len(phase), "first_start_us": phase[:, 0].min().item() / 1e3,
+                             "last_start_us": phase[:, 0].max().item() / 1e3,
+                             "last_began_us": phase[:, 1].max().item() / 1e3,
+                             "last_end_us": phase[:, 2].max().item() / 1e3}
+        return out
 
 
 @dataclass(frozen=True)
@@ -394,6 +458,7 @@ def decode_layer(
     scale: float,
     counters: LayerCounters,
     tiling: LayerTiling | None = None,
+    trace: LayerTrace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A decode step of one Llama-family layer in one launch: (down_proj's output, the new
     residual), as the layer computes them from x and residual (None for the first layer, whose
@@ -402,7 +467,9 @@ def decode_layer(
     slot_mapping [rows], -1 stores nothing), `skinny_matmul`, the SwiGLU `normed_skinny_matmul`
     and `skinny_matmul` again. Row i is sequence i (block_tables [rows, width] int32,
     context_lens [rows] int32, the new token included). counters: this layer's, used by no
-    other layer. ValueError for what it does not take."""
+    other layer. trace: filled with when each program started, began its phase's work and
+    ended (for benchmarks: it reads the context lengths back, a sync). ValueError for what it
+    does not take."""
     w = weights
     check_decode_layer_args(x, residual, w)
     rows, hidden = x.shape
@@ -443,6 +510,8 @@ def decode_layer(
                          for i, weight in enumerate((o_w, gate_up_w, down_w))]
     programs = (triton.cdiv(n_qkv, normed_n), rows * num_kv_heads * splits, *prefetch_programs, rows * w.num_heads,
                 triton.cdiv(hidden, skinny_n), triton.cdiv(intermediate, normed_n), triton.cdiv(hidden, skinny_n))
+    if trace is not None:
+        trace.start(programs, splits_for_lengths(context_lens, splits).cpu(), num_kv_heads, splits, x.device)
     group = w.num_heads // num_kv_heads
     block_g, attn_block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
     pdl = programmatic_launch(x.device)
@@ -453,7 +522,7 @@ def decode_layer(
         x if w.q_norm is None else w.q_norm, x if w.k_norm is None else w.k_norm,
         o_w, post_norm, gate_up_w, down_w,
         qkv, attn, part_acc, part_max, part_sum, o_out, new_residual, act, out, layer_residual,
-        counters.take(),
+        counters.take(), trace.times if trace is not None else counters.sets,
         rows, hidden, intermediate, w.num_heads, num_kv_heads, w.eps, w.qk_eps, scale, splits,
         *programs,
         *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0), cos_sin.stride(0),
@@ -465,7 +534,7 @@ def decode_layer(
         BLOCK_SIZE=block_size, GROUP=group, ONE_SPLIT=splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
         BLOCK_G=block_g, ATTN_BLOCK_N=attn_block_n, BLOCK_D=block_d, DOT_DTYPE=dot,
         BLOCK_S=triton.next_power_of_2(MAX_SPLITS), LINES_A_PROGRAM=PREFETCH_LINES, LINE_ELEMENTS=line_elements,
-        PDL=pdl, INLINE_PTX=not _interpreting(),
+        PDL=pdl, INLINE_PTX=not _interpreting(), TRACE=trace is not None,
         num_warps=tiling.num_warps, **launch_options(pdl),
     )
     return out, layer_residual

@@ -80,7 +80,8 @@ def resource_usage(kernel) -> dict:
              "grid_dependency_ops": len(re.findall(r"\bgriddepcontrol\.", kernel.asm["ptx"])),
              "atomic_ops": len(re.findall(r"\batom\.", kernel.asm["ptx"])),
              "spin_waits": len(re.findall(r"\bnanosleep\.", kernel.asm["ptx"])),
-             "l2_prefetches": len(re.findall(r"\bprefetch\.global\.L2\b", kernel.asm["ptx"]))}
+             "l2_prefetches": len(re.findall(r"\bprefetch\.global\.L2\b", kernel.asm["ptx"])),
+             "clock_reads": len(re.findall(r"%globaltimer\b", kernel.asm["ptx"]))}
     if tool.exists():
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(kernel.asm["cubin"])
@@ -205,7 +206,7 @@ def _normed_products():
 def _decode_layers():
     """A whole layer's decode step in one launch at Qwen3-0.6B's, Qwen2-0.5B's and Llama-3.2-1B's
     shapes (hidden, heads, KV heads, head dim, intermediate), one and two rows."""
-    from fastgen.kernels.decode_layer import DecodeLayerWeights, LayerCounters, decode_layer
+    from fastgen.kernels.decode_layer import DecodeLayerWeights, LayerCounters, LayerTrace, decode_layer
 
     shapes = {"qwen3-0.6b": (1024, 16, 8, 128, 3072, True, False), "qwen2-0.5b": (896, 14, 2, 64, 4864, False, True),
               "llama-3.2-1b": (2048, 32, 8, 64, 8192, False, False)}
@@ -227,6 +228,9 @@ def _decode_layers():
                         torch.zeros(rows, dtype=torch.int64), 0.1, LayerCounters(torch.device("cpu")))
                 tag = {"dtype": str(dtype).split(".")[1], "layer": name, "rows": rows}
                 yield from with_and_without_pdl(tag, lambda x=x, w=w, a=args: decode_layer(x, x, w, *a))
+                if dtype == torch.bfloat16 and rows == 1:  # traced, as the layer sweep runs it once
+                    yield tag | {"traced": True}, lambda x=x, w=w, a=args: decode_layer(x, x, w, *a, None,
+                                                                                          LayerTrace())
 
 
 def main() -> int:

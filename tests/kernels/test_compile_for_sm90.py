@@ -95,3 +95,11 @@ def test_only_the_one_launch_layer_asks_the_l2_for_weights_ahead(compiled):
             assert row["l2_prefetches"] == 3 * PREFETCH_LINES // (32 * row["num_warps"]), row
         else:
             assert row["l2_prefetches"] == 0, row
+
+
+@pytest.mark.slow
+def test_only_a_traced_one_launch_layer_reads_the_clock(compiled):
+    """`LayerTrace`'s launches read the GPU's global clock (at a program's start, after its wait,
+    at its end); no launch that is not traced reads it."""
+    for row in compiled:
+        assert (row["clock_reads"] > 0) == bool(row["config"].get("traced")), row

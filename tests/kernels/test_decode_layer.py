@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from fastgen.kernels.decode_layer import (
+    PREFETCH_LINES,
     DecodeLayerWeights,
     LayerCounters,
+    LayerTrace,
     decode_layer,
     decode_layer_in_six_launches,
     default_layer_tiling,
@@ -85,11 +87,14 @@ def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediat
     assert not counters.sets.any(), counters.sets
 
 
-@pytest.mark.parametrize("lens,l2_prefetch", [([300], 1), ([1, 200], 3)], ids=["three-splits-o", "two-rows-all"])
-def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_prefetch):
+@pytest.mark.parametrize("lens,l2_prefetch,traced", [([300], 1, False), ([1, 200], 3, True)],
+                         ids=["three-splits-o", "two-rows-all-traced"])
+def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_prefetch, traced):
     """With the products after attention asked into the L2 by programs of their own (which, with
     no L2 under the interpreter, only take their tickets), every other phase's work is where it
-    was and the counters come back to zero."""
+    was and the counters come back to zero; so too when the launch is traced (`LayerTrace`),
+    whose record names each program's phase and, on a GPU, shows each phase's waiting programs
+    beginning their work only after every program of the phase they wait for has started."""
     dtype, head_dim, hidden, intermediate = torch.float32, 64, 100, 164
     _, _, _, k_cache, v_cache, tables, lens_t, positions, cos_sin, _, slots = step(dtype, head_dim, lens, seed=3)
     gen = torch.Generator().manual_seed(5)
@@ -101,12 +106,37 @@ def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_
     want, want_residual = decode_layer_in_six_launches(x, residual, w, *args[:2], k_ref, v_ref, *args[4:])
     counters = LayerCounters(device)
     tiling = replace(default_layer_tiling(hidden), l2_prefetch=l2_prefetch)
+    trace = LayerTrace() if traced else None
     for launch in range(2):
-        got, got_residual = decode_layer(x, residual, w, *args, counters, tiling)
+        got, got_residual = decode_layer(x, residual, w, *args, counters, tiling, trace)
         assert_same(got, want, f"launch {launch}")
         assert_same(got_residual, want_residual, f"launch {launch}'s residual")
     assert_same(k_cache.nan_to_num(7.0), k_ref.nan_to_num(7.0), "the K cache")
     assert not counters.sets.any(), counters.sets
+    if traced:
+        check_trace(trace, lens, hidden, intermediate, head_dim, splits=3, l2_prefetch=l2_prefetch)
+
+
+def check_trace(trace, lens, hidden, intermediate, head_dim, splits, l2_prefetch):
+    """The trace's phases have the launch's program counts (splits: the grid's, which the
+    cases' 24-block tables cap at 3), and its times respect the waits."""
+    rows_per = default_layer_tiling(hidden)
+    used = [min(max(-(-n // 128), 1), splits) for n in lens]  # 128 tokens a split
+    weight_bytes = [hidden * HEADS * head_dim * 4, 2 * intermediate * hidden * 4, hidden * intermediate * 4]
+    want = {"q|k|v": -(-(HEADS + 2 * KV_HEADS) * head_dim // rows_per.normed_block_n),
+            "split": sum(used) * KV_HEADS, "idle split": (len(lens) * splits - sum(used)) * KV_HEADS,
+            "prefetch": sum(-(-b // (PREFETCH_LINES * 128)) for b in weight_bytes[:l2_prefetch]),
+            "combine": len(lens) * HEADS, "o_proj": -(-hidden // rows_per.skinny_block_n),
+            "gate|up": -(-intermediate // rows_per.normed_block_n), "down": -(-hidden // rows_per.skinny_block_n)}
+    assert {name: phase["programs"] for name, phase in trace.summary().items()} == want
+    times, phases = trace.times.cpu(), trace.phases
+    assert (times[:, 0] <= times[:, 1]).all() and (times[:, 1] <= times[:, 2]).all()
+    waits = {"split": ["q|k|v"], "combine": ["split", "idle split"], "o_proj": ["combine"], "gate|up": ["o_proj"],
+             "down": ["gate|up"]}
+    for waiting, waited_for in waits.items():
+        began = times[phases == LayerTrace.PHASES.index(waiting), 1].min()
+        for name in waited_for:
+            assert began >= times[phases == LayerTrace.PHASES.index(name), 0].max(), (waiting, name)
 
 
 def test_what_the_layer_kernel_does_not_take_is_refused():
