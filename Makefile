@@ -82,9 +82,10 @@ gpu-switches:
 # layer (`kernels/decode_layer.py`, off by default until this measures it): its tests first,
 # under a time limit (a wrong wait would hang: then nothing else runs), then, whether they
 # passed or not, one layer alone against its six launches at a few tilings
-# (`gpu-decode-layer-sweep-<gpu>.json`, with and without the L2 prefetch) and the decode step
-# with it off, on, and on with the weights of the three products after attention asked into the
-# L2 (one JSON each: `-one-launch-off`, `-one-launch-on`, `-one-launch-on-l2-3`) (~5-7 min,
+# (`gpu-decode-layer-sweep-<gpu>.json`, with and without the L2 prefetch, and a launch's
+# timeline phase by phase) and the decode step with it off, on, and on with the weights of the
+# three products after attention (and the next layer's q|k|v) asked into the L2 (one JSON each:
+# `-one-launch-off`, `-one-launch-on`, `-one-launch-on-l2-3`, `-one-launch-on-l2-4`) (~6-8 min,
 # compiles included).
 gpu-one-launch:
 	failed=0; $(GPU_ENV) timeout -k 15 420 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -rfEs \
@@ -95,7 +96,7 @@ gpu-one-launch:
 	$(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode_layer_sweep.py \
 		--output $(GPU_RESULTS)/gpu-decode-layer-sweep-$$($(GPU_PYTHON) -c "import re, torch; \
 		print(re.sub('[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))").json || failed=1; \
-	for variant in off:0 on:0 on:3; do layers=$${variant%:*}; l2=$${variant#*:}; \
+	for variant in off:0 on:0 on:3 on:4; do layers=$${variant%:*}; l2=$${variant#*:}; \
 		$(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
 			--sections graphs,kernels --quick --batch-sizes 1,2 --long-context 0 --one-launch-layers $$layers \
 			--layer-l2-prefetch $$l2 --suffix=-one-launch-$$layers$$([ $$l2 = 0 ] || echo -l2-$$l2) || failed=1; \

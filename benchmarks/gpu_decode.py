@@ -291,9 +291,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a step's inputs sent in one packed transfer, or one copy a buffer (the default)")
     p.add_argument("--one-launch-layers", choices=("on", "off"), default="off",
                    help="each layer's decode step of one or two rows in one launch, or in six (the default)")
-    p.add_argument("--layer-l2-prefetch", type=int, choices=range(4), default=0,
+    p.add_argument("--layer-l2-prefetch", type=int, choices=range(5), default=0,
                    help="with one-launch layers: how many of the products after attention (o_proj, gate|up, "
-                        "down) have their weights asked into the L2 as attention begins (default 0)")
+                        "down, the next layer's q|k|v) have their weights asked into the L2 as attention begins "
+                        "(default 0)")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     args.quant_batch_sizes = [int(b) for b in args.quant_batch_sizes.split(",") if b]

@@ -7,8 +7,9 @@ the split grid is sized from it, so most split programs find nothing to do, as i
 graphs). GPU time a layer: 40 layers in one CUDA graph, cycling through enough copies of the
 layer's weights and cache that each launch reads them from memory, not the L2; the one launch
 at its default tiling and at a few others, with the weights of the products after attention
-asked into the L2 ahead or not (`LayerTiling.l2_prefetch`); and a launch's timeline, phase by
-phase (`LayerTrace`), at the default tiling with and without the L2 prefetch. One JSON:
+asked into the L2 ahead or not, and the next copy's q|k|v too (`LayerTiling.l2_prefetch`); and a
+launch's timeline, phase by phase (`LayerTrace`), at the default tiling with and without the L2
+prefetch. One JSON:
 
     python3 benchmarks/gpu_decode_layer_sweep.py [--output FILE] [--tilings 8/8/8,8/2/8] [--table-reach 4096]
 """
@@ -43,7 +44,7 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 1024, 16, 8, 128, 3072
 BLOCK, CONTEXT = 256, 512
 EPS = 1e-6
 # normed rows / plain rows / warps [/ products after attention asked into the L2]
-DEFAULT_TILINGS = "8/8/8,8/2/8,8/4/8,4/8/8,8/8/4,8/8/8/1,8/8/8/2,8/8/8/3"
+DEFAULT_TILINGS = "8/8/8,8/2/8,8/4/8,4/8/8,8/8/4,8/8/8/1,8/8/8/2,8/8/8/3,8/8/8/4"
 
 
 def parse_tilings(text: str) -> list[LayerTiling]:
@@ -121,6 +122,8 @@ def main() -> int:
     copies = max(1, -(-256 * 2**20 // layer_bytes))
     for rows in (1, 2):
         layers = [layer_copy(device, rows, args.table_reach, gen) for _ in range(copies)]
+        for i, layer in enumerate(layers):  # launch i + 1 runs the next copy: its q|k|v is the one to prefetch
+            layer["weights"] = replace(layer["weights"], next_qkv=layers[(i + 1) % copies]["weights"].qkv)
         # Each row's newest token at the end of its context, in its last block.
         step = {"lens": torch.full((rows,), CONTEXT, dtype=torch.int32, device=device),
                 "positions": torch.full((rows,), CONTEXT - 1, dtype=torch.int64, device=device),
@@ -138,7 +141,7 @@ def main() -> int:
         time_tilings(row, tilings, lambda tiling, i: one_launch(layers[i], x, residual, step, tiling), copies)
         default = default_layer_tiling(HIDDEN)
         row["phases"] = {f"l2_prefetch={n}": phase_timeline(layers, x, residual, step, replace(default, l2_prefetch=n))
-                         for n in (0, 3)}
+                         for n in (0, 3, 4)}
         for key in ("six_launches", "one_launch"):  # the layer's weights at that rate (the cache adds 2 MB a row)
             row[f"{key}_weights_tb_per_s"] = layer_bytes / row[f"{key}_us"] / 1e6
         print(f"bs={rows}: six launches {row['six_launches_us']:.1f} us, one launch {row['one_launch_us']:.1f} us, "

@@ -166,10 +166,12 @@ def decode_layer_kernel(
     x_ptr, res_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, block_tables_ptr, context_lens_ptr,
     k_cache_ptr, v_cache_ptr,
     in_norm_ptr, qkv_w_ptr, qkv_b_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
+    next_qkv_w_ptr,
     qkv_ptr, attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, o_ptr, res1_ptr, act_ptr, out_ptr, res2_ptr,
     counters_ptr, trace_ptr,
     M, hidden, intermediate, num_heads, num_kv_heads, eps, qk_eps, scale, grid_splits,
-    n_qkv_programs, n_split_programs, n_o_prefetch_programs, n_gate_up_prefetch_programs, n_down_prefetch_programs,
+    n_qkv_programs, n_split_programs,
+    n_o_prefetch_programs, n_gate_up_prefetch_programs, n_down_prefetch_programs, n_next_qkv_prefetch_programs,
     n_combine_programs, n_o_programs, n_gate_up_programs, n_down_programs,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt, stride_cs,
     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -192,7 +194,8 @@ def decode_layer_kernel(
     n_qkv = q_size + 2 * kv_size
     end_qkv = n_qkv_programs
     end_split = end_qkv + n_split_programs
-    end_prefetch = end_split + n_o_prefetch_programs + n_gate_up_prefetch_programs + n_down_prefetch_programs
+    end_prefetch = (end_split + n_o_prefetch_programs + n_gate_up_prefetch_programs + n_down_prefetch_programs
+                    + n_next_qkv_prefetch_programs)
     end_combine = end_prefetch + n_combine_programs
     end_o = end_combine + n_o_programs
     end_gate_up = end_o + n_gate_up_programs
@@ -243,16 +246,19 @@ def decode_layer_kernel(
         # so that they stream in while attention's chain of short steps leaves the memory idle.
         # Weights are never written, so there is nothing to wait for (the interpreter has no L2).
         if INLINE_PTX:
-            item = ticket - end_split
-            if item < n_o_prefetch_programs:
-                _ask_l2_for(o_w_ptr, hidden * q_size, item, LINES_A_PROGRAM, LINE_ELEMENTS)
-            elif item < n_o_prefetch_programs + n_gate_up_prefetch_programs:
-                _ask_l2_for(gate_up_w_ptr, 2 * intermediate * hidden, item - n_o_prefetch_programs,
-                            LINES_A_PROGRAM, LINE_ELEMENTS)
-            else:
-                _ask_l2_for(down_w_ptr, hidden * intermediate,
-                            item - n_o_prefetch_programs - n_gate_up_prefetch_programs, LINES_A_PROGRAM,
-                            LINE_ELEMENTS)
+            # o_proj's parts first, then gate|up's, down's and the next layer's q|k|v.
+            part = ticket - end_split
+            weight, numel = o_w_ptr, hidden * q_size
+            if part >= n_o_prefetch_programs:
+                part -= n_o_prefetch_programs
+                weight, numel = gate_up_w_ptr, 2 * intermediate * hidden
+                if part >= n_gate_up_prefetch_programs:
+                    part -= n_gate_up_prefetch_programs
+                    weight, numel = down_w_ptr, hidden * intermediate
+                    if part >= n_down_prefetch_programs:
+                        part -= n_down_prefetch_programs
+                        weight, numel = next_qkv_w_ptr, n_qkv * hidden
+            _ask_l2_for(weight, numel, part, LINES_A_PROGRAM, LINE_ELEMENTS)
     elif ticket < end_combine:
         # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
         _after_the_kernel_in_front(PDL)
@@ -313,9 +319,10 @@ def _interpreting() -> bool:
     return not isinstance(decode_layer_kernel, triton.runtime.JITFunction)
 
 
-# How many of the products after attention (o_proj, gate|up, down, in that order) have their
-# weights asked into the L2 as attention begins (`LayerTiling.l2_prefetch`). Off (0) until a GPU
-# measures it (`benchmarks/gpu_decode_layer_sweep.py`, `gpu_decode.py --layer-l2-prefetch`).
+# How many of the products after attention (o_proj, gate|up, down, then the next layer's q|k|v)
+# have their weights asked into the L2 as attention begins (`LayerTiling.l2_prefetch`). Off (0)
+# until a GPU measures it (`benchmarks/gpu_decode_layer_sweep.py`, `gpu_decode.py
+# --layer-l2-prefetch`).
 L2_PREFETCH_PRODUCTS = 0
 
 
@@ -323,12 +330,14 @@ L2_PREFETCH_PRODUCTS = 0
 class LayerTiling:
     """One launch's shape, shared by its phases: weight rows a program of the normed products
     (q|k|v, gate|up) and of the plain ones (o_proj, down) owns, and warps a program; and how many
-    of the products after attention (0-3: o_proj, then gate|up, then down) programs of their own
-    ask the L2 to fetch ahead (their tickets follow the split programs': they start once every
-    q|k|v program has). At batch 1 or 2 attention is a chain of short dependent steps (the new
-    token, a few KV tiles, the combine) during which the memory would idle but for the few weight
-    tiles the waiting programs of later phases hold; asked ahead, those products' weights stream
-    in meanwhile and are read from the L2."""
+    of the products after attention (0-4: o_proj, then gate|up, down, and the next layer's q|k|v
+    where `DecodeLayerWeights.next_qkv` names it) programs of their own ask the L2 to fetch ahead
+    (their tickets follow the split programs': they start once every q|k|v program has). At
+    batch 1 or 2 attention is a chain of short dependent steps (the new token, a few KV tiles,
+    the combine) during which the memory would idle but for the few weight tiles the waiting
+    programs of later phases hold; asked ahead, those products' weights stream in meanwhile and
+    are read from the L2, and the next layer's q|k|v, asked too, streams in while this layer
+    ends and the next begins (a kernel boundary, where the memory idles again)."""
 
     normed_block_n: int
     skinny_block_n: int
@@ -365,8 +374,8 @@ class LayerTrace:
               device: torch.device) -> None:
         """Ready for a launch of `programs` (its phases' program counts, in ticket order);
         splits_used: the splits each sequence uses."""
-        qkv, split, prefetch_o, prefetch_gate_up, prefetch_down, combine, o, gate_up, down = programs
-        counts = (qkv, split, prefetch_o + prefetch_gate_up + prefetch_down, combine, o, gate_up, down)
+        qkv, split, *prefetch, combine, o, gate_up, down = programs
+        counts = (qkv, split, sum(prefetch), combine, o, gate_up, down)
         phases = torch.repeat_interleave(torch.tensor([0, 1, 3, 4, 5, 6, 7]), torch.tensor(counts))
         item = torch.arange(split)
         idle = item % grid_splits >= splits_used.long()[item // (num_kv_heads * grid_splits)]
@@ -396,7 +405,9 @@ class DecodeLayerWeights:
     input_norm [hidden]; qkv [(heads + 2 kv_heads) head_dim, hidden] (q|k|v rows) and its
     optional bias; q_norm / k_norm [head_dim] (Qwen3) or None; o [hidden, heads head_dim];
     post_norm [hidden]; gate_up [2 intermediate, hidden] (gate rows, then up); down
-    [hidden, intermediate]. eps: both RMSNorms'; qk_eps: the per-head norms'."""
+    [hidden, intermediate]. eps: both RMSNorms'; qk_eps: the per-head norms'. next_qkv: the
+    q|k|v weight of the layer after this one, contiguous, or None: only ever asked into the L2
+    (`LayerTiling.l2_prefetch` 4)."""
 
     input_norm: torch.Tensor
     qkv: torch.Tensor
@@ -412,6 +423,7 @@ class DecodeLayerWeights:
     head_dim: int
     eps: float
     qk_eps: float
+    next_qkv: torch.Tensor | None = None
 
 
 def check_decode_layer_args(x: torch.Tensor, residual: torch.Tensor | None, w: DecodeLayerWeights) -> None:
@@ -430,16 +442,20 @@ def check_decode_layer_args(x: torch.Tensor, residual: torch.Tensor | None, w: D
         "gate_up": (tuple(w.gate_up.shape), (2 * intermediate, hidden)),
         "down": (tuple(w.down.shape), (hidden, intermediate)),
         "qkv_bias": (None if w.qkv_bias is None else tuple(w.qkv_bias.shape), (q_size + 2 * kv_size,)),
+        "next_qkv": (None if w.next_qkv is None else tuple(w.next_qkv.shape), (q_size + 2 * kv_size, hidden)),
     }
     for name, (got, want) in expected.items():
         if got is not None and got != want:
             raise ValueError(f"decode_layer: {name} has shape {got}, the layer needs {want}")
     if hidden > MAX_NORMED_K:
         raise ValueError(f"decode_layer: hidden size {hidden}, at most {MAX_NORMED_K}")
-    tensors = [x, residual, w.input_norm, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.o, w.post_norm, w.gate_up, w.down]
+    tensors = [x, residual, w.input_norm, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.o, w.post_norm, w.gate_up, w.down,
+               w.next_qkv]
     dtypes = {t.dtype for t in tensors if t is not None}
     if x.dtype not in TL_DTYPES or len(dtypes) != 1:
         raise ValueError(f"decode_layer: dtypes {sorted(map(str, dtypes))} must be one of {list(TL_DTYPES)}")
+    if w.next_qkv is not None and (not w.next_qkv.is_contiguous() or w.next_qkv.device != x.device):
+        raise ValueError(f"decode_layer: next_qkv must be contiguous on {x.device}")
     if w.num_heads % w.num_kv_heads:
         raise ValueError(f"decode_layer: {w.num_heads} heads are not a multiple of {w.num_kv_heads} KV heads")
 
@@ -500,14 +516,16 @@ def decode_layer(
     layer_residual = torch.empty_like(x)
 
     tiling = tiling or default_layer_tiling(hidden)
-    if tiling.l2_prefetch not in range(4):
-        raise ValueError(f"decode_layer: l2_prefetch is {tiling.l2_prefetch}, at most the 3 products after attention")
+    if tiling.l2_prefetch not in range(5):
+        raise ValueError(f"decode_layer: l2_prefetch is {tiling.l2_prefetch}, at most 4 (the 3 products after "
+                         f"attention and the next layer's q|k|v)")
     normed_n, skinny_n = tiling.normed_block_n, tiling.skinny_block_n
     # The plain products step through K as the separate kernel does.
     o_block_k, down_block_k = default_skinny_tiling(q_size).block_k, default_skinny_tiling(intermediate).block_k
     line_elements = L2_LINE_BYTES // x.element_size()
-    prefetch_programs = [triton.cdiv(weight.numel(), PREFETCH_LINES * line_elements) if i < tiling.l2_prefetch else 0
-                         for i, weight in enumerate((o_w, gate_up_w, down_w))]
+    prefetch_programs = [triton.cdiv(weight.numel(), PREFETCH_LINES * line_elements)
+                         if i < tiling.l2_prefetch and weight is not None else 0
+                         for i, weight in enumerate((o_w, gate_up_w, down_w, w.next_qkv))]
     programs = (triton.cdiv(n_qkv, normed_n), rows * num_kv_heads * splits, *prefetch_programs, rows * w.num_heads,
                 triton.cdiv(hidden, skinny_n), triton.cdiv(intermediate, normed_n), triton.cdiv(hidden, skinny_n))
     if trace is not None:
@@ -520,7 +538,7 @@ def decode_layer(
         k_cache, v_cache,
         input_norm, qkv_w, qkv_w if w.qkv_bias is None else w.qkv_bias.contiguous(),
         x if w.q_norm is None else w.q_norm, x if w.k_norm is None else w.k_norm,
-        o_w, post_norm, gate_up_w, down_w,
+        o_w, post_norm, gate_up_w, down_w, qkv_w if w.next_qkv is None else w.next_qkv,
         qkv, attn, part_acc, part_max, part_sum, o_out, new_residual, act, out, layer_residual,
         counters.take(), trace.times if trace is not None else counters.sets,
         rows, hidden, intermediate, w.num_heads, num_kv_heads, w.eps, w.qk_eps, scale, splits,

@@ -29,7 +29,7 @@ from fastgen.layers.rotary import RotaryEmbedding, rope_table_positions
 from fastgen.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from fastgen.models.llama_family_config import LlamaFamilyConfig
 from fastgen.models.loader import CheckpointFormat
-from fastgen.models.one_launch_layer import one_launch_decode
+from fastgen.models.one_launch_layer import link_next_layers, one_launch_decode
 from fastgen.parallel.group import SINGLE_RANK, TensorParallelGroup
 from fastgen.parallel.sharding import even_shard, kv_head_shard
 
@@ -130,6 +130,7 @@ class LlamaFamilyForCausalLM(nn.Module):
         rotary = RotaryEmbedding(cfg.head_dim, positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, backend, ops, tp) for _ in range(cfg.num_layers))
+        link_next_layers(self.layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
         if cfg.tie_word_embeddings:

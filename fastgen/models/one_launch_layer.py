@@ -67,10 +67,31 @@ def one_launch_decode(layer: DecoderLayer, positions: torch.Tensor, x: torch.Ten
         q_norm=attn.q_norm.weight if attn.qk_norm else None, k_norm=attn.k_norm.weight if attn.qk_norm else None,
         o=attn.o_proj.weight, post_norm=layer.post_attention_layernorm.weight, gate_up=mlp.gate_up_proj.weight,
         down=mlp.down_proj.weight, num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
-        eps=layer.input_layernorm.eps, qk_eps=attn.q_norm.eps if attn.qk_norm else 0.0)
+        eps=layer.input_layernorm.eps, qk_eps=attn.q_norm.eps if attn.qk_norm else 0.0,
+        next_qkv=_next_layer_qkv(layer, x.dtype))
     k_cache, v_cache = kv
     return decode_layer(x, residual, weights, positions, attn.rotary.cos_sin, k_cache, v_cache, meta.block_tables,
                         meta.context_lens, meta.slot_mapping, attn.attn.scale, _layer_counters(layer, x.device))
+
+
+def link_next_layers(layers) -> None:
+    """Let each layer's launch find the layer after it, whose q|k|v weight it may ask into the L2
+    ahead (`LayerTiling.l2_prefetch`): a plain attribute, out of the module tree, so that state
+    dicts and module walks do not see the next layer twice."""
+    for layer, after in zip(layers, layers[1:]):
+        layer.__dict__["_one_launch_next"] = after
+
+
+def _next_layer_qkv(layer: DecoderLayer, dtype: torch.dtype) -> torch.Tensor | None:
+    """The next layer's q|k|v weight as the kernel may prefetch it (float, x's dtype, contiguous),
+    or None (the last layer, or a weight it does not take)."""
+    after = layer.__dict__.get("_one_launch_next")
+    if after is None:
+        return None
+    qkv = after.self_attn.qkv_proj
+    if qkv.quant_format is not None or qkv.weight.dtype != dtype or not qkv.weight.is_contiguous():
+        return None
+    return qkv.weight
 
 
 def _layer_counters(layer: DecoderLayer, device: torch.device) -> LayerCounters:

@@ -85,14 +85,14 @@ def test_the_one_launch_layer_waits_in_one_thread_a_program_between_its_phases(c
 
 @pytest.mark.slow
 def test_only_the_one_launch_layer_asks_the_l2_for_weights_ahead(compiled):
-    """Its three prefetch branches (o_proj, gate|up, down), each asking for PREFETCH_LINES lines a
-    program, one instruction a line a thread (`_ask_l2_for`), compiled whether a launch uses them
-    or not (how many programs prefetch is a launch argument); no other kernel prefetches."""
+    """Its prefetching programs ask for PREFETCH_LINES lines of whichever weight is theirs, one
+    instruction a line a thread (`_ask_l2_for`), compiled whether a launch has such programs or
+    not (how many is a launch argument); no other kernel prefetches."""
     from fastgen.kernels.decode_layer import PREFETCH_LINES
 
     for row in compiled:
         if row["kernel"] == "decode_layer_kernel":
-            assert row["l2_prefetches"] == 3 * PREFETCH_LINES // (32 * row["num_warps"]), row
+            assert row["l2_prefetches"] == PREFETCH_LINES // (32 * row["num_warps"]), row
         else:
             assert row["l2_prefetches"] == 0, row
 

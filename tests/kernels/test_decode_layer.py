@@ -87,12 +87,13 @@ def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediat
     assert not counters.sets.any(), counters.sets
 
 
-@pytest.mark.parametrize("lens,l2_prefetch,traced", [([300], 1, False), ([1, 200], 3, True)],
+@pytest.mark.parametrize("lens,l2_prefetch,traced", [([300], 1, False), ([1, 200], 4, True)],
                          ids=["three-splits-o", "two-rows-all-traced"])
 def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_prefetch, traced):
     """With the products after attention asked into the L2 by programs of their own (which, with
     no L2 under the interpreter, only take their tickets), every other phase's work is where it
-    was and the counters come back to zero; so too when the launch is traced (`LayerTrace`),
+    was and the counters come back to zero (with the next layer's q|k|v asked for too, at 4); so
+    too when the launch is traced (`LayerTrace`),
     whose record names each program's phase and, on a GPU, shows each phase's waiting programs
     beginning their work only after every program of the phase they wait for has started."""
     dtype, head_dim, hidden, intermediate = torch.float32, 64, 100, 164
@@ -100,6 +101,7 @@ def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_
     gen = torch.Generator().manual_seed(5)
     device = k_cache.device
     w = layer_weights(dtype, head_dim, hidden, intermediate, True, False, gen, device)
+    w = replace(w, next_qkv=torch.randn(w.qkv.shape, generator=gen).to(device))
     x, residual = (torch.randn(len(lens), hidden, generator=gen).to(device) for _ in range(2))
     args = (positions, cos_sin, k_cache, v_cache, tables, lens_t, slots, head_dim**-0.5)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
@@ -122,7 +124,8 @@ def check_trace(trace, lens, hidden, intermediate, head_dim, splits, l2_prefetch
     cases' 24-block tables cap at 3), and its times respect the waits."""
     rows_per = default_layer_tiling(hidden)
     used = [min(max(-(-n // 128), 1), splits) for n in lens]  # 128 tokens a split
-    weight_bytes = [hidden * HEADS * head_dim * 4, 2 * intermediate * hidden * 4, hidden * intermediate * 4]
+    weight_bytes = [hidden * HEADS * head_dim * 4, 2 * intermediate * hidden * 4, hidden * intermediate * 4,
+                    (HEADS + 2 * KV_HEADS) * head_dim * hidden * 4]  # o, gate|up, down, the next q|k|v (fp32)
     want = {"q|k|v": -(-(HEADS + 2 * KV_HEADS) * head_dim // rows_per.normed_block_n),
             "split": sum(used) * KV_HEADS, "idle split": (len(lens) * splits - sum(used)) * KV_HEADS,
             "prefetch": sum(-(-b // (PREFETCH_LINES * 128)) for b in weight_bytes[:l2_prefetch]),
@@ -154,5 +157,9 @@ def test_what_the_layer_kernel_does_not_take_is_refused():
         decode_layer(x.double(), None, w, *args)
     with pytest.raises(ValueError, match="counters must be"):
         decode_layer(x, None, w, *args[:-1], counters.sets[0])
-    with pytest.raises(ValueError, match="l2_prefetch is 4, at most the 3 products"):
-        decode_layer(x, None, w, *args, replace(default_layer_tiling(64), l2_prefetch=4))
+    with pytest.raises(ValueError, match="l2_prefetch is 5, at most 4"):
+        decode_layer(x, None, w, *args, replace(default_layer_tiling(64), l2_prefetch=5))
+    with pytest.raises(ValueError, match="next_qkv has shape"):
+        decode_layer(x, None, replace(w, next_qkv=w.qkv[:, :32]), *args)
+    with pytest.raises(ValueError, match="next_qkv must be contiguous"):
+        decode_layer(x, None, replace(w, next_qkv=w.qkv.t().contiguous().t()), *args)

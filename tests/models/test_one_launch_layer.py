@@ -27,9 +27,9 @@ def one_launch_layers(monkeypatch):
     launches = []
     kernel_call = decode_layer_module.decode_layer
 
-    def counted(x, *args, **kwargs):
-        launches.append(x.shape[0])
-        return kernel_call(x, *args, **kwargs)
+    def counted(x, residual, weights, *args, **kwargs):
+        launches.append((x.shape[0], weights.next_qkv is not None))
+        return kernel_call(x, residual, weights, *args, **kwargs)
 
     monkeypatch.setattr(one_launch_layer, "ONE_LAUNCH_LAYERS_ON_CUDA", True)
     monkeypatch.setattr(one_launch_layer, "ONE_LAUNCH_DEVICE_TYPES", ("cuda", "cpu"))
@@ -43,9 +43,10 @@ def one_launch_layers(monkeypatch):
 @pytest.mark.parametrize("graphs", ["eager", pytest.param("captured", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="captures CUDA graphs"))])
 @pytest.mark.parametrize("family", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow)])
-# With the weights of the products after attention asked into the L2 (on a GPU only: under the
-# interpreter those programs only take tickets, which the kernel's own tests cover).
-@pytest.mark.parametrize("l2_prefetch", [0, pytest.param(3, marks=pytest.mark.skipif(
+# With the weights of the products after attention and the next layer's q|k|v asked into the L2
+# (on a GPU only: under the interpreter those programs only take tickets, which the kernel's own
+# tests cover).
+@pytest.mark.parametrize("l2_prefetch", [0, pytest.param(4, marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="the L2 prefetch is PTX"))])
 def test_decode_in_one_launch_a_layer_matches_transformers(tiny_models, reference, one_launch_layers, family,
                                                           graphs, l2_prefetch, monkeypatch):
@@ -61,5 +62,9 @@ def test_decode_in_one_launch_a_layer_matches_transformers(tiny_models, referenc
     outputs = llm.generate(prompts, GREEDY)
     layers = llm.engine.runner.model.config.num_layers
     assert one_launch_layers and len(one_launch_layers) % layers == 0
-    assert set(one_launch_layers) <= {1, 2} and 2 in one_launch_layers
+    rows = {r for r, _ in one_launch_layers}
+    assert rows <= {1, 2} and 2 in rows
+    # Every layer but the last is handed the next layer's q|k|v, to ask the L2 for.
+    steps = len(one_launch_layers) // layers
+    assert [has_next for _, has_next in one_launch_layers] == ([True] * (layers - 1) + [False]) * steps
     assert [o.token_ids for o in outputs] == reference(model, prompts, GREEDY.max_tokens)
