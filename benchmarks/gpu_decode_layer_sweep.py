@@ -92,7 +92,9 @@ def one_launch(layer, x, residual, step, tiling=None, trace=None):
 
 def phase_timeline(layers, x, residual, step, tiling, launches: int = 9) -> dict:
     """Where a launch's time goes (`LayerTrace`), phase by phase: the median over launches, one
-    at a time on layer copies the L2 does not hold, of each phase's figures."""
+    at a time on layer copies the L2 does not hold (launched alone, a launch that asks for the
+    next copy's q|k|v gains nothing from it here), of each phase's figures. The GPU's global
+    clock may tick in steps of up to a microsecond: figures are that coarse."""
     summaries = []
     for i in range(launches):
         trace = LayerTrace()

@@ -242,8 +242,9 @@ def decode_layer_kernel(
             )
         _count_done(counters_ptr + _SPLITS_DONE)
     elif ticket < end_prefetch:
-        # Ask the L2 for the weights of products after attention (`LayerTiling.l2_prefetch`),
-        # so that they stream in while attention's chain of short steps leaves the memory idle.
+        # Ask the L2 for the weights of the products after attention, and of the next layer's
+        # q|k|v (`LayerTiling.l2_prefetch`), so that they stream in while attention's chain of
+        # short steps, then the kernel boundary, leave the memory idle.
         # Weights are never written, so there is nothing to wait for (the interpreter has no L2).
         if INLINE_PTX:
             # o_proj's parts first, then gate|up's, down's and the next layer's q|k|v.

@@ -10,6 +10,7 @@ Triton interpreter runs it), through `ONE_LAUNCH_DEVICE_TYPES`.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
 ONE_LAUNCH_LAYERS_ON_CUDA = False
 ONE_LAUNCH_DEVICE_TYPES = ("cuda",)
+# Each layer's successor (`link_next_layers`).
+_next_layers: weakref.WeakKeyDictionary[DecoderLayer, weakref.ref[DecoderLayer]] = weakref.WeakKeyDictionary()
 # The rows the skinny products take (`fastgen.layers.quantizable`): beyond, cuBLAS's tiles win.
 _MAX_ROWS = 2
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -68,7 +71,7 @@ def one_launch_decode(layer: DecoderLayer, positions: torch.Tensor, x: torch.Ten
         o=attn.o_proj.weight, post_norm=layer.post_attention_layernorm.weight, gate_up=mlp.gate_up_proj.weight,
         down=mlp.down_proj.weight, num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
         eps=layer.input_layernorm.eps, qk_eps=attn.q_norm.eps if attn.qk_norm else 0.0,
-        next_qkv=_next_layer_qkv(layer, x.dtype))
+        next_qkv=_next_layer_qkv(layer, x))
     k_cache, v_cache = kv
     return decode_layer(x, residual, weights, positions, attn.rotary.cos_sin, k_cache, v_cache, meta.block_tables,
                         meta.context_lens, meta.slot_mapping, attn.attn.scale, _layer_counters(layer, x.device))
@@ -76,22 +79,25 @@ def one_launch_decode(layer: DecoderLayer, positions: torch.Tensor, x: torch.Ten
 
 def link_next_layers(layers) -> None:
     """Let each layer's launch find the layer after it, whose q|k|v weight it may ask into the L2
-    ahead (`LayerTiling.l2_prefetch`): a plain attribute, out of the module tree, so that state
-    dicts and module walks do not see the next layer twice."""
+    ahead (`LayerTiling.l2_prefetch`). Kept here, by weak reference, not on the layers: no module
+    walk, state dict or saved graph's guards (which record a module's attributes) sees it."""
     for layer, after in zip(layers, layers[1:]):
-        layer.__dict__["_one_launch_next"] = after
+        _next_layers[layer] = weakref.ref(after)
 
 
-def _next_layer_qkv(layer: DecoderLayer, dtype: torch.dtype) -> torch.Tensor | None:
-    """The next layer's q|k|v weight as the kernel may prefetch it (float, x's dtype, contiguous),
-    or None (the last layer, or a weight it does not take)."""
-    after = layer.__dict__.get("_one_launch_next")
+def _next_layer_qkv(layer: DecoderLayer, x: torch.Tensor) -> torch.Tensor | None:
+    """The next layer's q|k|v weight as the kernel may prefetch it (float, x's dtype and device,
+    contiguous), or None (the last layer, or a weight it does not take)."""
+    link = _next_layers.get(layer)
+    after = link() if link is not None else None
     if after is None:
         return None
     qkv = after.self_attn.qkv_proj
-    if qkv.quant_format is not None or qkv.weight.dtype != dtype or not qkv.weight.is_contiguous():
+    weight = qkv.weight
+    if qkv.quant_format is not None or weight.dtype != x.dtype or weight.device != x.device \
+            or not weight.is_contiguous():
         return None
-    return qkv.weight
+    return weight
 
 
 def _layer_counters(layer: DecoderLayer, device: torch.device) -> LayerCounters:

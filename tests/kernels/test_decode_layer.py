@@ -93,9 +93,9 @@ def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_
     """With the products after attention asked into the L2 by programs of their own (which, with
     no L2 under the interpreter, only take their tickets), every other phase's work is where it
     was and the counters come back to zero (with the next layer's q|k|v asked for too, at 4); so
-    too when the launch is traced (`LayerTrace`),
-    whose record names each program's phase and, on a GPU, shows each phase's waiting programs
-    beginning their work only after every program of the phase they wait for has started."""
+    too when the launch is traced (`LayerTrace`), whose record names each program's phase and, on
+    a GPU, shows each phase's waiting programs beginning their work only after every program of
+    the phase they wait for has started."""
     dtype, head_dim, hidden, intermediate = torch.float32, 64, 100, 164
     _, _, _, k_cache, v_cache, tables, lens_t, positions, cos_sin, _, slots = step(dtype, head_dim, lens, seed=3)
     gen = torch.Generator().manual_seed(5)
