@@ -7,7 +7,8 @@ the split grid is sized from it, so most split programs find nothing to do, as i
 graphs). GPU time a layer: 40 layers in one CUDA graph, cycling through enough copies of the
 layer's weights and cache that each launch reads them from memory, not the L2; the one launch
 at its default tiling and at a few others, with the weights of the products after attention
-asked into the L2 ahead or not, and the next copy's q|k|v too (`LayerTiling.l2_prefetch`); and a
+asked into the L2 ahead or not, and the next copy's q|k|v too (`LayerTiling.l2_prefetch`), with
+splits of 64 context tokens as well as 128 (`LayerTiling.min_tokens_per_split`); and a
 launch's timeline, phase by phase (`LayerTrace`), at the default tiling with and without the L2
 prefetch. One JSON:
 
@@ -43,8 +44,9 @@ from fastgen.layers.rotary import RotaryEmbedding  # noqa: E402
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 1024, 16, 8, 128, 3072
 BLOCK, CONTEXT = 256, 512
 EPS = 1e-6
-# normed rows / plain rows / warps [/ products after attention asked into the L2]
-DEFAULT_TILINGS = "8/8/8,8/2/8,8/4/8,4/8/8,8/8/4,8/8/8/1,8/8/8/2,8/8/8/3,8/8/8/4"
+# normed rows / plain rows / warps [/ products after attention asked into the L2 [/ least tokens
+# a split takes]]
+DEFAULT_TILINGS = "8/8/8,8/2/8,8/4/8,4/8/8,8/8/4,8/8/8/1,8/8/8/2,8/8/8/3,8/8/8/4,8/8/8/0/64,8/8/8/4/64"
 
 
 def parse_tilings(text: str) -> list[LayerTiling]:
@@ -108,7 +110,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu-decode-layer-sweep.json"))
     p.add_argument("--tilings", default=DEFAULT_TILINGS,
-                   help="normed rows/plain rows/warps[/L2 prefetch], comma-separated")
+                   help="normed rows/plain rows/warps[/L2 prefetch[/least tokens a split takes]], comma-separated")
     p.add_argument("--table-reach", type=int, default=4096, help="tokens a block table covers (>= the context)")
     args = p.parse_args()
     if args.table_reach < CONTEXT:

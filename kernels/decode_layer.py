@@ -344,6 +344,9 @@ class LayerTiling:
     skinny_block_n: int
     num_warps: int
     l2_prefetch: int = 0
+    # Context tokens a split takes at least: fewer make attention's chain shorter (fewer KV tiles
+    # a program walks, in turn) and its combine wider.
+    min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT
 
 
 def default_layer_tiling(hidden: int) -> LayerTiling:
@@ -517,6 +520,8 @@ def decode_layer(
     layer_residual = torch.empty_like(x)
 
     tiling = tiling or default_layer_tiling(hidden)
+    if tiling.min_tokens_per_split < 1:
+        raise ValueError(f"decode_layer: min_tokens_per_split is {tiling.min_tokens_per_split}, at least 1")
     if tiling.l2_prefetch not in range(5):
         raise ValueError(f"decode_layer: l2_prefetch is {tiling.l2_prefetch}, at most 4 (the 3 products after "
                          f"attention and the next layer's q|k|v)")
@@ -530,7 +535,8 @@ def decode_layer(
     programs = (triton.cdiv(n_qkv, normed_n), rows * num_kv_heads * splits, *prefetch_programs, rows * w.num_heads,
                 triton.cdiv(hidden, skinny_n), triton.cdiv(intermediate, normed_n), triton.cdiv(hidden, skinny_n))
     if trace is not None:
-        trace.start(programs, splits_for_lengths(context_lens, splits).cpu(), num_kv_heads, splits, x.device)
+        trace.start(programs, splits_for_lengths(context_lens, splits, tiling.min_tokens_per_split).cpu(),
+                    num_kv_heads, splits, x.device)
     group = w.num_heads // num_kv_heads
     block_g, attn_block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
     pdl = programmatic_launch(x.device)
@@ -550,7 +556,7 @@ def decode_layer(
         SKINNY_BLOCK_N=skinny_n, O_BLOCK_K=o_block_k, O_EVEN_K=q_size % o_block_k == 0,
         DOWN_BLOCK_K=down_block_k, DOWN_EVEN_K=intermediate % down_block_k == 0,
         HAS_RESIDUAL=residual is not None, HAS_QKV_BIAS=w.qkv_bias is not None, QK_NORM=w.q_norm is not None,
-        BLOCK_SIZE=block_size, GROUP=group, ONE_SPLIT=splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
+        BLOCK_SIZE=block_size, GROUP=group, ONE_SPLIT=splits == 1, MIN_TOKENS=tiling.min_tokens_per_split,
         BLOCK_G=block_g, ATTN_BLOCK_N=attn_block_n, BLOCK_D=block_d, DOT_DTYPE=dot,
         BLOCK_S=triton.next_power_of_2(MAX_SPLITS), LINES_A_PROGRAM=PREFETCH_LINES, LINE_ELEMENTS=line_elements,
         PDL=pdl, INLINE_PTX=not _interpreting(), TRACE=trace is not None,

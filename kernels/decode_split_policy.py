@@ -47,8 +47,8 @@ def grid_splits(batch: int, num_kv_heads: int, max_context: int, sms: int) -> in
     return max(1, min(wanted, usable, MAX_SPLITS))
 
 
-def splits_for_lengths(context_lens: torch.Tensor, grid: int) -> torch.Tensor:
-    """Splits each sequence uses (the kernels' `_splits_for`): ceil(len / MIN_TOKENS_PER_SPLIT)
-    clamped to [1, grid]. context_lens: int32 [batch]; returns int32 [batch]."""
-    wanted = (context_lens + MIN_TOKENS_PER_SPLIT - 1) // MIN_TOKENS_PER_SPLIT
+def splits_for_lengths(context_lens: torch.Tensor, grid: int, min_tokens: int = MIN_TOKENS_PER_SPLIT) -> torch.Tensor:
+    """Splits each sequence uses (the kernels' `splits_for`): ceil(len / min_tokens) clamped to
+    [1, grid]. context_lens: int32 [batch]; returns int32 [batch]."""
+    wanted = (context_lens + min_tokens - 1) // min_tokens
     return wanted.clamp(1, grid).to(torch.int32)

@@ -119,6 +119,27 @@ def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_
         check_trace(trace, lens, hidden, intermediate, head_dim, splits=3, l2_prefetch=l2_prefetch)
 
 
+def test_shorter_splits_attend_as_the_six_launches_do():
+    """Splits of at least 64 context tokens instead of 128 (`LayerTiling.min_tokens_per_split`):
+    row 0 takes 3 splits where the six launches take 2, so the two sum in another order and
+    agree within rounding."""
+    dtype, head_dim, hidden, intermediate, lens = torch.float32, 64, 100, 164, [150, 40]
+    _, _, _, k_cache, v_cache, tables, lens_t, positions, cos_sin, _, slots = step(dtype, head_dim, lens, seed=9)
+    gen = torch.Generator().manual_seed(13)
+    device = k_cache.device
+    w = layer_weights(dtype, head_dim, hidden, intermediate, True, False, gen, device)
+    x, residual = (torch.randn(len(lens), hidden, generator=gen).to(device) for _ in range(2))
+    args = (positions, cos_sin, k_cache, v_cache, tables, lens_t, slots, head_dim**-0.5)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    want, want_residual = decode_layer_in_six_launches(x, residual, w, *args[:2], k_ref, v_ref, *args[4:])
+    tiling = replace(default_layer_tiling(hidden), min_tokens_per_split=64)
+    trace = LayerTrace()
+    got, got_residual = decode_layer(x, residual, w, *args, LayerCounters(device), tiling, trace)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_residual, want_residual, rtol=1e-5, atol=1e-5)  # it adds attention's output
+    assert trace.summary()["split"]["programs"] == (3 + 1) * KV_HEADS
+
+
 def check_trace(trace, lens, hidden, intermediate, head_dim, splits, l2_prefetch):
     """The trace's phases have the launch's program counts (splits: the grid's, which the
     cases' 24-block tables cap at 3), and its times respect the waits."""
@@ -157,6 +178,8 @@ def test_what_the_layer_kernel_does_not_take_is_refused():
         decode_layer(x.double(), None, w, *args)
     with pytest.raises(ValueError, match="counters must be"):
         decode_layer(x, None, w, *args[:-1], counters.sets[0])
+    with pytest.raises(ValueError, match="min_tokens_per_split is 0, at least 1"):
+        decode_layer(x, None, w, *args, replace(default_layer_tiling(64), min_tokens_per_split=0))
     with pytest.raises(ValueError, match="l2_prefetch is 5, at most 4"):
         decode_layer(x, None, w, *args, replace(default_layer_tiling(64), l2_prefetch=5))
     with pytest.raises(ValueError, match="next_qkv has shape"):
