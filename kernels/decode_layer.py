@@ -22,16 +22,15 @@ then lets the program's other threads on. The last program to finish zeroes the 
 
 A launch's counters must be at zero when its first program draws a ticket. Each layer
 (`LayerCounters`) keeps two sets and its launches take them in turn; a program lets the next
-launch start (programmatic dependent launch) only once the kernel in front has finished, so
-the launch two ahead, the next on the same set, starts after this one has finished and zeroed
-it. (Programs with nothing to wait for, split programs past their sequence's splits and the
-programs that ask the L2 for weights, end without waiting for the kernel in front; a program
-that ends counts as letting the next launch start, but every launch has q|k|v programs, which
-wait first, so the rule holds for the launch as a whole.) Launches of different layers use
-different counters. (In the engine a step's launches of a
-layer are further apart: kernels launched without programmatic dependence, which wait for
-everything before them, sit between them; each captured graph keeps the set it was captured
-with, and its replays never overlap.)
+launch start (programmatic dependent launch) only once the kernel in front has finished, so the
+launch two ahead, the next on the same set, starts after this one has finished and zeroed it.
+(The programs that ask the L2 for weights, which read nothing a kernel writes, end without
+waiting for the kernel in front; a program that ends counts as letting the next launch start,
+but every launch has q|k|v programs, which wait first, so the rule holds for the launch as a
+whole.) Launches of different layers use
+different counters. (In the engine a step's launches of a layer are further apart: kernels
+launched without programmatic dependence, which wait for everything before them, sit between
+them; each captured graph keeps the set it was captured with, and its replays never overlap.)
 
 The phases run the separate kernels' code (`normed_program`, `decode_split_program`,
 `combine_program`, `skinny_program`), so under the interpreter the outputs equal the six
