@@ -379,10 +379,12 @@ class LayerTrace:
         splits_used: the splits each sequence uses."""
         qkv, split, *prefetch, combine, o, gate_up, down = programs
         counts = (qkv, split, sum(prefetch), combine, o, gate_up, down)
-        phases = torch.repeat_interleave(torch.tensor([0, 1, 3, 4, 5, 6, 7]), torch.tensor(counts))
+        in_ticket_order = ("q|k|v", "split", "prefetch", "combine", "o_proj", "gate|up", "down")
+        phases = torch.repeat_interleave(torch.tensor([self.PHASES.index(name) for name in in_ticket_order]),
+                                         torch.tensor(counts))
         item = torch.arange(split)
         idle = item % grid_splits >= splits_used.long()[item // (num_kv_heads * grid_splits)]
-        phases[qkv:qkv + split][idle] = 2
+        phases[qkv:qkv + split][idle] = self.PHASES.index("idle split")
         self.phases = phases
         self.times = torch.zeros(sum(counts), 3, dtype=torch.int64, device=device)
 
