@@ -105,6 +105,8 @@ def decode_sweep(args, eager: bool, report: dict) -> dict:
     bandwidth = report.get("bandwidth", {}).get("bytes_per_s")
     for batch, context in args.points:
         row = time_decode_steps(llm, batch, context, args.steps, args.device)
+        # Steps whose one-launch layers' waits gave up computed wrong tokens: their times are void.
+        one_launch_layer.raise_if_stalled(llm.engine.runner.model)
         if batch == 1:
             row["floor"] = streaming_floor_ms(llm, context, bandwidth)
         section["steps"].append(row)

@@ -138,6 +138,7 @@ def main() -> int:
         residual = torch.randn(rows, HIDDEN, generator=gen).to(torch.bfloat16).to(device)
         want = six_launches(layers[0], x, residual, step)[0].float()
         got = one_launch(layers[0], x, residual, step)[0].float()
+        layers[0]["counters"].raise_if_stalled()  # a wait that gave up: stop before timing a faulty kernel
         row = {"batch": rows, "layer_bytes": layer_bytes, "copies": copies,
                "relative_error": ((got - want).norm() / want.norm()).item(), "tilings": {}}
         row["six_launches_us"] = time_us(lambda i: six_launches(layers[i], x, residual, step), copies)
@@ -146,6 +147,8 @@ def main() -> int:
         default = default_layer_tiling(HIDDEN)
         row["phases"] = {f"l2_prefetch={n}": phase_timeline(layers, x, residual, step, replace(default, l2_prefetch=n))
                          for n in (0, 3, 4)}
+        for layer in layers:
+            layer["counters"].raise_if_stalled()
         for key in ("six_launches", "one_launch"):  # the layer's weights at that rate (the cache adds 2 MB a row)
             row[f"{key}_weights_tb_per_s"] = layer_bytes / row[f"{key}_us"] / 1e6
         print(f"bs={rows}: six launches {row['six_launches_us']:.1f} us, one launch {row['one_launch_us']:.1f} us, "

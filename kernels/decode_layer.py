@@ -20,6 +20,11 @@ finished programs on a counter of its own: a program's stores, a barrier, then a
 one thread of a waiting program reads it with acquire, pausing between reads, and a barrier
 then lets the program's other threads on. The last program to finish zeroes the counters.
 
+A wait that has not ended after `WAIT_LIMIT_NS` (a quarter of a second, where a whole launch
+takes microseconds) cannot end: a fault of the kernel or its launcher. The program then records
+what it saw (`LayerCounters.stalls`) and goes on, so the launch ends, with wrong outputs, instead
+of hanging the GPU; `LayerCounters.raise_if_stalled` reports it, naming the phase waited for.
+
 A launch's counters must be at zero when its first program draws a ticket. Each layer
 (`LayerCounters`) keeps two sets and its launches take them in turn; a program lets the next
 launch start (programmatic dependent launch) only once the kernel in front has finished, so the
@@ -63,12 +68,27 @@ _TICKET, _QKV_DONE, _SPLITS_DONE, _COMBINES_DONE, _O_DONE, _GATE_UP_DONE, _FINIS
 _COUNTERS = tl.constexpr(COUNTERS_PER_LAYER)
 
 
+# What the programs of a phase wait for, by the counter they wait on.
+_WAITED_FOR = {_QKV_DONE.value: "q|k|v", _SPLITS_DONE.value: "split attention", _COMBINES_DONE.value: "the combine",
+               _O_DONE.value: "o_proj", _GATE_UP_DONE.value: "gate|up"}
+# A wait that lasts longer cannot end (the module's docstring).
+WAIT_LIMIT_NS = 250_000_000
+# Reads of a counter the interpreter's wait makes before it gives up: its programs run one after
+# another in ticket order, so every wait it meets is over before it starts.
+INTERPRETER_WAIT_READS = 100
+_INTERPRETER_WAIT_READS = tl.constexpr(INTERPRETER_WAIT_READS)
+
+
 class LayerCounters:
     """One layer's two sets of counters, at zero, which its launches take in turn (the
-    module's docstring). Make them before any CUDA-graph capture that launches the layer."""
+    module's docstring), and the record of waits that gave up (`stalls`). Make them before any
+    CUDA-graph capture that launches the layer."""
 
     def __init__(self, device: torch.device):
         self.sets = torch.zeros(2, COUNTERS_PER_LAYER, dtype=torch.int32, device=device)
+        # For each counter: what the last wait on it that gave up saw, and its target; -1, -1
+        # while none has. Never cleared by the kernel.
+        self.stalls = torch.full((COUNTERS_PER_LAYER, 2), -1, dtype=torch.int32, device=device)
         self._next = 0
 
     def take(self) -> torch.Tensor:
@@ -76,6 +96,17 @@ class LayerCounters:
         counters = self.sets[self._next]
         self._next ^= 1
         return counters
+
+    def raise_if_stalled(self) -> None:
+        """RuntimeError if a launch's wait ever gave up (the launch's outputs are wrong); waits
+        for the launches before it (a sync)."""
+        for counter, (seen, target) in enumerate(self.stalls.tolist()):
+            if target >= 0:
+                phase = _WAITED_FOR.get(counter, f"counter {counter}")
+                raise RuntimeError(
+                    f"decode_layer: programs waiting for {phase} gave up waiting ({WAIT_LIMIT_NS / 1e9:g} s on a "
+                    f"GPU), having seen {seen} of its {target} programs done: that launch's outputs are wrong (a "
+                    f"fault of the kernel or of its counters)")
 
 
 @triton.jit
@@ -97,37 +128,52 @@ def _after_the_kernel_in_front(PDL: tl.constexpr):
 # The wait's loop in PTX, for one thread of the program (thread 0; the others go on to the
 # barrier after it): hundreds of programs may wait on one counter at once, and their threads'
 # reads would crowd the cache line that the counting programs add to. Thread 0 reads with
-# acquire, and pauses between reads. Labels are local to the braces, so the loop may be inlined
-# at every wait.
+# acquire, and pauses between reads; past WAIT_LIMIT_NS on the GPU's global clock it stores what
+# it saw and the target at $3 (the counter's place in `LayerCounters.stalls`) and gives up.
+# Labels are local to the braces, so the loop may be inlined at every wait.
 _SPIN = tl.constexpr("""{
-    .reg .pred not_first, waiting;
+    .reg .pred not_first, waiting, in_time;
     .reg .u32 thread;
     .reg .s32 seen;
+    .reg .u64 began, waited;
     mov.u32 thread, %tid.x;
     setp.ne.u32 not_first, thread, 0;
     mov.s32 $0, 0;
     @not_first bra DONE;
+    mov.u64 began, %globaltimer;
     SPIN:
     ld.acquire.gpu.global.s32 seen, [$1];
     setp.lt.s32 waiting, seen, $2;
     @!waiting bra DONE;
     nanosleep.u32 64;
-    bra SPIN;
+    mov.u64 waited, %globaltimer;
+    sub.u64 waited, waited, began;
+    setp.lt.u64 in_time, waited, """ + str(WAIT_LIMIT_NS) + """;
+    @in_time bra SPIN;
+    st.global.s32 [$3], seen;
+    st.global.s32 [$3+4], $2;
     DONE:
 }""")
 
 
 @triton.jit
-def _wait_until(counter_ptr, target, INLINE_PTX: tl.constexpr):
+def _wait_until(counter_ptr, target, stall_ptr, INLINE_PTX: tl.constexpr):
     """Wait for `target` programs to have counted on counter_ptr; then what they stored before
-    counting is visible to all of this program's threads. Without INLINE_PTX (under the
-    interpreter, whose waits are over before they start) the loop is Triton's."""
+    counting is visible to all of this program's threads. A wait that cannot end (the module's
+    docstring) stores what it saw and the target at stall_ptr and gives up. Without INLINE_PTX
+    (under the interpreter, whose waits are over before they start) the loop is Triton's."""
     if INLINE_PTX:
-        tl.inline_asm_elementwise(_SPIN, "=r,l,r", [counter_ptr, target], dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(_SPIN, "=r,l,r,l", [counter_ptr, target, stall_ptr], dtype=tl.int32,
+                                  is_pure=False, pack=1)
     else:
         seen = tl.load(counter_ptr, volatile=True)
-        while seen < target:
+        reads = target * 0
+        while (seen < target) & (reads < _INTERPRETER_WAIT_READS):
             seen = tl.load(counter_ptr, volatile=True)
+            reads += 1
+        if seen < target:
+            tl.store(stall_ptr, seen)
+            tl.store(stall_ptr + 1, target)
         tl.atomic_add(counter_ptr, 0, sem="acquire")
     tl.debug_barrier()
 
@@ -167,7 +213,7 @@ def decode_layer_kernel(
     in_norm_ptr, qkv_w_ptr, qkv_b_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
     next_qkv_w_ptr,
     qkv_ptr, attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, o_ptr, res1_ptr, act_ptr, out_ptr, res2_ptr,
-    counters_ptr, trace_ptr,
+    counters_ptr, stalls_ptr, trace_ptr,
     M, hidden, intermediate, num_heads, num_kv_heads, eps, qk_eps, scale, grid_splits,
     n_qkv_programs, n_split_programs,
     n_o_prefetch_programs, n_gate_up_prefetch_programs, n_down_prefetch_programs, n_next_qkv_prefetch_programs,
@@ -221,7 +267,7 @@ def decode_layer_kernel(
         # context) counts itself done without waiting for q|k|v: its place on the SM goes to a
         # later phase's program, which starts streaming its weights.
         if split < splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS):
-            _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs, INLINE_PTX)
+            _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs, stalls_ptr + 2 * _QKV_DONE, INLINE_PTX)
             released = _clock_ns(ticket, TRACE, INLINE_PTX)
             decode_split_program(
                 seq, kv_head, split,
@@ -262,7 +308,7 @@ def decode_layer_kernel(
     elif ticket < end_combine:
         # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs, INLINE_PTX)
+        _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs, stalls_ptr + 2 * _SPLITS_DONE, INLINE_PTX)
         released = _clock_ns(ticket, TRACE, INLINE_PTX)
         item = ticket - end_prefetch
         combine_program((item // num_heads).to(tl.int64), item % num_heads, part_acc_ptr, part_max_ptr,
@@ -274,7 +320,7 @@ def decode_layer_kernel(
         pid = ticket - end_combine
         o_tile = skinny_first_tile(pid, o_w_ptr, hidden, q_size, q_size, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K)
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs, INLINE_PTX)
+        _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs, stalls_ptr + 2 * _COMBINES_DONE, INLINE_PTX)
         released = _clock_ns(ticket, TRACE, INLINE_PTX)
         skinny_program(pid, o_tile, attn_ptr, o_w_ptr, o_w_ptr, o_ptr, M, hidden, q_size, q_size, q_size, hidden,
                        ROWS, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K, False)
@@ -286,7 +332,7 @@ def decode_layer_kernel(
         gate_tile, up_tile, post_norm = normed_weight_tiles(pid, gate_up_w_ptr, post_norm_ptr, intermediate, hidden,
                                                             hidden, NORMED_BLOCK_N, NORMED_BLOCK_K, True)
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _O_DONE, n_o_programs, INLINE_PTX)
+        _wait_until(counters_ptr + _O_DONE, n_o_programs, stalls_ptr + 2 * _O_DONE, INLINE_PTX)
         released = _clock_ns(ticket, TRACE, INLINE_PTX)
         normed_program(pid, gate_tile, up_tile, post_norm, o_ptr, res1_ptr, o_ptr, act_ptr, res2_ptr,
                        M, intermediate, hidden,
@@ -299,7 +345,7 @@ def decode_layer_kernel(
         down_tile = skinny_first_tile(pid, down_w_ptr, hidden, intermediate, intermediate, SKINNY_BLOCK_N,
                                       DOWN_BLOCK_K, DOWN_EVEN_K)
         _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs, INLINE_PTX)
+        _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs, stalls_ptr + 2 * _GATE_UP_DONE, INLINE_PTX)
         released = _clock_ns(ticket, TRACE, INLINE_PTX)
         skinny_program(pid, down_tile, act_ptr, down_w_ptr, down_w_ptr, out_ptr, M, hidden, intermediate, intermediate,
                        intermediate, hidden, ROWS, SKINNY_BLOCK_N, DOWN_BLOCK_K, DOWN_EVEN_K, False)
@@ -548,7 +594,7 @@ def decode_layer(
         x if w.q_norm is None else w.q_norm, x if w.k_norm is None else w.k_norm,
         o_w, post_norm, gate_up_w, down_w, qkv_w if w.next_qkv is None else w.next_qkv,
         qkv, attn, part_acc, part_max, part_sum, o_out, new_residual, act, out, layer_residual,
-        counters.take(), trace.times if trace is not None else counters.sets,
+        counters.take(), counters.stalls, trace.times if trace is not None else counters.sets,
         rows, hidden, intermediate, w.num_heads, num_kv_heads, w.eps, w.qk_eps, scale, splits,
         *programs,
         *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0), cos_sin.stride(0),

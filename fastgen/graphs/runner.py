@@ -32,6 +32,7 @@ import time
 import torch
 
 from fastgen.graphs.batch_sizes import padded_size
+from fastgen.models import one_launch_layer
 from fastgen.scheduler_output import SchedulerOutput
 from fastgen.worker.step_inputs import StepInputBuilder, StepInputs
 
@@ -102,6 +103,7 @@ class CudaGraphRunner:
         for shape in reversed(shapes):  # compile, autotune and JIT every shape outside capture
             self._decode(self._padding_inputs(*shape))
         torch.cuda.synchronize(device)
+        one_launch_layer.raise_if_stalled(self.model)  # a fault of those kernels, before any graph holds it
         self.warmup_seconds = time.perf_counter() - start
         free_before, _ = torch.cuda.mem_get_info(device)
         start = time.perf_counter()

@@ -100,6 +100,16 @@ def _next_layer_qkv(layer: DecoderLayer, x: torch.Tensor) -> torch.Tensor | None
     return weight
 
 
+def raise_if_stalled(model: torch.nn.Module) -> None:
+    """RuntimeError if a wait in any of the model's one-launch layers ever gave up
+    (`LayerCounters.raise_if_stalled`: that launch's outputs are wrong); a sync for each layer
+    that has launched, so for start-up (the CUDA-graph warm-up) and tests, not every step."""
+    for module in model.modules():
+        counters = module.__dict__.get("_one_launch_counters")
+        if counters is not None:
+            counters.raise_if_stalled()
+
+
 def _layer_counters(layer: DecoderLayer, device: torch.device) -> LayerCounters:
     """The layer's own counters on `device`, made at its first launch there: the eager warm-up
     that comes before any CUDA-graph capture (`fastgen.graphs.runner`)."""

@@ -98,8 +98,14 @@ def test_only_the_one_launch_layer_asks_the_l2_for_weights_ahead(compiled):
 
 
 @pytest.mark.slow
-def test_only_a_traced_one_launch_layer_reads_the_clock(compiled):
-    """`LayerTrace`'s launches read the GPU's global clock (at a program's start, after its wait,
-    at its end); no launch that is not traced reads it."""
+def test_only_the_one_launch_layer_reads_the_clock_to_give_up_a_wait_and_only_traced_besides(compiled):
+    """Each of its waits reads the GPU's global clock as it begins and after each pause, to give
+    up one that cannot end (`WAIT_LIMIT_NS`); `LayerTrace`'s launches read it besides (at a
+    program's start, after its wait, at its end); no other kernel reads it."""
     for row in compiled:
-        assert (row["clock_reads"] > 0) == bool(row["config"].get("traced")), row
+        if row["kernel"] != "decode_layer_kernel":
+            assert row["clock_reads"] == 0, row
+        elif row["config"].get("traced"):
+            assert row["clock_reads"] > 2 * row["spin_waits"], row
+        else:
+            assert row["clock_reads"] == 2 * row["spin_waits"] == 10, row

@@ -85,6 +85,7 @@ def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediat
     assert_same(k_cache.nan_to_num(7.0), k_ref.nan_to_num(7.0), "the K cache")
     assert_same(v_cache.nan_to_num(7.0), v_ref.nan_to_num(7.0), "the V cache")
     assert not counters.sets.any(), counters.sets
+    counters.raise_if_stalled()
 
 
 @pytest.mark.parametrize("lens,l2_prefetch,traced", [([300], 1, False), ([1, 200], 4, True)],
@@ -115,8 +116,29 @@ def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_
         assert_same(got_residual, want_residual, f"launch {launch}'s residual")
     assert_same(k_cache.nan_to_num(7.0), k_ref.nan_to_num(7.0), "the K cache")
     assert not counters.sets.any(), counters.sets
+    counters.raise_if_stalled()
     if traced:
         check_trace(trace, lens, hidden, intermediate, head_dim, splits=3, l2_prefetch=l2_prefetch)
+
+
+def test_a_wait_that_cannot_end_gives_up_and_is_reported():
+    """Counters that are not at zero when a launch begins (here q|k|v's, 1,000 short) would leave
+    the split programs waiting for ever: each gives up (after WAIT_LIMIT_NS on a GPU, a few reads
+    under the interpreter) and records what it saw, the launch ends, its last program still
+    zeroes the counters, and `raise_if_stalled` names the phase waited for and the counts."""
+    _, _, _, k_cache, v_cache, tables, lens, positions, cos_sin, _, slots = step(torch.float32, 32, [40], seed=1)
+    gen = torch.Generator().manual_seed(2)
+    w = layer_weights(torch.float32, 32, 64, 128, True, False, gen, k_cache.device)
+    x = torch.randn(1, 64, generator=gen).to(k_cache.device)
+    counters = LayerCounters(k_cache.device)
+    counters.sets[0, 1] = -1000  # the q|k|v programs' count
+    decode_layer(x, None, w, positions, cos_sin, k_cache, v_cache, tables, lens, slots, 0.1, counters)
+    qkv_programs = -(-(HEADS + 2 * KV_HEADS) * 32 // default_layer_tiling(64).normed_block_n)
+    with pytest.raises(RuntimeError, match=f"waiting for q\\|k\\|v gave up .* having seen {qkv_programs - 1000} "
+                                           f"of its {qkv_programs} programs done"):
+        counters.raise_if_stalled()
+    assert counters.stalls[2:].eq(-1).all()  # no other phase waited in vain
+    assert not counters.sets.any(), counters.sets
 
 
 def test_shorter_splits_attend_as_the_six_launches_do():

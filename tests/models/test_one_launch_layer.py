@@ -67,4 +67,5 @@ def test_decode_in_one_launch_a_layer_matches_transformers(tiny_models, referenc
     # Every layer but the last is handed the next layer's q|k|v, to ask the L2 for.
     steps = len(one_launch_layers) // layers
     assert [has_next for _, has_next in one_launch_layers] == ([True] * (layers - 1) + [False]) * steps
+    one_launch_layer.raise_if_stalled(runner.model)  # no wait of any launch gave up
     assert [o.token_ids for o in outputs] == reference(model, prompts, GREEDY.max_tokens)
