@@ -96,10 +96,13 @@ gpu-one-launch:
 	$(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode_layer_sweep.py \
 		--output $(GPU_RESULTS)/gpu-decode-layer-sweep-$$($(GPU_PYTHON) -c "import re, torch; \
 		print(re.sub('[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))").json || failed=1; \
-	for variant in off:0 on:0 on:3 on:4; do layers=$${variant%:*}; l2=$${variant#*:}; \
+	for variant in off:0:0 on:0:0 on:3:0 on:4:0 on:3:2; do layers=$${variant%%:*}; rest=$${variant#*:}; \
+		l2=$${rest%%:*}; persistent=$${rest#*:}; \
 		$(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
 			--sections graphs,kernels --quick --batch-sizes 1,2 --long-context 0 --one-launch-layers $$layers \
-			--layer-l2-prefetch $$l2 --suffix=-one-launch-$$layers$$([ $$l2 = 0 ] || echo -l2-$$l2) || failed=1; \
+			--layer-l2-prefetch $$l2 --layer-persistent-per-sm $$persistent \
+			--suffix=-one-launch-$$layers$$([ $$l2 = 0 ] || echo -l2-$$l2)$$([ $$persistent = 0 ] || \
+			echo -persistent-$$persistent) || failed=1; \
 	done; exit $$failed
 
 # Every benchmark once, as a plain test, so the suites never rot (seconds).

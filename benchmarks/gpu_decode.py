@@ -297,6 +297,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="with one-launch layers: how many of the products after attention (o_proj, gate|up, "
                         "down, the next layer's q|k|v) have their weights asked into the L2 as attention begins "
                         "(default 0)")
+    p.add_argument("--layer-persistent-per-sm", type=int, choices=range(5), default=0,
+                   help="with one-launch layers: programs an SM that take ticket after ticket (0, the default: a "
+                        "program for each)")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     args.quant_batch_sizes = [int(b) for b in args.quant_batch_sizes.split(",") if b]
@@ -325,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     triton_paged.DECODE_PREPARES_NEW_TOKEN = args.decode_new_token == "on"
     step_inputs.PACK_UPLOADS_ON_CUDA = args.packed_uploads == "on"
     one_launch_layer.ONE_LAUNCH_LAYERS_ON_CUDA = args.one_launch_layers == "on"
-    importlib.import_module("fastgen.kernels.decode_layer").L2_PREFETCH_PRODUCTS = args.layer_l2_prefetch
+    decode_layer = importlib.import_module("fastgen.kernels.decode_layer")
+    decode_layer.L2_PREFETCH_PRODUCTS = args.layer_l2_prefetch
+    decode_layer.PERSISTENT_PROGRAMS_PER_SM = args.layer_persistent_per_sm
     importlib.import_module("fastgen.kernels.paged_decode_attention").COMBINE_IN_LAST_SPLIT = \
         args.combine_in_split == "on"
     args.model_dir = preset_model_dir(args.preset)
@@ -349,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                      "programmatic_launch": args.programmatic_launch, "packed_uploads": args.packed_uploads,
                      "combine_in_split": args.combine_in_split, "one_launch_layers": args.one_launch_layers,
                      "layer_l2_prefetch": args.layer_l2_prefetch,
+                     "layer_persistent_per_sm": args.layer_persistent_per_sm,
                      "block_size": args.block_size,
                      "max_model_len": args.max_model_len,
                      "points": args.points, "workload": {"num_prompts": args.num_prompts,

@@ -8,9 +8,10 @@ graphs). GPU time a layer: 40 layers in one CUDA graph, cycling through enough c
 layer's weights and cache that each launch reads them from memory, not the L2; the one launch
 at its default tiling and at a few others, with the weights of the products after attention
 asked into the L2 ahead or not, and the next copy's q|k|v too (`LayerTiling.l2_prefetch`), with
-splits of 64 context tokens as well as 128 (`LayerTiling.min_tokens_per_split`); and a
-launch's timeline, phase by phase (`LayerTrace`), at the default tiling with and without the L2
-prefetch. One JSON:
+splits of 64 context tokens as well as 128 (`LayerTiling.min_tokens_per_split`), with programs
+that take ticket after ticket, two an SM (`LayerTiling.persistent_programs`); and a launch's
+timeline, phase by phase (`LayerTrace`), at the default tiling with and without the L2 prefetch,
+and with persistent programs. One JSON:
 
     python3 benchmarks/gpu_decode_layer_sweep.py [--output FILE] [--tilings 8/8/8,8/2/8] [--table-reach 4096]
 """
@@ -45,14 +46,16 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 1024, 16, 8, 128, 3072
 BLOCK, CONTEXT = 256, 512
 EPS = 1e-6
 # normed rows / plain rows / warps [/ products after attention asked into the L2 [/ least tokens
-# a split takes]]
-DEFAULT_TILINGS = "8/8/8,8/2/8,8/4/8,4/8/8,8/8/4,8/8/8/1,8/8/8/2,8/8/8/3,8/8/8/4,8/8/8/0/64,8/8/8/4/64"
+# a split takes [/ persistent programs, "2x": two an SM]]]
+DEFAULT_TILINGS = ("8/8/8,8/2/8,8/4/8,4/8/8,8/8/4,8/8/8/1,8/8/8/2,8/8/8/3,8/8/8/4,8/8/8/0/64,8/8/8/4/64,"
+                   "8/8/8/0/128/2x,8/8/8/3/128/2x,8/8/8/4/64/2x,8/2/8/3/128/2x")
 
 
-def parse_tilings(text: str) -> list[LayerTiling]:
+def parse_tilings(text: str, sms: int) -> list[LayerTiling]:
     tilings = []
     for item in text.split(","):
-        tilings.append(LayerTiling(*(int(v) for v in item.split("/"))))
+        values = [int(v[:-1]) * sms if v.endswith("x") else int(v) for v in item.split("/")]
+        tilings.append(LayerTiling(*values))
     return tilings
 
 
@@ -110,18 +113,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu-decode-layer-sweep.json"))
     p.add_argument("--tilings", default=DEFAULT_TILINGS,
-                   help="normed rows/plain rows/warps[/L2 prefetch[/least tokens a split takes]], comma-separated")
+                   help="normed rows/plain rows/warps[/L2 prefetch[/least tokens a split takes[/persistent programs, "
+                        "Nx: N an SM]]], comma-separated")
     p.add_argument("--table-reach", type=int, default=4096, help="tokens a block table covers (>= the context)")
     args = p.parse_args()
     if args.table_reach < CONTEXT:
         p.error(f"--table-reach must be at least the context, {CONTEXT}; got {args.table_reach}")
-    tilings = parse_tilings(args.tilings)
     device = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    tilings = parse_tilings(args.tilings, sms)
     gen = torch.Generator().manual_seed(0)
     report = {"device": torch.cuda.get_device_name(), "shape": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
               "head_dim": HEAD_DIM, "intermediate": INTERMEDIATE, "context": CONTEXT, "block_size": BLOCK,
               "table_reach": args.table_reach},
-              "default": str(default_layer_tiling(HIDDEN)), "rows": []}
+              "sms": sms, "default": str(default_layer_tiling(HIDDEN, sms)), "rows": []}
     layer_bytes = 2 * HIDDEN * ((HEADS + 2 * KV_HEADS) * HEAD_DIM + HEADS * HEAD_DIM + 3 * INTERMEDIATE)
     copies = max(1, -(-256 * 2**20 // layer_bytes))
     for rows in (1, 2):
@@ -144,9 +149,11 @@ def main() -> int:
         row["six_launches_us"] = time_us(lambda i: six_launches(layers[i], x, residual, step), copies)
         row["one_launch_us"] = time_us(lambda i: one_launch(layers[i], x, residual, step), copies)
         time_tilings(row, tilings, lambda tiling, i: one_launch(layers[i], x, residual, step, tiling), copies)
-        default = default_layer_tiling(HIDDEN)
+        default = default_layer_tiling(HIDDEN, sms)
         row["phases"] = {f"l2_prefetch={n}": phase_timeline(layers, x, residual, step, replace(default, l2_prefetch=n))
                          for n in (0, 3, 4)}
+        row["phases"]["l2_prefetch=3,persistent=2x"] = phase_timeline(
+            layers, x, residual, step, replace(default, l2_prefetch=3, persistent_programs=2 * sms))
         for layer in layers:
             layer["counters"].raise_if_stalled()
         for key in ("six_launches", "one_launch"):  # the layer's weights at that rate (the cache adds 2 MB a row)

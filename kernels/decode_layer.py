@@ -20,6 +20,13 @@ finished programs on a counter of its own: a program's stores, a barrier, then a
 one thread of a waiting program reads it with acquire, pausing between reads, and a barrier
 then lets the program's other threads on. The last program to finish zeroes the counters.
 
+Where the launch is persistent (`LayerTiling.persistent_programs`), a few programs take ticket
+after ticket instead, each drawing its next while the one it holds loads its first weight tile,
+so that none starts late and waits for its ticket before it can load anything. The argument
+holds: a program holds at most its current ticket and the next, finishes the current first,
+and waits only for lower tickets. Each program's last draw, which finds nothing left, is
+counted with the finished tickets, so that the last count still zeroes the counters.
+
 A wait that has not ended after `WAIT_LIMIT_NS` (a quarter of a second, where a whole launch
 takes microseconds) cannot end: a fault of the kernel or its launcher. The program then records
 what it saw (`LayerCounters.stalls`) and goes on, so the launch ends, with wrong outputs, instead
@@ -87,7 +94,8 @@ class LayerCounters:
     def __init__(self, device: torch.device):
         self.sets = torch.zeros(2, COUNTERS_PER_LAYER, dtype=torch.int32, device=device)
         # For each counter: what the last wait on it that gave up saw, and its target; -1, -1
-        # while none has. Never cleared by the kernel.
+        # while none has (for the ticket counter: a persistent program's draw that went back).
+        # Never cleared by the kernel.
         self.stalls = torch.full((COUNTERS_PER_LAYER, 2), -1, dtype=torch.int32, device=device)
         self._next = 0
 
@@ -101,6 +109,9 @@ class LayerCounters:
         """RuntimeError if a launch's wait ever gave up (the launch's outputs are wrong); waits
         for the launches before it (a sync)."""
         for counter, (seen, target) in enumerate(self.stalls.tolist()):
+            if target >= 0 and counter == _TICKET.value:
+                raise RuntimeError(f"decode_layer: a persistent program drew ticket {seen} after ticket {target - 1}: "
+                                   f"the counters were zeroed while its launch ran, whose outputs are wrong")
             if target >= 0:
                 phase = _WAITED_FOR.get(counter, f"counter {counter}")
                 raise RuntimeError(
@@ -114,6 +125,26 @@ def _count_done(counter_ptr):
     """Count this program's phase work done: every thread's stores come before the count."""
     tl.debug_barrier()
     tl.atomic_add(counter_ptr, 1, sem="release")
+
+
+@triton.jit
+def _draw_next(counters_ptr, total, PERSISTENT: tl.constexpr):
+    """The ticket a program takes after the one it holds: a new one where PERSISTENT, else
+    `total` (none)."""
+    if PERSISTENT:
+        return tl.atomic_add(counters_ptr + _TICKET, 1, sem="relaxed")
+    else:
+        return total
+
+
+@triton.jit
+def _count_finished(counters_ptr, finish_count):
+    """Count a ticket finished (or a persistent program's last, empty, draw). The last count
+    (every other program has stopped reading the counters) zeroes them for the layer's next
+    launch."""
+    finished = tl.atomic_add(counters_ptr + _FINISHED, 1, sem="acq_rel")
+    if finished == finish_count - 1:
+        tl.store(counters_ptr + tl.arange(0, _COUNTERS), tl.zeros([_COUNTERS], tl.int32))
 
 
 @triton.jit
@@ -206,6 +237,182 @@ def _clock_ns(ticket, TRACE: tl.constexpr, INLINE_PTX: tl.constexpr):
         return ticket.to(tl.int64) * 0
 
 
+# Not inlined: in the loop of a persistent program, the compiler would hoist what every phase
+# computes from its constants out of the loop and hold it all in registers at once (compiled for
+# sm_90, 173-238 registers a thread against 96-116 apart: one 8-warp program an SM, not two).
+@triton.jit(noinline=True)
+def _take_ticket(
+    ticket, total, finish_count,
+    x_ptr, res_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, block_tables_ptr, context_lens_ptr,
+    k_cache_ptr, v_cache_ptr,
+    in_norm_ptr, qkv_w_ptr, qkv_b_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
+    next_qkv_w_ptr,
+    qkv_ptr, attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, o_ptr, res1_ptr, act_ptr, out_ptr, res2_ptr,
+    counters_ptr, stalls_ptr, trace_ptr,
+    M, hidden, intermediate, num_heads, num_kv_heads, eps, qk_eps, scale, grid_splits,
+    n_qkv_programs, n_split_programs,
+    n_o_prefetch_programs, n_gate_up_prefetch_programs, n_down_prefetch_programs, n_next_qkv_prefetch_programs,
+    n_combine_programs, n_o_programs, n_gate_up_programs, n_down_programs,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt, stride_cs,
+    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NORMED_BLOCK_N: tl.constexpr, NORMED_BLOCK_K: tl.constexpr,
+    SKINNY_BLOCK_N: tl.constexpr, O_BLOCK_K: tl.constexpr, O_EVEN_K: tl.constexpr,
+    DOWN_BLOCK_K: tl.constexpr, DOWN_EVEN_K: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_QKV_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
+    BLOCK_G: tl.constexpr, ATTN_BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_S: tl.constexpr, LINES_A_PROGRAM: tl.constexpr, LINE_ELEMENTS: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    PDL: tl.constexpr, INLINE_PTX: tl.constexpr, TRACE: tl.constexpr,
+):
+    """One ticket's work (`decode_layer_kernel`); the ticket the program takes next (where
+    PERSISTENT, else `total`)."""
+    q_size = num_heads * HEAD_DIM
+    kv_size = num_kv_heads * HEAD_DIM
+    n_qkv = q_size + 2 * kv_size
+    end_qkv = n_qkv_programs
+    end_split = end_qkv + n_split_programs
+    end_prefetch = (end_split + n_o_prefetch_programs + n_gate_up_prefetch_programs + n_down_prefetch_programs
+                    + n_next_qkv_prefetch_programs)
+    end_combine = end_prefetch + n_combine_programs
+    end_o = end_combine + n_o_programs
+    end_gate_up = end_o + n_gate_up_programs
+    started = _clock_ns(ticket, TRACE, INLINE_PTX)
+    released = started  # when the ticket's phase work begins: after its wait
+    if ticket < end_qkv:
+        # Input norm (with the residual add) and q|k|v; program 0 writes the new residual.
+        pid = ticket
+        qkv_tile, qkv_tile_again, in_norm = normed_weight_tiles(pid, qkv_w_ptr, in_norm_ptr, n_qkv, hidden,
+                                                                hidden, NORMED_BLOCK_N, NORMED_BLOCK_K, False)
+        # The next ticket is drawn while this one's first weight tile loads.
+        next_ticket = _draw_next(counters_ptr, total, PERSISTENT)
+        _after_the_kernel_in_front(PDL)  # x and the residual come from it
+        released = _clock_ns(ticket, TRACE, INLINE_PTX)
+        normed_program(pid, qkv_tile, qkv_tile_again, in_norm, x_ptr, res_ptr, qkv_b_ptr, qkv_ptr, res1_ptr,
+                       M, n_qkv, hidden, eps,
+                       hidden, hidden, n_qkv, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
+                       HAS_RESIDUAL, HAS_QKV_BIAS, False)
+        _count_done(counters_ptr + _QKV_DONE)
+    elif ticket < end_split:
+        # Split attention; it prepares (q/k norm, RoPE) and stores the new token itself.
+        item = ticket - end_qkv
+        seq = (item // (num_kv_heads * grid_splits)).to(tl.int64)
+        kv_head = (item // grid_splits) % num_kv_heads
+        split = item % grid_splits
+        next_ticket = _draw_next(counters_ptr, total, PERSISTENT)
+        _after_the_kernel_in_front(PDL)  # the context lengths may come from it
+        # A split past what its sequence uses (most of the grid's at batch 1 over a short
+        # context) counts itself done without waiting for q|k|v: its place on the SM goes to a
+        # later phase's program, which starts streaming its weights.
+        if split < splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS):
+            _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs, stalls_ptr + 2 * _QKV_DONE, INLINE_PTX)
+            released = _clock_ns(ticket, TRACE, INLINE_PTX)
+            decode_split_program(
+                seq, kv_head, split,
+                qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+                attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+                scale,
+                n_qkv, HEAD_DIM,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                q_size, HEAD_DIM, stride_bt,
+                num_heads, num_kv_heads, grid_splits,
+                qkv_ptr + q_size, qkv_ptr + q_size + kv_size, positions_ptr, cos_sin_ptr, q_norm_ptr,
+                k_norm_ptr,
+                slot_mapping_ptr, qk_eps,
+                n_qkv, HEAD_DIM, n_qkv, HEAD_DIM, stride_cs,
+                counters_ptr,
+                BLOCK_SIZE, GROUP, HEAD_DIM, ONE_SPLIT, MIN_TOKENS, BLOCK_G, ATTN_BLOCK_N, BLOCK_D, DOT_DTYPE,
+                True, QK_NORM, False,
+            )
+        _count_done(counters_ptr + _SPLITS_DONE)
+    elif ticket < end_prefetch:
+        next_ticket = _draw_next(counters_ptr, total, PERSISTENT)
+        # Ask the L2 for the weights of the products after attention, and of the next layer's
+        # q|k|v (`LayerTiling.l2_prefetch`), so that they stream in while attention's chain of
+        # short steps, then the kernel boundary, leave the memory idle.
+        # Weights are never written, so there is nothing to wait for (the interpreter has no L2).
+        if INLINE_PTX:
+            # o_proj's parts first, then gate|up's, down's and the next layer's q|k|v.
+            part = ticket - end_split
+            weight, numel = o_w_ptr, hidden * q_size
+            if part >= n_o_prefetch_programs:
+                part -= n_o_prefetch_programs
+                weight, numel = gate_up_w_ptr, 2 * intermediate * hidden
+                if part >= n_gate_up_prefetch_programs:
+                    part -= n_gate_up_prefetch_programs
+                    weight, numel = down_w_ptr, hidden * intermediate
+                    if part >= n_down_prefetch_programs:
+                        part -= n_down_prefetch_programs
+                        weight, numel = next_qkv_w_ptr, n_qkv * hidden
+            _ask_l2_for(weight, numel, part, LINES_A_PROGRAM, LINE_ELEMENTS)
+    elif ticket < end_combine:
+        next_ticket = _draw_next(counters_ptr, total, PERSISTENT)
+        # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
+        _after_the_kernel_in_front(PDL)
+        _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs, stalls_ptr + 2 * _SPLITS_DONE, INLINE_PTX)
+        released = _clock_ns(ticket, TRACE, INLINE_PTX)
+        item = ticket - end_prefetch
+        combine_program((item // num_heads).to(tl.int64), item % num_heads, part_acc_ptr, part_max_ptr,
+                        part_sum_ptr, context_lens_ptr, attn_ptr, q_size, HEAD_DIM, num_heads, grid_splits,
+                        HEAD_DIM, MIN_TOKENS, BLOCK_S, BLOCK_D)
+        _count_done(counters_ptr + _COMBINES_DONE)
+    elif ticket < end_o:
+        # o_proj.
+        pid = ticket - end_combine
+        o_tile = skinny_first_tile(pid, o_w_ptr, hidden, q_size, q_size, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K)
+        # The next ticket is drawn while this one's first weight tile loads.
+        next_ticket = _draw_next(counters_ptr, total, PERSISTENT)
+        _after_the_kernel_in_front(PDL)
+        _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs, stalls_ptr + 2 * _COMBINES_DONE,
+                    INLINE_PTX)
+        released = _clock_ns(ticket, TRACE, INLINE_PTX)
+        skinny_program(pid, o_tile, attn_ptr, o_w_ptr, o_w_ptr, o_ptr, M, hidden, q_size, q_size, q_size,
+                       hidden, ROWS, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K, False)
+        _count_done(counters_ptr + _O_DONE)
+    elif ticket < end_gate_up:
+        # Post-attention norm (with the residual add), gate|up and SwiGLU; program 0 writes the
+        # layer's new residual.
+        pid = ticket - end_o
+        gate_tile, up_tile, post_norm = normed_weight_tiles(pid, gate_up_w_ptr, post_norm_ptr, intermediate,
+                                                            hidden, hidden, NORMED_BLOCK_N, NORMED_BLOCK_K, True)
+        # The next ticket is drawn while this one's first weight tile loads.
+        next_ticket = _draw_next(counters_ptr, total, PERSISTENT)
+        _after_the_kernel_in_front(PDL)
+        _wait_until(counters_ptr + _O_DONE, n_o_programs, stalls_ptr + 2 * _O_DONE, INLINE_PTX)
+        released = _clock_ns(ticket, TRACE, INLINE_PTX)
+        normed_program(pid, gate_tile, up_tile, post_norm, o_ptr, res1_ptr, o_ptr, act_ptr, res2_ptr,
+                       M, intermediate, hidden,
+                       eps, hidden, hidden, intermediate, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
+                       True, False, True)
+        _count_done(counters_ptr + _GATE_UP_DONE)
+    else:
+        # down_proj: the layer's output.
+        pid = ticket - end_gate_up
+        down_tile = skinny_first_tile(pid, down_w_ptr, hidden, intermediate, intermediate, SKINNY_BLOCK_N,
+                                      DOWN_BLOCK_K, DOWN_EVEN_K)
+        # The next ticket is drawn while this one's first weight tile loads.
+        next_ticket = _draw_next(counters_ptr, total, PERSISTENT)
+        _after_the_kernel_in_front(PDL)
+        _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs, stalls_ptr + 2 * _GATE_UP_DONE,
+                    INLINE_PTX)
+        released = _clock_ns(ticket, TRACE, INLINE_PTX)
+        skinny_program(pid, down_tile, act_ptr, down_w_ptr, down_w_ptr, out_ptr, M, hidden, intermediate,
+                       intermediate, intermediate, hidden, ROWS, SKINNY_BLOCK_N, DOWN_BLOCK_K, DOWN_EVEN_K, False)
+    if TRACE:
+        times = tl.arange(0, 4)
+        ended = _clock_ns(ticket, TRACE, INLINE_PTX)
+        when = tl.where(times == 0, started, tl.where(times == 1, released, ended))
+        tl.store(trace_ptr + ticket.to(tl.int64) * 3 + times, when, mask=times < 3)
+    _count_finished(counters_ptr, finish_count)
+    # A ticket drawn is past the one held, unless the counters were zeroed under the launch (a
+    # fault): then the program records it and stops, rather than take the work round again.
+    if next_ticket <= ticket:
+        tl.store(stalls_ptr + 2 * _TICKET, next_ticket)
+        tl.store(stalls_ptr + 2 * _TICKET + 1, ticket + 1)
+        next_ticket = total
+    return next_ticket
+
+
 @triton.jit
 def decode_layer_kernel(
     x_ptr, res_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, block_tables_ptr, context_lens_ptr,
@@ -227,137 +434,37 @@ def decode_layer_kernel(
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, ATTN_BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_S: tl.constexpr, LINES_A_PROGRAM: tl.constexpr, LINE_ELEMENTS: tl.constexpr,
+    n_programs, PERSISTENT: tl.constexpr,
     PDL: tl.constexpr, INLINE_PTX: tl.constexpr, TRACE: tl.constexpr,
 ):
     """One program of the layer's grid: phase and work item from its ticket (the module's
-    docstring). Rows of x are sequences; all buffers but the cache and weights are contiguous."""
+    docstring); where PERSISTENT, ticket after ticket until none is left (`LayerTiling.
+    persistent_programs`). Rows of x are sequences; all buffers but the cache and weights are
+    contiguous."""
+    total = (n_qkv_programs + n_split_programs + n_o_prefetch_programs + n_gate_up_prefetch_programs
+             + n_down_prefetch_programs + n_next_qkv_prefetch_programs + n_combine_programs + n_o_programs
+             + n_gate_up_programs + n_down_programs)
+    # Where PERSISTENT, each program's last draw finds no work left: it counts as finished too.
+    finish_count = total + n_programs if PERSISTENT else total
     ticket = tl.atomic_add(counters_ptr + _TICKET, 1, sem="relaxed")
-    started = _clock_ns(ticket, TRACE, INLINE_PTX)
-    released = started  # when the program's phase work begins: after its wait
-    q_size = num_heads * HEAD_DIM
-    kv_size = num_kv_heads * HEAD_DIM
-    n_qkv = q_size + 2 * kv_size
-    end_qkv = n_qkv_programs
-    end_split = end_qkv + n_split_programs
-    end_prefetch = (end_split + n_o_prefetch_programs + n_gate_up_prefetch_programs + n_down_prefetch_programs
-                    + n_next_qkv_prefetch_programs)
-    end_combine = end_prefetch + n_combine_programs
-    end_o = end_combine + n_o_programs
-    end_gate_up = end_o + n_gate_up_programs
-    if ticket < end_qkv:
-        # Input norm (with the residual add) and q|k|v; program 0 writes the new residual.
-        pid = ticket
-        qkv_tile, qkv_tile_again, in_norm = normed_weight_tiles(pid, qkv_w_ptr, in_norm_ptr, n_qkv, hidden, hidden,
-                                                                NORMED_BLOCK_N, NORMED_BLOCK_K, False)
-        _after_the_kernel_in_front(PDL)  # x and the residual come from it
-        released = _clock_ns(ticket, TRACE, INLINE_PTX)
-        normed_program(pid, qkv_tile, qkv_tile_again, in_norm, x_ptr, res_ptr, qkv_b_ptr, qkv_ptr, res1_ptr,
-                       M, n_qkv, hidden, eps,
-                       hidden, hidden, n_qkv, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
-                       HAS_RESIDUAL, HAS_QKV_BIAS, False)
-        _count_done(counters_ptr + _QKV_DONE)
-    elif ticket < end_split:
-        # Split attention; it prepares (q/k norm, RoPE) and stores the new token itself.
-        item = ticket - end_qkv
-        seq = (item // (num_kv_heads * grid_splits)).to(tl.int64)
-        kv_head = (item // grid_splits) % num_kv_heads
-        split = item % grid_splits
-        _after_the_kernel_in_front(PDL)  # the context lengths may come from it
-        # A split past what its sequence uses (most of the grid's at batch 1 over a short
-        # context) counts itself done without waiting for q|k|v: its place on the SM goes to a
-        # later phase's program, which starts streaming its weights.
-        if split < splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS):
-            _wait_until(counters_ptr + _QKV_DONE, n_qkv_programs, stalls_ptr + 2 * _QKV_DONE, INLINE_PTX)
-            released = _clock_ns(ticket, TRACE, INLINE_PTX)
-            decode_split_program(
-                seq, kv_head, split,
-                qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-                attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-                scale,
-                n_qkv, HEAD_DIM,
-                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                q_size, HEAD_DIM, stride_bt,
-                num_heads, num_kv_heads, grid_splits,
-                qkv_ptr + q_size, qkv_ptr + q_size + kv_size, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr,
-                slot_mapping_ptr, qk_eps,
-                n_qkv, HEAD_DIM, n_qkv, HEAD_DIM, stride_cs,
-                counters_ptr,
-                BLOCK_SIZE, GROUP, HEAD_DIM, ONE_SPLIT, MIN_TOKENS, BLOCK_G, ATTN_BLOCK_N, BLOCK_D, DOT_DTYPE,
-                True, QK_NORM, False,
-            )
-        _count_done(counters_ptr + _SPLITS_DONE)
-    elif ticket < end_prefetch:
-        # Ask the L2 for the weights of the products after attention, and of the next layer's
-        # q|k|v (`LayerTiling.l2_prefetch`), so that they stream in while attention's chain of
-        # short steps, then the kernel boundary, leave the memory idle.
-        # Weights are never written, so there is nothing to wait for (the interpreter has no L2).
-        if INLINE_PTX:
-            # o_proj's parts first, then gate|up's, down's and the next layer's q|k|v.
-            part = ticket - end_split
-            weight, numel = o_w_ptr, hidden * q_size
-            if part >= n_o_prefetch_programs:
-                part -= n_o_prefetch_programs
-                weight, numel = gate_up_w_ptr, 2 * intermediate * hidden
-                if part >= n_gate_up_prefetch_programs:
-                    part -= n_gate_up_prefetch_programs
-                    weight, numel = down_w_ptr, hidden * intermediate
-                    if part >= n_down_prefetch_programs:
-                        part -= n_down_prefetch_programs
-                        weight, numel = next_qkv_w_ptr, n_qkv * hidden
-            _ask_l2_for(weight, numel, part, LINES_A_PROGRAM, LINE_ELEMENTS)
-    elif ticket < end_combine:
-        # The splits' combine, per (sequence, query head); nothing for a one-split sequence.
-        _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _SPLITS_DONE, n_split_programs, stalls_ptr + 2 * _SPLITS_DONE, INLINE_PTX)
-        released = _clock_ns(ticket, TRACE, INLINE_PTX)
-        item = ticket - end_prefetch
-        combine_program((item // num_heads).to(tl.int64), item % num_heads, part_acc_ptr, part_max_ptr,
-                        part_sum_ptr, context_lens_ptr, attn_ptr, q_size, HEAD_DIM, num_heads, grid_splits,
-                        HEAD_DIM, MIN_TOKENS, BLOCK_S, BLOCK_D)
-        _count_done(counters_ptr + _COMBINES_DONE)
-    elif ticket < end_o:
-        # o_proj.
-        pid = ticket - end_combine
-        o_tile = skinny_first_tile(pid, o_w_ptr, hidden, q_size, q_size, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K)
-        _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _COMBINES_DONE, n_combine_programs, stalls_ptr + 2 * _COMBINES_DONE, INLINE_PTX)
-        released = _clock_ns(ticket, TRACE, INLINE_PTX)
-        skinny_program(pid, o_tile, attn_ptr, o_w_ptr, o_w_ptr, o_ptr, M, hidden, q_size, q_size, q_size, hidden,
-                       ROWS, SKINNY_BLOCK_N, O_BLOCK_K, O_EVEN_K, False)
-        _count_done(counters_ptr + _O_DONE)
-    elif ticket < end_gate_up:
-        # Post-attention norm (with the residual add), gate|up and SwiGLU; program 0 writes the
-        # layer's new residual.
-        pid = ticket - end_o
-        gate_tile, up_tile, post_norm = normed_weight_tiles(pid, gate_up_w_ptr, post_norm_ptr, intermediate, hidden,
-                                                            hidden, NORMED_BLOCK_N, NORMED_BLOCK_K, True)
-        _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _O_DONE, n_o_programs, stalls_ptr + 2 * _O_DONE, INLINE_PTX)
-        released = _clock_ns(ticket, TRACE, INLINE_PTX)
-        normed_program(pid, gate_tile, up_tile, post_norm, o_ptr, res1_ptr, o_ptr, act_ptr, res2_ptr,
-                       M, intermediate, hidden,
-                       eps, hidden, hidden, intermediate, hidden, ROWS, NORMED_BLOCK_N, NORMED_BLOCK_K,
-                       True, False, True)
-        _count_done(counters_ptr + _GATE_UP_DONE)
-    else:
-        # down_proj: the layer's output.
-        pid = ticket - end_gate_up
-        down_tile = skinny_first_tile(pid, down_w_ptr, hidden, intermediate, intermediate, SKINNY_BLOCK_N,
-                                      DOWN_BLOCK_K, DOWN_EVEN_K)
-        _after_the_kernel_in_front(PDL)
-        _wait_until(counters_ptr + _GATE_UP_DONE, n_gate_up_programs, stalls_ptr + 2 * _GATE_UP_DONE, INLINE_PTX)
-        released = _clock_ns(ticket, TRACE, INLINE_PTX)
-        skinny_program(pid, down_tile, act_ptr, down_w_ptr, down_w_ptr, out_ptr, M, hidden, intermediate, intermediate,
-                       intermediate, hidden, ROWS, SKINNY_BLOCK_N, DOWN_BLOCK_K, DOWN_EVEN_K, False)
-    if TRACE:
-        times = tl.arange(0, 4)
-        when = tl.where(times == 0, started, tl.where(times == 1, released, _clock_ns(ticket, TRACE, INLINE_PTX)))
-        tl.store(trace_ptr + ticket.to(tl.int64) * 3 + times, when, mask=times < 3)
-    # The last program to finish (every other one has stopped reading the counters) zeroes
-    # them for the layer's next launch.
-    finished = tl.atomic_add(counters_ptr + _FINISHED, 1, sem="acq_rel")
-    if finished == end_gate_up + n_down_programs - 1:
-        tl.store(counters_ptr + tl.arange(0, _COUNTERS), tl.zeros([_COUNTERS], tl.int32))
+    # One pass for a program of each ticket (the next it takes is `total`).
+    while ticket < total:
+        ticket = _take_ticket(
+            ticket, total, finish_count, x_ptr, res_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr,
+            block_tables_ptr, context_lens_ptr, k_cache_ptr, v_cache_ptr, in_norm_ptr, qkv_w_ptr, qkv_b_ptr,
+            q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr, next_qkv_w_ptr, qkv_ptr,
+            attn_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, o_ptr, res1_ptr, act_ptr, out_ptr, res2_ptr,
+            counters_ptr, stalls_ptr, trace_ptr, M, hidden, intermediate, num_heads, num_kv_heads, eps, qk_eps,
+            scale, grid_splits, n_qkv_programs, n_split_programs, n_o_prefetch_programs, n_gate_up_prefetch_programs,
+            n_down_prefetch_programs, n_next_qkv_prefetch_programs, n_combine_programs, n_o_programs,
+            n_gate_up_programs, n_down_programs, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            stride_bt, stride_cs, ROWS, HEAD_DIM, NORMED_BLOCK_N, NORMED_BLOCK_K, SKINNY_BLOCK_N, O_BLOCK_K,
+            O_EVEN_K, DOWN_BLOCK_K, DOWN_EVEN_K, HAS_RESIDUAL, HAS_QKV_BIAS, QK_NORM, BLOCK_SIZE, GROUP, ONE_SPLIT,
+            MIN_TOKENS, BLOCK_G, ATTN_BLOCK_N, BLOCK_D, DOT_DTYPE, BLOCK_S, LINES_A_PROGRAM, LINE_ELEMENTS,
+            PERSISTENT, PDL, INLINE_PTX, TRACE,
+        )
+    if PERSISTENT:
+        _count_finished(counters_ptr, finish_count)
 
 
 def _interpreting() -> bool:
@@ -370,6 +477,9 @@ def _interpreting() -> bool:
 # until a GPU measures it (`benchmarks/gpu_decode_layer_sweep.py`, `gpu_decode.py
 # --layer-l2-prefetch`).
 L2_PREFETCH_PRODUCTS = 0
+# Persistent programs an SM (`LayerTiling.persistent_programs`; 0: a program for each ticket),
+# until a GPU measures them (the sweep, `gpu_decode.py --layer-persistent-per-sm`).
+PERSISTENT_PROGRAMS_PER_SM = 0
 
 
 @dataclass(frozen=True)
@@ -392,9 +502,15 @@ class LayerTiling:
     # Context tokens a split takes at least: fewer make attention's chain shorter (fewer KV tiles
     # a program walks, in turn) and its combine wider.
     min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT
+    # 0: a program for each ticket, as many as the phases have work items. n: n programs (at
+    # most the tickets; as many as fit the GPU at once, two an SM at 8 warps) that each take
+    # ticket after ticket, drawing the next while the one they hold loads its first weight tile:
+    # no program starts late and waits for its ticket (an atomic's round trip) before it knows
+    # what to load.
+    persistent_programs: int = 0
 
 
-def default_layer_tiling(hidden: int) -> LayerTiling:
+def default_layer_tiling(hidden: int, sms: int = 0) -> LayerTiling:
     """Eight warps; eight weight rows a program for the plain products, and for the normed ones
     up to 1,024 inputs (two beyond, whose tiles hold all of K). One launch's registers are its
     most demanding phase's, for all of its programs: compiled for sm_90 at Qwen3-0.6B's shapes,
@@ -403,15 +519,17 @@ def default_layer_tiling(hidden: int) -> LayerTiling:
     take 64-74 and four spill at one row. With two programs an SM, the plain products' tiles of
     two weight rows (the separate kernel's, which runs 16 programs an SM) would keep too few
     bytes in flight; eight rows keep 16 KB a program. Chosen from registers, not yet timed.
-    L2 prefetch: `L2_PREFETCH_PRODUCTS`."""
-    return LayerTiling(8 if hidden <= 1024 else 2, 8, 8, L2_PREFETCH_PRODUCTS)
+    L2 prefetch: `L2_PREFETCH_PRODUCTS`; persistent programs: `PERSISTENT_PROGRAMS_PER_SM` for
+    each of the GPU's `sms`."""
+    return LayerTiling(8 if hidden <= 1024 else 2, 8, 8, L2_PREFETCH_PRODUCTS,
+                       persistent_programs=PERSISTENT_PROGRAMS_PER_SM * sms)
 
 
 class LayerTrace:
     """Where one launch's time went (`decode_layer(..., trace=)`), for benchmarks: for each
-    program, in ticket order, when it started, began its phase's work (after its wait) and ended,
-    on the GPU's global clock (zeros under the interpreter), and its phase (`PHASES`; a split
-    program past its sequence's splits is an idle split)."""
+    ticket (a program's, or a persistent program's turn), in ticket order, when it started, began
+    its phase's work (after its wait) and ended, on the GPU's global clock (zeros under the
+    interpreter), and its phase (`PHASES`; a split past its sequence's splits is an idle split)."""
 
     PHASES = ("q|k|v", "split", "idle split", "prefetch", "combine", "o_proj", "gate|up", "down")
 
@@ -566,9 +684,12 @@ def decode_layer(
     out = torch.empty_like(x)
     layer_residual = torch.empty_like(x)
 
-    tiling = tiling or default_layer_tiling(hidden)
+    tiling = tiling or default_layer_tiling(hidden, num_sms(x.device))
     if tiling.min_tokens_per_split < 1:
         raise ValueError(f"decode_layer: min_tokens_per_split is {tiling.min_tokens_per_split}, at least 1")
+    if tiling.persistent_programs < 0:
+        raise ValueError(f"decode_layer: persistent_programs is {tiling.persistent_programs}, at least 0 (0: a "
+                         f"program for each ticket)")
     if tiling.l2_prefetch not in range(5):
         raise ValueError(f"decode_layer: l2_prefetch is {tiling.l2_prefetch}, at most 4 (the 3 products after "
                          f"attention and the next layer's q|k|v)")
@@ -587,7 +708,10 @@ def decode_layer(
     group = w.num_heads // num_kv_heads
     block_g, attn_block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
     pdl = programmatic_launch(x.device)
-    decode_layer_kernel[(sum(programs),)](
+    tickets = sum(programs)
+    persistent = tiling.persistent_programs > 0
+    launched = min(tickets, tiling.persistent_programs) if persistent else tickets
+    decode_layer_kernel[(launched,)](
         x, x if residual is None else residual, positions, cos_sin, slot_mapping, block_tables, context_lens,
         k_cache, v_cache,
         input_norm, qkv_w, qkv_w if w.qkv_bias is None else w.qkv_bias.contiguous(),
@@ -606,6 +730,7 @@ def decode_layer(
         BLOCK_SIZE=block_size, GROUP=group, ONE_SPLIT=splits == 1, MIN_TOKENS=tiling.min_tokens_per_split,
         BLOCK_G=block_g, ATTN_BLOCK_N=attn_block_n, BLOCK_D=block_d, DOT_DTYPE=dot,
         BLOCK_S=triton.next_power_of_2(MAX_SPLITS), LINES_A_PROGRAM=PREFETCH_LINES, LINE_ELEMENTS=line_elements,
+        n_programs=launched, PERSISTENT=persistent,
         PDL=pdl, INLINE_PTX=not _interpreting(), TRACE=trace is not None,
         num_warps=tiling.num_warps, **launch_options(pdl),
     )

@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # must be unset before any kernel is decorated
@@ -206,7 +207,13 @@ def _normed_products():
 def _decode_layers():
     """A whole layer's decode step in one launch at Qwen3-0.6B's, Qwen2-0.5B's and Llama-3.2-1B's
     shapes (hidden, heads, KV heads, head dim, intermediate), one and two rows."""
-    from fastgen.kernels.decode_layer import DecodeLayerWeights, LayerCounters, LayerTrace, decode_layer
+    from fastgen.kernels.decode_layer import (
+        DecodeLayerWeights,
+        LayerCounters,
+        LayerTrace,
+        decode_layer,
+        default_layer_tiling,
+    )
 
     shapes = {"qwen3-0.6b": (1024, 16, 8, 128, 3072, True, False), "qwen2-0.5b": (896, 14, 2, 64, 4864, False, True),
               "llama-3.2-1b": (2048, 32, 8, 64, 8192, False, False)}
@@ -228,6 +235,10 @@ def _decode_layers():
                         torch.zeros(rows, dtype=torch.int64), 0.1, LayerCounters(torch.device("cpu")))
                 tag = {"dtype": str(dtype).split(".")[1], "layer": name, "rows": rows}
                 yield from with_and_without_pdl(tag, lambda x=x, w=w, a=args: decode_layer(x, x, w, *a))
+                if dtype == torch.bfloat16:  # persistent programs (two an H100 SM), as the layer sweep tries them
+                    persistent = replace(default_layer_tiling(hidden), persistent_programs=264)
+                    yield from with_and_without_pdl(tag | {"persistent": True}, lambda x=x, w=w, a=args,
+                                                    t=persistent: decode_layer(x, x, w, *a, t))
                 if dtype == torch.bfloat16 and rows == 1:  # traced, as the layer sweep runs it once
                     yield tag | {"traced": True}, lambda x=x, w=w, a=args: decode_layer(x, x, w, *a, None,
                                                                                           LayerTrace())

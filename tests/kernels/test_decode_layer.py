@@ -54,16 +54,19 @@ def layer_weights(dtype, head_dim, hidden, intermediate, qk_norm, qkv_bias, gen,
         num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=head_dim, eps=EPS, qk_eps=QK_EPS)
 
 
-@pytest.mark.parametrize("lens,first_layer", [([1], True), ([40], False), ([300], False), ([300, 0], False),
-                                               ([1, 200], True)],
-                         ids=["one-token-first-layer", "one-split", "three-splits", "padding-row",
-                              "two-rows-first-layer"])
+# Persistent: five programs take every ticket in turn (under the interpreter the first takes
+# them all, and the others find none left).
+@pytest.mark.parametrize("lens,first_layer,persistent_programs", [
+    ([1], True, 0), ([40], False, 0), ([300], False, 0), ([300, 0], False, 0), ([1, 200], True, 0),
+    pytest.param([300], False, 5, marks=pytest.mark.slow), ([1, 200], True, 5)],
+    ids=["one-token-first-layer", "one-split", "three-splits", "padding-row", "two-rows-first-layer",
+         "three-splits-persistent", "two-rows-first-layer-persistent"])
 @pytest.mark.parametrize("dtype,head_dim,hidden,intermediate,qk_norm,qkv_bias", [
     (torch.float32, 64, 100, 164, True, False),  # Qwen3's kind of layer; widths that leave programs part-full
     (torch.bfloat16, 32, 64, 128, False, True),  # Qwen2's (a q|k|v bias, no per-head norm)
 ], ids=["fp32-qwen3", "bf16-qwen2"])
 def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediate, qk_norm, qkv_bias, first_layer,
-                                            lens):
+                                            lens, persistent_programs):
     _, _, _, k_cache, v_cache, tables, lens_t, positions, cos_sin, _, slots = step(dtype, head_dim, lens, seed=7)
     gen = torch.Generator().manual_seed(11)
     device = k_cache.device
@@ -76,9 +79,10 @@ def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediat
                                                        lens_t, slots, scale)
 
     counters = LayerCounters(device)
+    tiling = replace(default_layer_tiling(hidden), persistent_programs=persistent_programs)
     # Back to back, without a sync: the third launch takes the first one's counters again.
     launches = [decode_layer(x, residual, w, positions, cos_sin, k_cache, v_cache, tables, lens_t, slots, scale,
-                             counters) for _ in range(3)]
+                             counters, tiling) for _ in range(3)]
     for launch, (got, got_residual) in enumerate(launches):
         assert_same(got, want, f"launch {launch}")
         assert_same(got_residual, want_residual, f"launch {launch}'s residual")
@@ -88,15 +92,18 @@ def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediat
     counters.raise_if_stalled()
 
 
-@pytest.mark.parametrize("lens,l2_prefetch,traced", [([300], 1, False), ([1, 200], 4, True)],
-                         ids=["three-splits-o", "two-rows-all-traced"])
-def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_prefetch, traced):
+@pytest.mark.parametrize("lens,l2_prefetch,traced,persistent_programs", [
+    ([300], 1, False, 0), ([1, 200], 4, True, 0), ([1, 200], 4, True, 3)],
+    ids=["three-splits-o", "two-rows-all-traced", "two-rows-all-traced-persistent"])
+def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_prefetch, traced,
+                                                                       persistent_programs):
     """With the products after attention asked into the L2 by programs of their own (which, with
     no L2 under the interpreter, only take their tickets), every other phase's work is where it
     was and the counters come back to zero (with the next layer's q|k|v asked for too, at 4); so
-    too when the launch is traced (`LayerTrace`), whose record names each program's phase and, on
-    a GPU, shows each phase's waiting programs beginning their work only after every program of
-    the phase they wait for has started."""
+    too when the launch is traced (`LayerTrace`), whose record names each ticket's phase and, on
+    a GPU, shows each phase's waiting tickets beginning their work only after every ticket of
+    the phase they wait for has started; and so too with persistent programs (three, taking
+    ticket after ticket)."""
     dtype, head_dim, hidden, intermediate = torch.float32, 64, 100, 164
     _, _, _, k_cache, v_cache, tables, lens_t, positions, cos_sin, _, slots = step(dtype, head_dim, lens, seed=3)
     gen = torch.Generator().manual_seed(5)
@@ -108,7 +115,7 @@ def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     want, want_residual = decode_layer_in_six_launches(x, residual, w, *args[:2], k_ref, v_ref, *args[4:])
     counters = LayerCounters(device)
-    tiling = replace(default_layer_tiling(hidden), l2_prefetch=l2_prefetch)
+    tiling = replace(default_layer_tiling(hidden), l2_prefetch=l2_prefetch, persistent_programs=persistent_programs)
     trace = LayerTrace() if traced else None
     for launch in range(2):
         got, got_residual = decode_layer(x, residual, w, *args, counters, tiling, trace)
@@ -202,6 +209,8 @@ def test_what_the_layer_kernel_does_not_take_is_refused():
         decode_layer(x, None, w, *args[:-1], counters.sets[0])
     with pytest.raises(ValueError, match="min_tokens_per_split is 0, at least 1"):
         decode_layer(x, None, w, *args, replace(default_layer_tiling(64), min_tokens_per_split=0))
+    with pytest.raises(ValueError, match="persistent_programs is -1, at least 0"):
+        decode_layer(x, None, w, *args, replace(default_layer_tiling(64), persistent_programs=-1))
     with pytest.raises(ValueError, match="l2_prefetch is 5, at most 4"):
         decode_layer(x, None, w, *args, replace(default_layer_tiling(64), l2_prefetch=5))
     with pytest.raises(ValueError, match="next_qkv has shape"):

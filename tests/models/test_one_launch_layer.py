@@ -48,9 +48,13 @@ def one_launch_layers(monkeypatch):
 # tests cover).
 @pytest.mark.parametrize("l2_prefetch", [0, pytest.param(4, marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="the L2 prefetch is PTX"))])
+# With two persistent programs an SM, each taking ticket after ticket (on a CPU the interpreter's
+# first program takes them all: test-slow).
+@pytest.mark.parametrize("persistent_per_sm", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_decode_in_one_launch_a_layer_matches_transformers(tiny_models, reference, one_launch_layers, family,
-                                                          graphs, l2_prefetch, monkeypatch):
+                                                          graphs, l2_prefetch, persistent_per_sm, monkeypatch):
     monkeypatch.setattr(decode_layer_module, "L2_PREFETCH_PRODUCTS", l2_prefetch)
+    monkeypatch.setattr(decode_layer_module, "PERSISTENT_PROGRAMS_PER_SM", persistent_per_sm)
     model = tiny_models[family]
     prompts = random_prompts([4, 150], seed=31)  # the long one attends over several splits
     llm = LLM(model, dtype="float32", attention_backend="triton", block_size=16, num_kv_blocks=64, max_num_seqs=2,
