@@ -80,15 +80,17 @@ gpu-switches:
 
 # Decode steps of one and two rows with each layer in one launch, against the six launches a
 # layer (`kernels/decode_layer.py`, off by default until this measures it): its tests first,
-# under a time limit (a wrong wait would hang: then nothing else runs), then, whether they
+# under a time limit (a hang, or compiles past it: then nothing else runs), then, whether they
 # passed or not, one layer alone against its six launches at a few tilings
 # (`gpu-decode-layer-sweep-<gpu>.json`, with and without the L2 prefetch, and a launch's
-# timeline phase by phase) and the decode step with it off, on, and on with the weights of the
-# three products after attention (and the next layer's q|k|v) asked into the L2 (one JSON each:
-# `-one-launch-off`, `-one-launch-on`, `-one-launch-on-l2-3`, `-one-launch-on-l2-4`) (~6-8 min,
-# compiles included).
+# timeline phase by phase) and the decode step with it off, on, on with the weights of the
+# three products after attention (and the next layer's q|k|v) asked into the L2, and on with
+# them asked by two persistent programs an SM (one JSON each: `-one-launch-off`,
+# `-one-launch-on`, `-one-launch-on-l2-3`, `-one-launch-on-l2-4`,
+# `-one-launch-on-l2-3-persistent-2`) (~7-9 min, compiles included). A wait that cannot end
+# gives up after a quarter of a second and is reported (`LayerCounters.raise_if_stalled`).
 gpu-one-launch:
-	failed=0; $(GPU_ENV) timeout -k 15 420 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -rfEs \
+	failed=0; $(GPU_ENV) timeout -k 15 480 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -rfEs \
 		-m "cuda or triton" tests/kernels/test_decode_layer.py tests/models/test_one_launch_layer.py; rc=$$?; \
 	[ $$rc = 124 ] || [ $$rc = 137 ] && { echo "the one-launch tests timed out (a hung wait, or a slow compile)"; \
 		exit 1; }; \

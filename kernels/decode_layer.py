@@ -94,7 +94,8 @@ class LayerCounters:
     def __init__(self, device: torch.device):
         self.sets = torch.zeros(2, COUNTERS_PER_LAYER, dtype=torch.int32, device=device)
         # For each counter: what the last wait on it that gave up saw, and its target; -1, -1
-        # while none has (for the ticket counter: a persistent program's draw that went back).
+        # while none has (for the ticket counter: a persistent program's next draw that was not
+        # past the ticket it held).
         # Never cleared by the kernel.
         self.stalls = torch.full((COUNTERS_PER_LAYER, 2), -1, dtype=torch.int32, device=device)
         self._next = 0
@@ -159,27 +160,34 @@ def _after_the_kernel_in_front(PDL: tl.constexpr):
 # The wait's loop in PTX, for one thread of the program (thread 0; the others go on to the
 # barrier after it): hundreds of programs may wait on one counter at once, and their threads'
 # reads would crowd the cache line that the counting programs add to. Thread 0 reads with
-# acquire, and pauses between reads; past WAIT_LIMIT_NS on the GPU's global clock it stores what
-# it saw and the target at $3 (the counter's place in `LayerCounters.stalls`) and gives up.
-# Labels are local to the braces, so the loop may be inlined at every wait.
+# acquire, and pauses between reads; every 256th read (a read takes hundreds of nanoseconds, so
+# the clock costs nothing on the way of a wait that ends) it reads the GPU's global clock, and
+# past WAIT_LIMIT_NS it stores what it saw and the target at $3 (the counter's place in
+# `LayerCounters.stalls`) and gives up. Labels are local to the braces, so the loop may be
+# inlined at every wait.
 _SPIN = tl.constexpr("""{
-    .reg .pred not_first, waiting, in_time;
-    .reg .u32 thread;
+    .reg .pred not_first, waiting, not_yet, in_time;
+    .reg .u32 thread, reads, every;
     .reg .s32 seen;
-    .reg .u64 began, waited;
+    .reg .s64 began, waited;
     mov.u32 thread, %tid.x;
     setp.ne.u32 not_first, thread, 0;
     mov.s32 $0, 0;
     @not_first bra DONE;
     mov.u64 began, %globaltimer;
+    mov.u32 reads, 0;
     SPIN:
     ld.acquire.gpu.global.s32 seen, [$1];
     setp.lt.s32 waiting, seen, $2;
     @!waiting bra DONE;
     nanosleep.u32 64;
+    add.u32 reads, reads, 1;
+    and.b32 every, reads, 255;
+    setp.ne.u32 not_yet, every, 0;
+    @not_yet bra SPIN;
     mov.u64 waited, %globaltimer;
-    sub.u64 waited, waited, began;
-    setp.lt.u64 in_time, waited, """ + str(WAIT_LIMIT_NS) + """;
+    sub.s64 waited, waited, began;
+    setp.lt.s64 in_time, waited, """ + str(WAIT_LIMIT_NS) + """;
     @in_time bra SPIN;
     st.global.s32 [$3], seen;
     st.global.s32 [$3+4], $2;
@@ -239,7 +247,7 @@ def _clock_ns(ticket, TRACE: tl.constexpr, INLINE_PTX: tl.constexpr):
 
 # Not inlined: in the loop of a persistent program, the compiler would hoist what every phase
 # computes from its constants out of the loop and hold it all in registers at once (compiled for
-# sm_90, 173-238 registers a thread against 96-116 apart: one 8-warp program an SM, not two).
+# sm_90, 173-238 registers a thread against 91-116 apart: one 8-warp program an SM, not two).
 @triton.jit(noinline=True)
 def _take_ticket(
     ticket, total, finish_count,
@@ -534,7 +542,7 @@ class LayerTrace:
     PHASES = ("q|k|v", "split", "idle split", "prefetch", "combine", "o_proj", "gate|up", "down")
 
     def __init__(self):
-        self.times: torch.Tensor | None = None  # int64 [programs, 3]: started, began, ended (ns)
+        self.times: torch.Tensor | None = None  # int64 [tickets, 3]: started, began, ended (ns)
         self.phases: torch.Tensor | None = None  # int64 [programs], an index into PHASES
 
     def start(self, programs, splits_used: torch.Tensor, num_kv_heads: int, grid_splits: int,

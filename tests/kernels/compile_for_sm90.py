@@ -88,10 +88,12 @@ def resource_usage(kernel) -> dict:
             f.write(kernel.asm["cubin"])
             f.flush()
             text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+        # The most any of the cubin's functions takes (a kernel's non-inlined functions are listed
+        # apart from it).
         for key in ("REG", "STACK", "LOCAL"):
-            match = re.search(rf"\b{key}:(\d+)", text)
-            if match:
-                usage[key.lower()] = int(match.group(1))
+            found = [int(v) for v in re.findall(rf"\b{key}:(\d+)", text)]
+            if found:
+                usage[key.lower()] = max(found)
     return usage
 
 

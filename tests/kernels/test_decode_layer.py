@@ -93,7 +93,7 @@ def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediat
 
 
 @pytest.mark.parametrize("lens,l2_prefetch,traced,persistent_programs", [
-    ([300], 1, False, 0), ([1, 200], 4, True, 0), ([1, 200], 4, True, 3)],
+    ([300], 1, False, 0), ([1, 200], 4, True, 0), pytest.param([1, 200], 4, True, 3, marks=pytest.mark.slow)],
     ids=["three-splits-o", "two-rows-all-traced", "two-rows-all-traced-persistent"])
 def test_programs_that_ask_the_l2_for_weights_leave_the_step_as_it_was(lens, l2_prefetch, traced,
                                                                        persistent_programs):
@@ -146,6 +146,24 @@ def test_a_wait_that_cannot_end_gives_up_and_is_reported():
         counters.raise_if_stalled()
     assert counters.stalls[2:].eq(-1).all()  # no other phase waited in vain
     assert not counters.sets.any(), counters.sets
+
+
+def test_a_persistent_program_sent_back_by_zeroed_counters_stops_and_is_reported():
+    """Counters zeroed in the middle of a launch (here the count of finished tickets starts 10
+    ahead, so that its last count comes early) would send persistent programs round the tickets
+    again for ever: a program whose next draw is not past the ticket it holds records it and
+    stops, and `raise_if_stalled` says so."""
+    _, _, _, k_cache, v_cache, tables, lens, positions, cos_sin, _, slots = step(torch.float32, 32, [40], seed=1)
+    gen = torch.Generator().manual_seed(2)
+    w = layer_weights(torch.float32, 32, 64, 128, True, False, gen, k_cache.device)
+    x = torch.randn(1, 64, generator=gen).to(k_cache.device)
+    counters = LayerCounters(k_cache.device)
+    counters.sets[0, 6] = 10  # the finished tickets' count
+    decode_layer(x, None, w, positions, cos_sin, k_cache, v_cache, tables, lens, slots, 0.1, counters,
+                 replace(default_layer_tiling(64), persistent_programs=5))
+    with pytest.raises(RuntimeError, match=r"a persistent program drew ticket \d+ after ticket \d+: the counters "
+                                           r"were zeroed while its launch ran"):
+        counters.raise_if_stalled()
 
 
 def test_shorter_splits_attend_as_the_six_launches_do():

@@ -37,20 +37,26 @@ def one_launch_layers(monkeypatch):
     return launches
 
 
+GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="the L2 prefetch is PTX")
+
+
 # Qwen3 (a per-head q/k norm) and Qwen2 (a q|k|v bias) take the kernel's two switches. On a
 # GPU the graphs are captured too, as the engine runs them: each layer's launch then keeps the
 # counter set it was captured with, its programs wait in PTX, and steps replay back to back.
 @pytest.mark.parametrize("graphs", ["eager", pytest.param("captured", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="captures CUDA graphs"))])
-@pytest.mark.parametrize("family", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow)])
 # With the weights of the products after attention and the next layer's q|k|v asked into the L2
 # (on a GPU only: under the interpreter those programs only take tickets, which the kernel's own
-# tests cover).
-@pytest.mark.parametrize("l2_prefetch", [0, pytest.param(4, marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="the L2 prefetch is PTX"))])
-# With two persistent programs an SM, each taking ticket after ticket (on a CPU the interpreter's
-# first program takes them all: test-slow).
-@pytest.mark.parametrize("persistent_per_sm", [0, pytest.param(2, marks=pytest.mark.slow)])
+# tests cover), and with two persistent programs an SM taking ticket after ticket (on a CPU the
+# interpreter's first program takes them all).
+@pytest.mark.parametrize("family,l2_prefetch,persistent_per_sm", [
+    ("qwen3", 0, 0),
+    pytest.param("qwen3", 4, 0, marks=GPU_ONLY),
+    pytest.param("qwen3", 0, 2, marks=pytest.mark.slow),
+    pytest.param("qwen3", 4, 2, marks=GPU_ONLY),
+    pytest.param("qwen2", 0, 0, marks=pytest.mark.slow),
+    pytest.param("qwen2", 4, 0, marks=[pytest.mark.slow, GPU_ONLY]),
+])
 def test_decode_in_one_launch_a_layer_matches_transformers(tiny_models, reference, one_launch_layers, family,
                                                           graphs, l2_prefetch, persistent_per_sm, monkeypatch):
     monkeypatch.setattr(decode_layer_module, "L2_PREFETCH_PRODUCTS", l2_prefetch)
