@@ -95,8 +95,7 @@ class LayerCounters:
         self.sets = torch.zeros(2, COUNTERS_PER_LAYER, dtype=torch.int32, device=device)
         # For each counter: what the last wait on it that gave up saw, and its target; -1, -1
         # while none has (for the ticket counter: a persistent program's next draw that was not
-        # past the ticket it held).
-        # Never cleared by the kernel.
+        # past the ticket it held). Never cleared by the kernel.
         self.stalls = torch.full((COUNTERS_PER_LAYER, 2), -1, dtype=torch.int32, device=device)
         self._next = 0
 
