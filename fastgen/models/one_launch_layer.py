@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 ONE_LAUNCH_LAYERS_ON_CUDA = False
 ONE_LAUNCH_DEVICE_TYPES = ("cuda",)
+# Where a layer keeps its counters (`_layer_counters`), in its __dict__.
+_COUNTERS_KEY = "_one_launch_counters"
 # Each layer's successor (`link_next_layers`).
 _next_layers: weakref.WeakKeyDictionary[DecoderLayer, weakref.ref[DecoderLayer]] = weakref.WeakKeyDictionary()
 # The rows the skinny products take (`fastgen.layers.quantizable`): beyond, cuBLAS's tiles win.
@@ -105,7 +107,7 @@ def raise_if_stalled(model: torch.nn.Module) -> None:
     (`LayerCounters.raise_if_stalled`: that launch's outputs are wrong); a sync for each layer
     that has launched, so for start-up (the CUDA-graph warm-up) and tests, not every step."""
     for module in model.modules():
-        counters = module.__dict__.get("_one_launch_counters")
+        counters = module.__dict__.get(_COUNTERS_KEY)
         if counters is not None:
             counters.raise_if_stalled()
 
@@ -113,11 +115,11 @@ def raise_if_stalled(model: torch.nn.Module) -> None:
 def _layer_counters(layer: DecoderLayer, device: torch.device) -> LayerCounters:
     """The layer's own counters on `device`, made at its first launch there: the eager warm-up
     that comes before any CUDA-graph capture (`fastgen.graphs.runner`)."""
-    counters = layer.__dict__.get("_one_launch_counters")
+    counters = layer.__dict__.get(_COUNTERS_KEY)
     if counters is None or counters.sets.device != device:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("a layer's one-launch counters must be made before CUDA-graph capture")
         from fastgen.kernels.decode_layer import LayerCounters
 
-        counters = layer.__dict__["_one_launch_counters"] = LayerCounters(device)
+        counters = layer.__dict__[_COUNTERS_KEY] = LayerCounters(device)
     return counters
