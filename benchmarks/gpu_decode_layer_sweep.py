@@ -9,7 +9,8 @@ layer's weights and cache that each launch reads them from memory, not the L2; t
 at its default tiling and at a few others, with the weights of the products after attention
 asked into the L2 ahead or not, and the next copy's q|k|v too (`LayerTiling.l2_prefetch`), with
 splits of 64 context tokens as well as 128 (`LayerTiling.min_tokens_per_split`), with programs
-that take ticket after ticket, two an SM (`LayerTiling.persistent_programs`); and a launch's
+that take ticket after ticket, two an SM with their registers limited to fit or one an SM
+without a limit (`LayerTiling.persistent_programs`); and a launch's
 timeline, phase by phase (`LayerTrace`), at the default tiling with and without the L2 prefetch,
 and with persistent programs. One JSON:
 
@@ -38,6 +39,7 @@ from fastgen.kernels.decode_layer import (  # noqa: E402
     decode_layer,
     decode_layer_in_six_launches,
     default_layer_tiling,
+    persistent_register_limit,
 )
 from fastgen.layers.rotary import RotaryEmbedding  # noqa: E402
 
@@ -48,9 +50,12 @@ EPS = 1e-6
 # bf16 outputs of one launch against the six launches: they may sum in another order.
 MAX_RELATIVE_ERROR = 1e-2
 # normed rows / plain rows / warps [/ products after attention asked into the L2 [/ least tokens
-# a split takes [/ persistent programs, "2x": two an SM]]]
+# a split takes [/ persistent programs, "2x": two an SM]]]. Persistent programs get their
+# registers limited so that all fit at once (`persistent_register_limit`: 128 a thread for two
+# 8-warp programs an SM, where Triton 3.6 takes about 150 unlimited): "1x" is the same loop
+# without a limit.
 DEFAULT_TILINGS = ("8/8/8,8/2/8,8/4/8,4/8/8,8/8/4,8/8/8/1,8/8/8/2,8/8/8/3,8/8/8/4,8/8/8/0/64,8/8/8/4/64,"
-                   "8/8/8/0/128/2x,8/8/8/3/128/2x,8/8/8/4/64/2x,8/2/8/3/128/2x")
+                   "8/8/8/0/128/2x,8/8/8/3/128/2x,8/8/8/4/64/2x,8/2/8/3/128/2x,8/8/8/3/128/1x")
 
 
 def parse_tilings(text: str, sms: int) -> list[LayerTiling]:
@@ -59,6 +64,15 @@ def parse_tilings(text: str, sms: int) -> list[LayerTiling]:
         values = [int(v[:-1]) * sms if v.endswith("x") else int(v) for v in item.split("/")]
         tilings.append(LayerTiling(*values))
     return tilings
+
+
+def register_limit(tiling: LayerTiling, sms: int) -> int | str:
+    """The registers a thread a persistent tiling's launch is compiled with (0: no limit), or why
+    it is refused (then `checked_tilings` records the fault too)."""
+    try:
+        return persistent_register_limit(tiling.persistent_programs, sms, tiling.num_warps)
+    except ValueError as exc:
+        return str(exc)
 
 
 def layer_copy(device, rows: int, reach: int, gen: torch.Generator) -> dict:
@@ -149,7 +163,9 @@ def main() -> int:
     report = {"device": torch.cuda.get_device_name(), "shape": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
               "head_dim": HEAD_DIM, "intermediate": INTERMEDIATE, "context": CONTEXT, "block_size": BLOCK,
               "table_reach": args.table_reach},
-              "sms": sms, "default": str(default_layer_tiling(HIDDEN, sms)), "rows": []}
+              "sms": sms, "default": str(default_layer_tiling(HIDDEN, sms)),
+              "register_limits": {str(t): register_limit(t, sms) for t in tilings if t.persistent_programs},
+              "rows": []}
     layer_bytes = 2 * HIDDEN * ((HEADS + 2 * KV_HEADS) * HEAD_DIM + HEADS * HEAD_DIM + 3 * INTERMEDIATE)
     copies = max(1, -(-256 * 2**20 // layer_bytes))
     for rows in (1, 2):

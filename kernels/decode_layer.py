@@ -245,8 +245,9 @@ def _clock_ns(ticket, TRACE: tl.constexpr, INLINE_PTX: tl.constexpr):
 
 
 # Not inlined: in the loop of a persistent program, the compiler would hoist what every phase
-# computes from its constants out of the loop and hold it all in registers at once (compiled for
-# sm_90, 173-238 registers a thread against 91-116 apart: one 8-warp program an SM, not two).
+# computes from its constants out of the loop and hold it all in registers at once (Triton 3.9
+# for sm_90, 173-238 registers a thread against 91-116 apart: one 8-warp program an SM, not
+# two). Triton 3.6 inlines it all the same (150-157), hence `persistent_register_limit`.
 @triton.jit(noinline=True)
 def _take_ticket(
     ticket, total, finish_count,
@@ -510,24 +511,52 @@ class LayerTiling:
     # a program walks, in turn) and its combine wider.
     min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT
     # 0: a program for each ticket, as many as the phases have work items. n: n programs (at
-    # most the tickets; as many as fit the GPU at once, two an SM at 8 warps) that each take
-    # ticket after ticket, drawing the next while the one they hold loads its first weight tile:
-    # no program starts late and waits for its ticket (an atomic's round trip) before it knows
-    # what to load.
+    # most the tickets; their registers limited so that all fit the GPU at once,
+    # `persistent_register_limit`) that each take ticket after ticket, drawing the next while the
+    # one they hold loads its first weight tile: no program starts late and waits for its ticket
+    # (an atomic's round trip) before it knows what to load.
     persistent_programs: int = 0
+
+
+# Every NVIDIA GPU since Kepler has 64K 32-bit registers an SM, allotted a warp at a time in
+# multiples of 8 a thread.
+REGISTERS_AN_SM = 65536
+# A thread's registers below which a layer's tiles would mostly spill: persistent programs that
+# need fewer to fit are refused.
+LEAST_REGISTERS_A_THREAD = 64
+
+
+def persistent_register_limit(programs: int, sms: int, num_warps: int) -> int:
+    """The registers a thread may take for `programs` persistent programs of `num_warps` warps to
+    run on `sms` SMs at once (0: no limit, as at most one program an SM is asked for). A
+    persistent program that does not fit starts only when a program that did ends, which is
+    when the tickets have run out: it does no work and adds a program's start and end to the
+    launch's tail. The ticket loop needs the limit: Triton 3.6 (the GPU image's) inlines
+    `_take_ticket` into it and takes 150-157 registers a thread at Qwen3-0.6B's shapes, so two
+    8-warp programs would not fit an SM, while at 128 the compiler keeps the one-row layer
+    without spills. ValueError where the limit would be below `LEAST_REGISTERS_A_THREAD`."""
+    per_sm = triton.cdiv(programs, sms)
+    if per_sm <= 1:
+        return 0
+    limit = min(255, REGISTERS_AN_SM // (per_sm * num_warps * 32) // 8 * 8)
+    if limit < LEAST_REGISTERS_A_THREAD:
+        raise ValueError(f"decode_layer: {programs} persistent programs of {num_warps} warps on {sms} SMs "
+                         f"({per_sm} an SM) leave {limit} registers a thread, at least "
+                         f"{LEAST_REGISTERS_A_THREAD}: ask for fewer programs or warps")
+    return limit
 
 
 def default_layer_tiling(hidden: int, sms: int = 0) -> LayerTiling:
     """Eight warps; eight weight rows a program for the plain products, and for the normed ones
     up to 1,024 inputs (two beyond, whose tiles hold all of K). One launch's registers are its
     most demanding phase's, for all of its programs: compiled for sm_90 at Qwen3-0.6B's shapes,
-    4 warps take 178-187 registers a thread and 8 warps 95-116, so two programs fit an SM either
-    way and 8 warps bring twice the threads; at Llama-3.2-1B's (2,048 inputs) two normed rows
-    take 64-74 and four spill at one row. With two programs an SM, the plain products' tiles of
-    two weight rows (the separate kernel's, which runs 16 programs an SM) would keep too few
-    bytes in flight; eight rows keep 16 KB a program. Chosen from registers, not yet timed.
-    L2 prefetch: `L2_PREFETCH_PRODUCTS`; persistent programs: `PERSISTENT_PROGRAMS_PER_SM` for
-    each of the GPU's `sms`."""
+    4 warps take 178-187 registers a thread and 8 warps 92-118 (Triton 3.9 and 3.6), so two
+    programs fit an SM either way and 8 warps bring twice the threads; at Llama-3.2-1B's (2,048
+    inputs) two normed rows take 64-92 and four spill at one row. With two programs an SM, the
+    plain products' tiles of two weight rows (the separate kernel's, which runs 16 programs an SM)
+    would keep too few bytes in flight; eight rows keep 16 KB a program. Chosen from registers,
+    not yet timed. L2 prefetch: `L2_PREFETCH_PRODUCTS`; persistent programs:
+    `PERSISTENT_PROGRAMS_PER_SM` for each of the GPU's `sms`."""
     return LayerTiling(8 if hidden <= 1024 else 2, 8, 8, L2_PREFETCH_PRODUCTS,
                        persistent_programs=PERSISTENT_PROGRAMS_PER_SM * sms)
 
@@ -718,6 +747,8 @@ def decode_layer(
     tickets = sum(programs)
     persistent = tiling.persistent_programs > 0
     launched = min(tickets, tiling.persistent_programs) if persistent else tickets
+    register_limit = persistent_register_limit(launched, num_sms(x.device), tiling.num_warps) if persistent else 0
+    limits = {"maxnreg": register_limit} if register_limit else {}
     decode_layer_kernel[(launched,)](
         x, x if residual is None else residual, positions, cos_sin, slot_mapping, block_tables, context_lens,
         k_cache, v_cache,
@@ -739,7 +770,7 @@ def decode_layer(
         BLOCK_S=triton.next_power_of_2(MAX_SPLITS), LINES_A_PROGRAM=PREFETCH_LINES, LINE_ELEMENTS=line_elements,
         n_programs=launched, PERSISTENT=persistent,
         PDL=pdl, INLINE_PTX=not _interpreting(), TRACE=trace is not None,
-        num_warps=tiling.num_warps, **launch_options(pdl),
+        num_warps=tiling.num_warps, **launch_options(pdl), **limits,
     )
     return out, layer_residual
 

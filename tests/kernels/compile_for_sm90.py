@@ -82,7 +82,8 @@ def resource_usage(kernel) -> dict:
              "atomic_ops": len(re.findall(r"\batom\.", kernel.asm["ptx"])),
              "spin_waits": len(re.findall(r"\bnanosleep\.", kernel.asm["ptx"])),
              "l2_prefetches": len(re.findall(r"\bprefetch\.global\.L2\b", kernel.asm["ptx"])),
-             "clock_reads": len(re.findall(r"%globaltimer\b", kernel.asm["ptx"]))}
+             "clock_reads": len(re.findall(r"%globaltimer\b", kernel.asm["ptx"])),
+             "register_limit": getattr(kernel.metadata, "maxnreg", None) or 0}
     if tool.exists():
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(kernel.asm["cubin"])
@@ -216,6 +217,7 @@ def _decode_layers():
         decode_layer,
         default_layer_tiling,
     )
+    from fastgen.kernels.decode_split_policy import DEFAULT_NUM_SMS  # the SMs decode_layer sizes for off a GPU
 
     shapes = {"qwen3-0.6b": (1024, 16, 8, 128, 3072, True, False), "qwen2-0.5b": (896, 14, 2, 64, 4864, False, True),
               "llama-3.2-1b": (2048, 32, 8, 64, 8192, False, False)}
@@ -238,7 +240,7 @@ def _decode_layers():
                 tag = {"dtype": str(dtype).split(".")[1], "layer": name, "rows": rows}
                 yield from with_and_without_pdl(tag, lambda x=x, w=w, a=args: decode_layer(x, x, w, *a))
                 if dtype == torch.bfloat16:  # persistent programs (two an H100 SM), as the layer sweep tries them
-                    persistent = replace(default_layer_tiling(hidden), persistent_programs=264)
+                    persistent = replace(default_layer_tiling(hidden), persistent_programs=2 * DEFAULT_NUM_SMS)
                     yield from with_and_without_pdl(tag | {"persistent": True}, lambda x=x, w=w, a=args,
                                                     t=persistent: decode_layer(x, x, w, *a, t))
                 if dtype == torch.bfloat16 and rows == 1:  # traced, as the layer sweep runs it once

@@ -14,6 +14,7 @@ import pytest
 
 SCRIPT = Path(__file__).with_name("compile_for_sm90.py")
 H100_SHARED_BYTES = 227 * 1024  # the most shared memory one block may take on sm_90
+SPILL_UNDER_A_LIMIT = 64  # bytes of stack a thread, where registers are limited
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,9 @@ def test_every_kernel_compiles_within_h100_limits(compiled):
     for row in compiled:
         assert row["shared_bytes"] <= H100_SHARED_BYTES, row
         if row["config"]["dtype"] != "float32" and "stack" in row:
-            assert row["stack"] == 0, f"register spills: {row}"
+            # Held to a register limit, a few may spill (Triton 3.6: 56 bytes at two rows of
+            # Qwen3-0.6B's persistent layer); none elsewhere.
+            assert row["stack"] <= (SPILL_UNDER_A_LIMIT if row["register_limit"] else 0), f"register spills: {row}"
 
 
 @pytest.mark.slow
@@ -109,3 +112,16 @@ def test_only_the_one_launch_layer_reads_the_clock_to_give_up_a_wait_and_only_tr
             assert row["clock_reads"] > 2 * row["spin_waits"], row
         else:
             assert row["clock_reads"] == 2 * row["spin_waits"] == 10, row
+
+
+@pytest.mark.slow
+def test_persistent_layers_are_compiled_to_fit_two_programs_an_sm(compiled):
+    """Two persistent 8-warp programs an SM get 128 registers a thread (`persistent_register_limit`),
+    which the compiler keeps to; every other kernel is compiled without a limit."""
+    rows = [r for r in compiled if r["kernel"] == "decode_layer_kernel" and r["config"].get("persistent")]
+    assert rows
+    for row in compiled:
+        persistent = row in rows
+        assert row["register_limit"] == (128 if persistent else 0), row
+        if persistent and "reg" in row:
+            assert row["reg"] <= 128, row

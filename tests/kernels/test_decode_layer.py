@@ -22,6 +22,7 @@ from fastgen.kernels.decode_layer import (
     decode_layer,
     decode_layer_in_six_launches,
     default_layer_tiling,
+    persistent_register_limit,
 )
 from tests.kernels.paged_cases import DEVICE
 from tests.kernels.test_decode_new_token import HEADS, KV_HEADS, step
@@ -237,3 +238,18 @@ def test_what_the_layer_kernel_does_not_take_is_refused():
         decode_layer(x, None, replace(w, next_qkv=w.qkv[:, :32]), *args)
     with pytest.raises(ValueError, match="next_qkv must be contiguous"):
         decode_layer(x, None, replace(w, next_qkv=w.qkv.t().contiguous().t()), *args)
+
+
+def test_persistent_programs_get_their_registers_limited_so_that_all_fit_the_gpu_at_once():
+    """64K registers an SM shared by the programs asked to run on it, in multiples of 8 a thread;
+    no limit for one an SM; refused where a thread would get fewer than 64."""
+    assert persistent_register_limit(132, 132, 8) == 0
+    assert persistent_register_limit(100, 132, 8) == 0
+    assert persistent_register_limit(264, 132, 8) == 128
+    assert persistent_register_limit(133, 132, 8) == 128  # one SM gets two
+    assert persistent_register_limit(3 * 132, 132, 8) == 80
+    assert persistent_register_limit(4 * 132, 132, 8) == 64
+    assert persistent_register_limit(2 * 132, 132, 4) == 255  # the most a thread can address
+    with pytest.raises(ValueError, match=r"660 persistent programs of 8 warps on 132 SMs \(5 an SM\) leave 48 "
+                                         r"registers a thread, at least 64"):
+        persistent_register_limit(5 * 132, 132, 8)
