@@ -4,28 +4,47 @@ Decoding one token at a time breaks characters whose UTF-8 bytes span several by
 (they decode to U+FFFD until complete) and drops the leading space some tokenizers attach to a
 word. So each step decodes a short window of recent tokens twice, with and without the new ones,
 and emits the difference once it no longer ends in an incomplete character.
+
+A streamed request pays this for every token, every step: where the tokenizer is a Rust one, its
+own `DecodeStream` runs the same two decodes on the same window in one call (a third of the
+time), and the Python steps below remain for everything else.
 """
 
 from __future__ import annotations
 
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers before 0.21
+    DecodeStream = None
+
 # Prompt tokens used as left context for the first output tokens (enough for any merge rule
 # that looks back, small enough to stay cheap).
 _CONTEXT_TOKENS = 6
+# More new tokens than this at once (a request's whole output decoded when it ends) take the
+# two decodes over them all, which beats stepping through them one by one.
+_MOST_TOKENS_STREAMED = 8
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.num_context_tokens = len(self.ids)
+        # The text is complete up to read_offset, and decoded from prefix_offset on.
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        # The Rust tokenizer a DecodeStream may step (None: the Python steps, for good once they
+        # have run, since the stream's window would no longer follow the offsets), and the
+        # stream, made at the first `add` (a request reported only at its end never makes one).
+        self._streams_with = None
+        self._stream = None
         # Runs every step for every request: call the Rust tokenizer directly when transformers'
         # wrapper would add nothing (it costs ~3x the decode itself in argument conversion).
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
             self._decode = lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
-        self.ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
-        self.num_context_tokens = len(self.ids)
-        self.prefix_offset = 0
-        self.read_offset = len(self.ids)
+            self._streams_with = backend
 
     @property
     def num_output_tokens(self) -> int:
@@ -37,6 +56,12 @@ class IncrementalDetokenizer:
     def add(self, token_ids: list[int]) -> str:
         """Append output tokens; return the text they complete (may be "" while a character is
         still incomplete)."""
+        if self._streams_with is not None and len(token_ids) <= _MOST_TOKENS_STREAMED:
+            if self._stream is None:
+                self._stream = _decode_stream(self._streams_with, self.ids, self.skip_special_tokens)
+            if self._stream is not None:
+                return self._add_streamed(token_ids)
+        self._streams_with = self._stream = None
         self.ids.extend(token_ids)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
@@ -47,11 +72,40 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         return new
 
+    def _add_streamed(self, token_ids: list[int]) -> str:
+        """`add` through the tokenizer's DecodeStream, which keeps the same window: a piece of
+        text completes the tokens up to the one that gave it (None: a character still incomplete,
+        or an id the tokenizer lacks, which decodes to nothing either way)."""
+        pieces = []
+        for token in token_ids:
+            self.ids.append(token)
+            piece = self._stream.step(self._streams_with, token)
+            if piece is not None:
+                pieces.append(piece)
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return "".join(pieces)
+
     def flush(self) -> str:
         """At the end of a request: emit whatever is still held back, replacement chars included."""
         if self.read_offset == len(self.ids):
             return ""
+        self._streams_with = self._stream = None
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new = self._decode(self.ids[self.prefix_offset :])[len(prefix) :]
         self.read_offset = len(self.ids)
         return new
+
+
+def _decode_stream(backend, context: list[int], skip_special_tokens: bool):
+    """The tokenizer's DecodeStream, its window at the left context as `add`'s starts (the
+    context stepped through it, its text dropped), or None where tokenizers has none."""
+    if DecodeStream is None:
+        return None
+    # A context ending in an incomplete character would be held by the stream and come out with
+    # the first output tokens; the steps in `add` count it as read.
+    if backend.decode(context, skip_special_tokens=skip_special_tokens).endswith("\ufffd"):
+        return None
+    stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+    for token in context:
+        stream.step(backend, token)
+    return stream
