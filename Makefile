@@ -79,23 +79,19 @@ gpu-switches:
 		done; done; done; exit $$failed
 
 # Decode steps of one and two rows with each layer in one launch, against the six launches a
-# layer (`kernels/decode_layer.py`, off by default until this measures it): its tests first,
-# under a time limit (a hang, or compiles past it: then nothing else runs), then, whether they
-# passed or not, one layer alone against its six launches at a few tilings
-# (`gpu-decode-layer-sweep-<gpu>.json`, with and without the L2 prefetch, and a launch's
-# timeline phase by phase) and the decode step with it off, on, on with the weights of the
-# three products after attention (and the next layer's q|k|v) asked into the L2, and on with
-# them asked by two persistent programs an SM (one JSON each: `-one-launch-off`,
-# `-one-launch-on`, `-one-launch-on-l2-3`, `-one-launch-on-l2-4`,
-# `-one-launch-on-l2-3-persistent-2`) (~7-9 min, compiles included). A wait that cannot end
-# gives up after a quarter of a second and is reported (`LayerCounters.raise_if_stalled`).
+# layer (`kernels/decode_layer.py`, off by default until this measures it): one layer alone
+# against its six launches at a few tilings (`gpu-decode-layer-sweep-<gpu>.json`, with and
+# without the L2 prefetch, persistent programs, and a launch's timeline phase by phase); the
+# decode step with it off, on, on with the weights of the three products after attention (and
+# the next layer's q|k|v) asked into the L2, and on with them asked by two persistent programs
+# an SM (one JSON each: `-one-launch-off`, `-one-launch-on`, `-one-launch-on-l2-3`,
+# `-one-launch-on-l2-4`, `-one-launch-on-l2-3-persistent-2`); then its tests, under a time
+# limit. Timings first, so that a call cut short keeps them: the sweep holds each tiling to the
+# six launches before timing it, and a wait that cannot end gives up after a quarter of a
+# second and is reported (`LayerCounters.raise_if_stalled`), so a faulty kernel costs seconds
+# there too. About 7-9 min, compiles included.
 gpu-one-launch:
-	failed=0; $(GPU_ENV) timeout -k 15 480 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -rfEs \
-		-m "cuda or triton" tests/kernels/test_decode_layer.py tests/models/test_one_launch_layer.py; rc=$$?; \
-	[ $$rc = 124 ] || [ $$rc = 137 ] && { echo "the one-launch tests timed out (a hung wait, or a slow compile)"; \
-		exit 1; }; \
-	[ $$rc = 0 ] || failed=1; \
-	$(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode_layer_sweep.py \
+	failed=0; $(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode_layer_sweep.py \
 		--output $(GPU_RESULTS)/gpu-decode-layer-sweep-$$($(GPU_PYTHON) -c "import re, torch; \
 		print(re.sub('[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))").json || failed=1; \
 	for variant in off:0:0 on:0:0 on:3:0 on:4:0 on:3:2; do layers=$${variant%%:*}; rest=$${variant#*:}; \
@@ -105,7 +101,11 @@ gpu-one-launch:
 			--layer-l2-prefetch $$l2 --layer-persistent-per-sm $$persistent \
 			--suffix=-one-launch-$$layers$$([ $$l2 = 0 ] || echo -l2-$$l2)$$([ $$persistent = 0 ] || \
 			echo -persistent-$$persistent) || failed=1; \
-	done; exit $$failed
+	done; \
+	$(GPU_ENV) timeout -k 15 480 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -rfEs \
+		-m "cuda or triton" tests/kernels/test_decode_layer.py tests/models/test_one_launch_layer.py; rc=$$?; \
+	[ $$rc = 124 ] || [ $$rc = 137 ] && echo "the one-launch tests timed out (a hung wait, or a slow compile)"; \
+	[ $$rc = 0 ] || failed=1; exit $$failed
 
 # Every benchmark once, as a plain test, so the suites never rot (seconds).
 bench-smoke:
