@@ -89,14 +89,15 @@ gpu-switches:
 # limit. Timings first, so that a call cut short keeps them: the sweep holds each tiling to the
 # six launches before timing it, and a wait that cannot end gives up after a quarter of a
 # second and is reported (`LayerCounters.raise_if_stalled`), so a faulty kernel costs seconds
-# there too. About 7-9 min, compiles included.
+# there too. About 7-9 min, compiles included (each step has a limit of its own; all at their
+# limits would take far longer).
 gpu-one-launch:
-	failed=0; $(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode_layer_sweep.py \
+	failed=0; $(GPU_ENV) timeout -k 15 300 $(GPU_PYTHON) benchmarks/gpu_decode_layer_sweep.py \
 		--output $(GPU_RESULTS)/gpu-decode-layer-sweep-$$($(GPU_PYTHON) -c "import re, torch; \
 		print(re.sub('[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))").json || failed=1; \
 	for variant in off:0:0 on:0:0 on:3:0 on:4:0 on:3:2; do layers=$${variant%%:*}; rest=$${variant#*:}; \
 		l2=$${rest%%:*}; persistent=$${rest#*:}; \
-		$(GPU_ENV) timeout 300 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
+		$(GPU_ENV) timeout -k 15 300 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
 			--sections graphs,kernels --quick --batch-sizes 1,2 --long-context 0 --one-launch-layers $$layers \
 			--layer-l2-prefetch $$l2 --layer-persistent-per-sm $$persistent \
 			--suffix=-one-launch-$$layers$$([ $$l2 = 0 ] || echo -l2-$$l2)$$([ $$persistent = 0 ] || \
@@ -104,7 +105,7 @@ gpu-one-launch:
 	done; \
 	$(GPU_ENV) timeout -k 15 480 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -rfEs \
 		-m "cuda or triton" tests/kernels/test_decode_layer.py tests/models/test_one_launch_layer.py; rc=$$?; \
-	[ $$rc = 124 ] || [ $$rc = 137 ] && echo "the one-launch tests timed out (a hung wait, or a slow compile)"; \
+	[ $$rc = 124 ] || [ $$rc = 137 ] && echo "the one-launch tests ran out of time or were killed (a hung wait, a slow compile, memory)"; \
 	[ $$rc = 0 ] || failed=1; exit $$failed
 
 # Every benchmark once, as a plain test, so the suites never rot (seconds).

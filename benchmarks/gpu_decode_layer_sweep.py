@@ -68,7 +68,8 @@ def parse_tilings(text: str, sms: int) -> list[LayerTiling]:
 
 def register_limit(tiling: LayerTiling, sms: int) -> int | str:
     """The registers a thread a persistent tiling's launch is compiled with (0: no limit), or why
-    it is refused (then `checked_tilings` records the fault too)."""
+    it is refused (then `checked_tilings` records the fault too). The launch has at most as many
+    programs as tickets; at this shape (about 1,400 tickets a row) that is every tiling's count."""
     try:
         return persistent_register_limit(tiling.persistent_programs, sms, tiling.num_warps)
     except ValueError as exc:

@@ -519,8 +519,10 @@ class LayerTiling:
 
 
 # Every NVIDIA GPU since Kepler has 64K 32-bit registers an SM, allotted a warp at a time in
-# multiples of 8 a thread.
+# multiples of 8 a thread; since Maxwell an SM's four schedulers each hold a quarter of them,
+# for the warps dealt to it.
 REGISTERS_AN_SM = 65536
+SCHEDULERS_AN_SM = 4
 # A thread's registers below which a layer's tiles would mostly spill: persistent programs that
 # need fewer to fit are refused.
 LEAST_REGISTERS_A_THREAD = 64
@@ -534,11 +536,15 @@ def persistent_register_limit(programs: int, sms: int, num_warps: int) -> int:
     launch's tail. The ticket loop needs the limit: Triton 3.6 (the GPU image's) inlines
     `_take_ticket` into it and takes 150-157 registers a thread at Qwen3-0.6B's shapes, so two
     8-warp programs would not fit an SM, while at 128 the compiler keeps the one-row layer
-    without spills. ValueError where the limit would be below `LEAST_REGISTERS_A_THREAD`."""
+    without spills. A program's warps are counted in whole fours, as if each scheduler had one
+    of every four, so that a quarter of the registers is never outgrown however the warps of
+    programs of 1-3 warps are dealt. ValueError where the limit would be below
+    `LEAST_REGISTERS_A_THREAD`."""
     per_sm = triton.cdiv(programs, sms)
     if per_sm <= 1:
         return 0
-    limit = min(255, REGISTERS_AN_SM // (per_sm * num_warps * 32) // 8 * 8)
+    warps = triton.cdiv(num_warps, SCHEDULERS_AN_SM) * SCHEDULERS_AN_SM
+    limit = min(255, REGISTERS_AN_SM // (per_sm * warps * 32) // 8 * 8)
     if limit < LEAST_REGISTERS_A_THREAD:
         raise ValueError(f"decode_layer: {programs} persistent programs of {num_warps} warps on {sms} SMs "
                          f"({per_sm} an SM) leave {limit} registers a thread, at least "

@@ -19,7 +19,7 @@ from transformers import (
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 384
 
-_CORPUS = [
+CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Paged attention keeps the KV cache in fixed-size blocks.",
     "Continuous batching schedules prefill first, then decode.",
@@ -53,7 +53,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS, trainer)
+    tok.train_from_iterator(CORPUS, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
 
 

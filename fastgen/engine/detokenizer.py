@@ -6,27 +6,28 @@ word. So each step decodes a short window of recent tokens twice, with and witho
 and emits the difference once it no longer ends in an incomplete character.
 
 A streamed request pays this for every token, every step: where the tokenizer is a Rust one, its
-own `DecodeStream` runs the same two decodes on the same window in one call (a third of the
-time), and the Python steps below remain for everything else.
+own `DecodeStream` runs the same two decodes on the same window in one call (a third less time a
+token), and the Python steps below remain for everything else.
 """
 
 from __future__ import annotations
 
-try:
-    from tokenizers.decoders import DecodeStream
-except ImportError:  # tokenizers before 0.21
-    DecodeStream = None
+from tokenizers.decoders import DecodeStream
 
 # Prompt tokens used as left context for the first output tokens (enough for any merge rule
 # that looks back, small enough to stay cheap).
 _CONTEXT_TOKENS = 6
 # More new tokens than this at once (a request's whole output decoded when it ends) take the
 # two decodes over them all, which beats stepping through them one by one.
-_MOST_TOKENS_STREAMED = 8
+MOST_TOKENS_STREAMED = 8
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True):
+    """streamed: the text is asked for as tokens come (False: once, at the end), so the Rust
+    stream may pay for itself."""
+
+    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
+                 streamed: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
@@ -36,7 +37,7 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         # The Rust tokenizer a DecodeStream may step (None: the Python steps, for good once they
         # have run, since the stream's window would no longer follow the offsets), and the
-        # stream, made at the first `add` (a request reported only at its end never makes one).
+        # stream, made at the first `add`.
         self._streams_with = None
         self._stream = None
         # Runs every step for every request: call the Rust tokenizer directly when transformers'
@@ -44,11 +45,17 @@ class IncrementalDetokenizer:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
             self._decode = lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
-            self._streams_with = backend
+            if streamed:
+                self._streams_with = backend
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.ids) - self.num_context_tokens
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the tokenizer's Rust stream detokenizes the tokens now."""
+        return self._stream is not None
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -56,11 +63,15 @@ class IncrementalDetokenizer:
     def add(self, token_ids: list[int]) -> str:
         """Append output tokens; return the text they complete (may be "" while a character is
         still incomplete)."""
-        if self._streams_with is not None and len(token_ids) <= _MOST_TOKENS_STREAMED:
+        if self._streams_with is not None and len(token_ids) <= MOST_TOKENS_STREAMED:
             if self._stream is None:
                 self._stream = _decode_stream(self._streams_with, self.ids, self.skip_special_tokens)
             if self._stream is not None:
                 return self._add_streamed(token_ids)
+        return self._add_decoded(token_ids)
+
+    def _add_decoded(self, token_ids: list[int]) -> str:
+        """`add` by the two decodes."""
         self._streams_with = self._stream = None
         self.ids.extend(token_ids)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
@@ -75,11 +86,17 @@ class IncrementalDetokenizer:
     def _add_streamed(self, token_ids: list[int]) -> str:
         """`add` through the tokenizer's DecodeStream, which keeps the same window: a piece of
         text completes the tokens up to the one that gave it (None: a character still incomplete,
-        or an id the tokenizer lacks, which decodes to nothing either way)."""
+        or an id the tokenizer lacks, which decodes to nothing either way). The stream refuses a
+        window whose text no longer begins with the text it gave (bytes of a byte-fallback
+        tokenizer that a stray byte turns back into U+FFFD): the two decodes then take over from
+        that token, as they would have run it."""
         pieces = []
-        for token in token_ids:
+        for i, token in enumerate(token_ids):
+            try:
+                piece = self._stream.step(self._streams_with, token)
+            except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception ("Invalid prefix")
+                return "".join(pieces) + self._add_decoded(token_ids[i:])
             self.ids.append(token)
-            piece = self._stream.step(self._streams_with, token)
             if piece is not None:
                 pieces.append(piece)
                 self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
@@ -96,16 +113,11 @@ class IncrementalDetokenizer:
         return new
 
 
-def _decode_stream(backend, context: list[int], skip_special_tokens: bool):
-    """The tokenizer's DecodeStream, its window at the left context as `add`'s starts (the
-    context stepped through it, its text dropped), or None where tokenizers has none."""
-    if DecodeStream is None:
-        return None
-    # A context ending in an incomplete character would be held by the stream and come out with
-    # the first output tokens; the steps in `add` count it as read.
+def _decode_stream(backend, context: list[int], skip_special_tokens: bool) -> DecodeStream | None:
+    """The tokenizer's DecodeStream in the state the two decodes start from: the left context
+    read, its text the prefix. None where that context ends inside a character: the stream would
+    hold its bytes and give them out with the first output, where the two decodes count them as
+    read."""
     if backend.decode(context, skip_special_tokens=skip_special_tokens).endswith("\ufffd"):
         return None
-    stream = DecodeStream(skip_special_tokens=skip_special_tokens)
-    for token in context:
-        stream.step(backend, token)
-    return stream
+    return DecodeStream(ids=list(context), skip_special_tokens=skip_special_tokens)

@@ -40,15 +40,16 @@ class RequestState:
         self.error: str | None = None  # why it finished with reason "error"
         self.grammar = None  # its structured-output grammar, compiled when it was added (fastgen.structured)
         self.prediction_token_ids: list[int] | None = None  # its predicted output (speculative decoding's drafts)
-        self.detokenizer = (
-            IncrementalDetokenizer(tokenizer, self.prompt_token_ids) if tokenizer is not None else None
-        )
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.stop = seq.params.stop
         self.hold_back = max((len(s) for s in self.stop), default=1) - 1
         # Reported once, at the end, with no stop string to look for: until it finishes, a new
-        # token changes only its metrics (see `note_token`).
+        # token changes only its metrics (see `note_token`), and its text is decoded at once.
         self.quiet = final_only and not self.stop
+        self.detokenizer = (
+            IncrementalDetokenizer(tokenizer, self.prompt_token_ids, streamed=not self.quiet)
+            if tokenizer is not None else None
+        )
         self.text = ""
         self.num_tokens_seen = 0
         self.sent_text_len = 0

@@ -241,8 +241,9 @@ def test_what_the_layer_kernel_does_not_take_is_refused():
 
 
 def test_persistent_programs_get_their_registers_limited_so_that_all_fit_the_gpu_at_once():
-    """64K registers an SM shared by the programs asked to run on it, in multiples of 8 a thread;
-    no limit for one an SM; refused where a thread would get fewer than 64."""
+    """64K registers an SM shared by the programs asked to run on it, in multiples of 8 a thread
+    and whole fours of warps; no limit for one an SM; refused where a thread would get fewer than
+    64."""
     assert persistent_register_limit(132, 132, 8) == 0
     assert persistent_register_limit(100, 132, 8) == 0
     assert persistent_register_limit(264, 132, 8) == 128
@@ -250,6 +251,7 @@ def test_persistent_programs_get_their_registers_limited_so_that_all_fit_the_gpu
     assert persistent_register_limit(3 * 132, 132, 8) == 80
     assert persistent_register_limit(4 * 132, 132, 8) == 64
     assert persistent_register_limit(2 * 132, 132, 4) == 255  # the most a thread can address
+    assert persistent_register_limit(5 * 132, 132, 2) == 96  # 2 warps counted as 4 (else 200)
     with pytest.raises(ValueError, match=r"660 persistent programs of 8 warps on 132 SMs \(5 an SM\) leave 48 "
                                          r"registers a thread, at least 64"):
         persistent_register_limit(5 * 132, 132, 8)
