@@ -117,7 +117,11 @@ def _decode_stream(backend, context: list[int], skip_special_tokens: bool) -> De
     """The tokenizer's DecodeStream in the state the two decodes start from: the left context
     read, its text the prefix. None where that context ends inside a character: the stream would
     hold its bytes and give them out with the first output, where the two decodes count them as
-    read."""
+    read; and where this tokenizers' DecodeStream takes no context (before 0.22, which an
+    environment not installed from this package may have)."""
     if backend.decode(context, skip_special_tokens=skip_special_tokens).endswith("\ufffd"):
         return None
-    return DecodeStream(ids=list(context), skip_special_tokens=skip_special_tokens)
+    try:
+        return DecodeStream(ids=list(context), skip_special_tokens=skip_special_tokens)
+    except TypeError:
+        return None
