@@ -7,7 +7,7 @@ FASTGEN := $(VENV)/bin/fastgen
 # pytest-benchmark settings shared by bench-save and bench-check (see docs/perf-ci.md).
 BENCH_ARGS ?=
 
-.PHONY: setup run serve test test-slow test-all bench-smoke bench-save bench-check gpu-check gpu-preflight gpu-test gpu-bench gpu-switches gpu-one-launch clean
+.PHONY: setup run serve test test-slow test-all bench-smoke bench-save bench-check sm90-compile-check gpu-check gpu-preflight gpu-test gpu-bench gpu-switches gpu-one-launch clean
 
 # torch is pinned first, from its CPU build, so that nothing below pulls a CUDA build of it.
 setup:
@@ -36,6 +36,15 @@ test-slow:
 
 test-all:
 	$(PY) -m pytest -q
+
+# Every Triton kernel compiled for an H100 (sm_90) without a GPU, by the GPU machine's Triton
+# (GPU_TRITON) rather than the installed one: its wheel in a folder of its own, put first on the
+# path (`tests/kernels/compile_for_sm90.py`: registers, spills, shared memory; 1-3 min).
+GPU_TRITON ?= 3.6.0
+sm90-compile-check:
+	$(PY) -m pip install --quiet --no-deps --target .gpu-triton/$(GPU_TRITON) triton==$(GPU_TRITON)
+	PYTHONPATH=.gpu-triton/$(GPU_TRITON) $(PY) -m pytest -q -p no:cacheprovider -m "slow or not slow" \
+		tests/kernels/test_compile_for_sm90.py
 
 # On a GPU machine, with its own python3, from the source tree (no setup, no network, no gguf,
 # no server stack: those tests skip). Two commands of under 10 minutes each on an H100:
