@@ -103,6 +103,9 @@ class AsyncLLM:
     `await submit(prompt, params)` queues a request and returns its stream (ValueError for a bad
     request, EngineOverloaded beyond max_waiting_requests, both raised in the awaiting task);
     `generate_async` wraps that in an async generator. `shutdown()` aborts what is unfinished.
+    With final_only=True a stream yields the request's final output alone: where only the whole
+    answer is wanted, the engine then makes no output a step for it and none crosses to the
+    event loop before the end (`LLM.generate`'s way).
     """
 
     def __init__(self, llm: "LLM"):
@@ -118,12 +121,13 @@ class AsyncLLM:
     def running(self) -> bool:
         return self.background.running
 
-    async def submit(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncRequestStream:
+    async def submit(self, prompt: Prompt, params: SamplingParams | None = None,
+                     final_only: bool = False) -> AsyncRequestStream:
         loop = asyncio.get_running_loop()
         if getattr(params, "structured_outputs", None) is not None:  # a grammar compiles off the event loop
             await asyncio.to_thread(self.background.precompile, params)
         outputs: asyncio.Queue = asyncio.Queue()
-        accepted = self.background.add(prompt, params, _EventLoopSink(loop, outputs))
+        accepted = self.background.add(prompt, params, _EventLoopSink(loop, outputs), final_only)
         try:
             request_id = await asyncio.wrap_future(accepted)
         except asyncio.CancelledError:  # cancelled while the loop took it: abort it once it is in
@@ -131,10 +135,11 @@ class AsyncLLM:
             raise
         return AsyncRequestStream(request_id, outputs, self.background)
 
-    async def generate_async(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[RequestOutput]:
-        """Yield the request's outputs as they come, ending with its final one. Cancelling the
-        consuming task (or closing this generator) aborts the request."""
-        async with await self.submit(prompt, params) as stream:
+    async def generate_async(self, prompt: Prompt, params: SamplingParams | None = None,
+                             final_only: bool = False) -> AsyncIterator[RequestOutput]:
+        """Yield the request's outputs as they come, ending with its final one (`submit`'s
+        final_only). Cancelling the consuming task (or closing this generator) aborts the request."""
+        async with await self.submit(prompt, params, final_only) as stream:
             async for output in stream:
                 yield output
 

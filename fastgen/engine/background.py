@@ -9,7 +9,10 @@ caller's thread. Each request's outputs flow back through its own sink (anything
 non-blocking `put`): a queue its `RequestStream` reads, or an asyncio queue fed through the event
 loop (`fastgen.engine.async_llm`). The loop holds those sinks, never the streams, so a stream
 nobody holds is garbage-collected, and its finalizer queues the request's abort. After every
-step the loop publishes `stats`, an `EngineStats` snapshot any thread may read.
+step the loop publishes `stats`, an `EngineStats` snapshot any thread may read. Starting the
+loop ends the OpenMP worker threads of the thread that starts it (`release_openmp_threads`), so
+that the loop's CPU steps run as fast as they did there; torch's CPU work in other threads while
+the loop runs slows its steps.
 
 A failed step never stops the loop: the engine isolates it (see `LLMEngine`), and the requests
 it belongs to end with finish_reason "error".
@@ -25,6 +28,7 @@ from typing import Protocol
 
 import torch
 
+from fastgen.cpu.native.openmp import release_openmp_threads
 from fastgen.engine.llm_engine import LLMEngine, Prompt
 from fastgen.engine.output_stream import OutputStream
 from fastgen.engine.requests import check_request_id
@@ -79,25 +83,31 @@ class BackgroundEngine:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="fastgen-engine-loop", daemon=True)
         engine.attach_loop(self._thread)
+        # The steps leave this thread, which built the engine and holds OpenMP workers from it:
+        # beside them, the loop thread's own would sleep between parallel regions, and its CPU
+        # steps run at a third of their speed (`fastgen.cpu.native.openmp`).
+        release_openmp_threads()
         self._thread.start()
 
     # ---- any thread ------------------------------------------------------------------------
-    def submit(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestStream:
+    def submit(self, prompt: Prompt, params: SamplingParams | None = None, final_only: bool = False) -> RequestStream:
         """Queue a request; raises ValueError (in this thread) if the engine rejects it, and
-        EngineOverloaded when too many requests wait."""
+        EngineOverloaded when too many requests wait. final_only: its stream yields its final
+        output alone (the engine makes none before)."""
         outputs: queue.SimpleQueue = queue.SimpleQueue()
-        return RequestStream(self.add(prompt, params, outputs).result(), outputs, self)
+        return RequestStream(self.add(prompt, params, outputs, final_only).result(), outputs, self)
 
-    def add(self, prompt: Prompt, params: SamplingParams | None, sink: OutputSink) -> Future:
-        """Queue a request whose outputs the loop puts into `sink`. The future resolves to its
-        request id, or to the engine's ValueError / EngineOverloaded; RuntimeError at once when
-        the loop has stopped."""
+    def add(self, prompt: Prompt, params: SamplingParams | None, sink: OutputSink, final_only: bool = False) -> Future:
+        """Queue a request whose outputs the loop puts into `sink` (final_only: its final one
+        alone). The future resolves to its request id, or to the engine's ValueError /
+        EngineOverloaded; RuntimeError at once when the loop has stopped."""
         self.precompile(params)
         accepted: Future = Future()
         with self._accepting:
             if self._stopped.is_set():
                 raise RuntimeError("the background engine has shut down") from self._error
-            self._commands.put(("add", sink, prompt, SamplingParams() if params is None else params, accepted))
+            self._commands.put(("add", sink, prompt, SamplingParams() if params is None else params, final_only,
+                                accepted))
         return accepted
 
     def precompile(self, params: SamplingParams | None) -> None:
@@ -203,9 +213,9 @@ class BackgroundEngine:
             if kind == "stop":
                 return False
             if kind == "add":
-                _, outputs, prompt, params, accepted = command
+                _, outputs, prompt, params, final_only, accepted = command
                 try:
-                    request_id = self.engine.add_request(prompt, params)
+                    request_id = self.engine.add_request(prompt, params, final_only=final_only)
                 except Exception as exc:  # rejected request: the submitting thread raises it
                     accepted.set_exception(exc)
                     continue

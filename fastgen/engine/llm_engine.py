@@ -174,11 +174,13 @@ class LLMEngine:
         self.live.add(state)
         return state.request_id
 
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        """Queue a request whose outputs `step()` returns; return its id (a string). Raises
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                    final_only: bool = False) -> str:
+        """Queue a request whose outputs `step()` returns; return its id (a string). final_only:
+        `step()` returns one output for it, its final one, instead of one every step. Raises
         ValueError for bad input and EngineOverloaded when max_waiting_requests requests already
         wait; either way nothing is queued."""
-        state = self.prepare(prompt, SamplingParams() if params is None else params, request_id)
+        state = self.prepare(prompt, SamplingParams() if params is None else params, request_id, final_only)
         waiting, cap = len(self.scheduler.waiting), self.config.max_waiting_requests
         if waiting >= cap:
             raise EngineOverloaded(f"{waiting} requests are waiting, the engine's max_waiting_requests={cap}")

@@ -79,7 +79,9 @@ async def _submit(state: ServerState, prompt, params, body: SamplingFields, cons
     """Queue the request; a constraint that cannot be compiled is a 400 naming the request's own
     field (response_format, tools) rather than the engine's structured_outputs."""
     try:
-        return await state.submit(prompt, params)
+        # A response sent whole needs the request's final output only: the engine then makes no
+        # output a step for it, and none crosses to this event loop before the end.
+        return await state.submit(prompt, params, final_only=not body.stream)
     except RequestError:
         raise
     except ValueError as exc:

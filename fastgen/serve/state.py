@@ -39,13 +39,14 @@ class ServerState:
             raise RequestError(f"model={model!r} does not exist; this server serves {self.model_name!r}",
                                param="model", status=404, kind="model_not_found")
 
-    async def submit(self, prompt: Prompt, params: SamplingParams) -> AsyncRequestStream:
-        """Queue a request (ValueError: 400; EngineOverloaded or shutting down: 503)."""
+    async def submit(self, prompt: Prompt, params: SamplingParams, final_only: bool = False) -> AsyncRequestStream:
+        """Queue a request (ValueError: 400; EngineOverloaded or shutting down: 503). final_only:
+        its stream yields its final output alone."""
         if not self.accepting or not self.llm.running:
             self.metrics.rejected.labels("503").inc()
             raise RequestError("the server is shutting down", status=503, kind="service_unavailable")
         try:
-            return await self.llm.submit(prompt, params)
+            return await self.llm.submit(prompt, params, final_only)
         except EngineOverloaded:
             self.metrics.rejected.labels("503").inc()
             raise

@@ -1,6 +1,7 @@
-"""AsyncLLM: asyncio tasks share one engine loop; greedy text equals LLM.generate; a cancelled
-task aborts its request and frees its blocks; every request gets exactly one final output;
-max_waiting_requests refuses requests beyond the cap at once."""
+"""AsyncLLM: asyncio tasks share one engine loop; greedy text equals LLM.generate; a final-only
+stream yields what a streamed request ends with; a cancelled task aborts its request and frees
+its blocks; every request gets exactly one final output; max_waiting_requests refuses requests
+beyond the cap at once."""
 
 from __future__ import annotations
 
@@ -45,6 +46,40 @@ def test_concurrent_tasks_get_the_same_greedy_tokens_as_generate(llm):
             async_llm.shutdown()
 
     assert run(main()) == expected
+
+
+def test_final_only_streams_yield_one_output_equal_to_the_streamed_requests_last(llm):
+    """The whole answer alone, for what a non-streamed HTTP response needs: the same tokens and
+    text as the request streamed step by step, with a stop string, n > 1 and an abort too."""
+    stop = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=["e"])
+    sampled = SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True, n=2)
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+
+    async def outputs(async_llm, prompt, params, final_only):
+        return [o async for o in async_llm.generate_async(prompt, params, final_only=final_only)]
+
+    async def main():
+        async_llm = AsyncLLM(llm)
+        try:
+            for prompt in prompts:
+                for params in (GREEDY, stop, sampled):
+                    streamed = await outputs(async_llm, prompt, params, False)
+                    (final,) = await outputs(async_llm, prompt, params, True)
+                    last = streamed[-1]
+                    assert len(streamed) > 1 and final.finished
+                    assert (final.text, final.token_ids, final.finish_reason) == (
+                        last.text, last.token_ids, last.finish_reason)
+                    assert final.new_token_ids == final.token_ids and final.new_text == final.text
+                    assert [(c.text, c.token_ids) for c in final.outputs] == [
+                        (c.text, c.token_ids) for c in last.outputs]
+                    assert final.metrics.num_output_tokens == last.metrics.num_output_tokens
+            stream = await async_llm.submit([1, 2, 3], LONG, final_only=True)
+            await async_llm.abort(stream.request_id)
+            assert [o.finish_reason async for o in stream] == ["abort"]
+        finally:
+            async_llm.shutdown()
+
+    run(main())
 
 
 def test_a_cancelled_task_aborts_its_request_and_frees_its_blocks(llm):

@@ -91,6 +91,29 @@ def test_a_stop_string_ends_the_completion_with_stop(client, expected):
     assert response.choices[0].text == want[: want.index(stop)]
 
 
+def test_only_streamed_responses_ask_the_engine_for_an_output_every_step(client, expected, monkeypatch):
+    """A response sent whole is submitted final-only: the engine makes one output for it, not one
+    a step that the event loop would wake up for."""
+    from fastgen.engine.async_llm import AsyncLLM
+
+    asked, submit = [], AsyncLLM.submit
+
+    async def spy(self, prompt, params=None, final_only=False):
+        asked.append(final_only)
+        return await submit(self, prompt, params, final_only)
+
+    monkeypatch.setattr(AsyncLLM, "submit", spy)
+    whole = client.completions.create(prompt=PROMPTS[0], **GREEDY)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(prompt=PROMPTS[0], stream=True, **GREEDY))
+    messages = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(messages=messages, **GREEDY)
+    streamed_chat = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        messages=messages, stream=True, **GREEDY) if c.choices)
+    assert asked == [True, False, True, False]
+    assert whole.choices[0].text == streamed == expected[0][PROMPTS[0]].text
+    assert chat.choices[0].message.content == streamed_chat
+
+
 def test_32_concurrent_streaming_clients_finish_with_correct_token_counts(server, expected):
     async def one(client, i):
         stream = await client.completions.create(
