@@ -28,18 +28,46 @@ if TYPE_CHECKING:
     from fastgen.llm import LLM
 
 
-class _EventLoopSink:
-    """Feeds an asyncio queue from the engine's loop thread."""
+class _EventLoopPost:
+    """Carries what the engine's loop thread hands to one event loop's request queues across in
+    batches: one `call_soon_threadsafe` (a wake-up of the event loop, and a write to its
+    self-pipe) a step, however many of its requests the step moved. Used by the loop thread only."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue):
+    def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
+        self._pending: list[tuple[asyncio.Queue, object]] = []
+
+    def put(self, outputs: asyncio.Queue, item: object) -> None:
+        self._pending.append((outputs, item))
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        try:
+            self._loop.call_soon_threadsafe(_deliver, batch)
+        except RuntimeError:  # the event loop is closed: nobody is left to read
+            pass
+
+
+def _deliver(batch: list[tuple[asyncio.Queue, object]]) -> None:
+    for outputs, item in batch:
+        outputs.put_nowait(item)
+
+
+class _EventLoopSink:
+    """Feeds one request's asyncio queue from the engine's loop thread, through its event loop's
+    post (delivered at `flush`, which the loop calls after every batch of puts)."""
+
+    def __init__(self, post: _EventLoopPost, outputs: asyncio.Queue):
+        self._post = post
         self._outputs = outputs
 
     def put(self, item: object) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._outputs.put_nowait, item)
-        except RuntimeError:  # the event loop is closed: nobody is left to read
-            pass
+        self._post.put(self._outputs, item)
+
+    def flush(self) -> None:
+        self._post.flush()
 
 
 class AsyncRequestStream:
@@ -111,6 +139,10 @@ class AsyncLLM:
     def __init__(self, llm: "LLM"):
         self.llm = llm
         self.background = llm.background()
+        # One post per event loop that submits (usually one): made in that loop's thread, then
+        # used by the engine's loop thread alone.
+        self._posts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _EventLoopPost] = (
+            weakref.WeakKeyDictionary())
 
     @property
     def stats(self) -> EngineStats:
@@ -127,7 +159,10 @@ class AsyncLLM:
         if getattr(params, "structured_outputs", None) is not None:  # a grammar compiles off the event loop
             await asyncio.to_thread(self.background.precompile, params)
         outputs: asyncio.Queue = asyncio.Queue()
-        accepted = self.background.add(prompt, params, _EventLoopSink(loop, outputs), final_only)
+        post = self._posts.get(loop)
+        if post is None:
+            post = self._posts[loop] = _EventLoopPost(loop)
+        accepted = self.background.add(prompt, params, _EventLoopSink(post, outputs), final_only)
         try:
             request_id = await asyncio.wrap_future(accepted)
         except asyncio.CancelledError:  # cancelled while the loop took it: abort it once it is in

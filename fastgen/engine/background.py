@@ -42,9 +42,19 @@ END = object()  # put into a sink when no final output will come: the loop stopp
 
 
 class OutputSink(Protocol):
+    """Where the loop puts a request's outputs. A sink may also have `flush()`, which the loop
+    calls after each batch of puts (a step's outputs): one that holds items back to deliver them
+    together (`fastgen.engine.async_llm`) must deliver them then. Neither may block or raise."""
+
     def put(self, item: object) -> None:
-        """Called from the loop thread with a RequestOutput, `END` or an exception; must neither
-        block nor raise."""
+        """Called from the loop thread with a RequestOutput, `END` or an exception."""
+
+
+def _flush(sinks) -> None:
+    for sink in sinks:
+        flush = getattr(sink, "flush", None)
+        if flush is not None:
+            flush()
 
 
 class RequestStream(OutputStream):
@@ -163,6 +173,7 @@ class BackgroundEngine:
             self._error = exc
             for outputs in self._streams.values():
                 outputs.put(exc)
+            _flush(self._streams.values())
         finally:
             with self._accepting:
                 self._stopped.set()
@@ -171,13 +182,16 @@ class BackgroundEngine:
             self.engine.detach_loop(self._thread)
 
     def _route(self, outputs: list[RequestOutput]) -> None:
+        sinks = []
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
             stream.put(output)
+            sinks.append(stream)
             if output.finished:
                 del self._streams[output.request_id]
+        _flush(sinks)
 
     def _abort_all(self) -> None:
         """Nobody will drive these requests again: abort them and deliver their final outputs."""
@@ -189,6 +203,7 @@ class BackgroundEngine:
             logger.exception("aborting the background engine's requests failed")
         for outputs in self._streams.values():
             outputs.put(END)
+        _flush(self._streams.values())
         self._streams.clear()
 
     def _refuse_queued_commands(self) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from fastgen import LLM, SamplingParams
+from fastgen.engine import async_llm as async_llm_module
 from fastgen.engine.async_llm import AsyncLLM
 from fastgen.engine.requests import EngineOverloaded
 
@@ -80,6 +81,65 @@ def test_final_only_streams_yield_one_output_equal_to_the_streamed_requests_last
             async_llm.shutdown()
 
     run(main())
+
+
+def test_a_steps_outputs_cross_to_the_event_loop_in_one_call(llm):
+    """However many of its requests a step moves, the event loop is woken once for them."""
+    prompts = [[5 + i, 6, 7] for i in range(4)]  # the module's engine lets 4 wait
+    expected = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        calls = []
+        call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counted(callback, *args, **kwargs):
+            if callback is async_llm_module._deliver:  # a batch of outputs
+                calls.append(len(args[0]))
+            return call_soon_threadsafe(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted
+        async_llm = AsyncLLM(llm)
+        steps_before = llm.engine.num_steps
+        try:
+            async def one(prompt):
+                return [o async for o in async_llm.generate_async(prompt, GREEDY)]
+
+            outputs = await asyncio.gather(*(one(p) for p in prompts))
+        finally:
+            async_llm.shutdown()
+            loop.call_soon_threadsafe = call_soon_threadsafe
+        return outputs, calls, llm.engine.num_steps - steps_before
+
+    outputs, calls, steps = run(main())
+    assert [o[-1].token_ids for o in outputs] == expected
+    handed = sum(len(o) for o in outputs)
+    assert handed >= len(prompts) * GREEDY.max_tokens  # an output a token, at least
+    # Every output crossed in a batch, no more than one batch a step, and the steps that ran all
+    # four requests handed their four outputs over together.
+    assert sum(calls) == handed and len(calls) <= steps and max(calls) == len(prompts)
+
+
+def test_a_failure_of_the_loop_itself_reaches_every_waiting_task(llm, monkeypatch):
+    async def main():
+        async_llm = AsyncLLM(llm)
+        streams = [await async_llm.submit([1, 2, 3 + i], LONG) for i in range(2)]
+
+        def broken_stats():
+            raise RuntimeError("the loop's own bug")
+
+        monkeypatch.setattr(llm.engine, "stats", broken_stats)
+        try:
+            for stream in streams:
+                with pytest.raises(RuntimeError, match="the loop's own bug"):
+                    async for _ in stream:
+                        pass
+        finally:
+            async_llm.shutdown()
+            monkeypatch.undo()
+
+    run(main())
+    assert not llm.engine.has_unfinished_requests()
 
 
 def test_a_cancelled_task_aborts_its_request_and_frees_its_blocks(llm):
