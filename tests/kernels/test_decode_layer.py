@@ -56,18 +56,26 @@ def layer_weights(dtype, head_dim, hidden, intermediate, qk_norm, qkv_bias, gen,
 
 
 # Persistent: five programs take every ticket in turn (under the interpreter the first takes
-# them all, and the others find none left). One split and the padding row in test-slow, for
-# `make test`'s time.
-@pytest.mark.parametrize("lens,first_layer,persistent_programs", [
-    ([1], True, 0), pytest.param([40], False, 0, marks=pytest.mark.slow), ([300], False, 0),
-    pytest.param([300, 0], False, 0, marks=pytest.mark.slow), ([1, 200], True, 0),
-    pytest.param([300], False, 5, marks=pytest.mark.slow), ([1, 200], True, 5)],
-    ids=["one-token-first-layer", "one-split", "three-splits", "padding-row", "two-rows-first-layer",
-         "three-splits-persistent", "two-rows-first-layer-persistent"])
-@pytest.mark.parametrize("dtype,head_dim,hidden,intermediate,qk_norm,qkv_bias", [
-    (torch.float32, 64, 100, 164, True, False),  # Qwen3's kind of layer; widths that leave programs part-full
-    (torch.bfloat16, 32, 64, 128, False, True),  # Qwen2's (a q|k|v bias, no per-head norm)
-], ids=["fp32-qwen3", "bf16-qwen2"])
+# them all, and the others find none left).
+STEPS = {  # id: (lens, first_layer, persistent_programs)
+    "one-token-first-layer": ([1], True, 0), "one-split": ([40], False, 0), "three-splits": ([300], False, 0),
+    "padding-row": ([300, 0], False, 0), "two-rows-first-layer": ([1, 200], True, 0),
+    "three-splits-persistent": ([300], False, 5), "two-rows-first-layer-persistent": ([1, 200], True, 5)}
+LAYERS = {  # id: (dtype, head_dim, hidden, intermediate, qk_norm, qkv_bias)
+    "fp32-qwen3": (torch.float32, 64, 100, 164, True, False),  # Qwen3's kind; widths that leave programs part-full
+    "bf16-qwen2": (torch.bfloat16, 32, 64, 128, False, True),  # Qwen2's (a q|k|v bias, no per-head norm)
+}
+# For `make test`'s time, test-slow takes these: one split and the padding row, and of Qwen2's
+# layer all but the step that runs every part (two rows, persistent).
+IN_MAKE_TEST = {"fp32-qwen3": {"one-token-first-layer", "three-splits", "two-rows-first-layer",
+                               "two-rows-first-layer-persistent"},
+                "bf16-qwen2": {"two-rows-first-layer-persistent"}}
+
+
+@pytest.mark.parametrize("dtype,head_dim,hidden,intermediate,qk_norm,qkv_bias,lens,first_layer,persistent_programs", [
+    pytest.param(*layer, *step_case, id=f"{layer_id}-{step_id}",
+                 marks=() if step_id in IN_MAKE_TEST[layer_id] else pytest.mark.slow)
+    for layer_id, layer in LAYERS.items() for step_id, step_case in STEPS.items()])
 def test_one_launch_equals_the_six_launches(dtype, head_dim, hidden, intermediate, qk_norm, qkv_bias, first_layer,
                                             lens, persistent_programs):
     _, _, _, k_cache, v_cache, tables, lens_t, positions, cos_sin, _, slots = step(dtype, head_dim, lens, seed=7)
