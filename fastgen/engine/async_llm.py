@@ -1,8 +1,9 @@
 """AsyncLLM: the asyncio face of the background engine loop.
 
 One loop thread owns the engine (`BackgroundEngine`); any number of asyncio tasks submit to it
-and read their request's outputs without blocking the event loop. The loop thread hands each
-output to the event loop (`call_soon_threadsafe`) into the request's own asyncio queue.
+and read their request's outputs without blocking the event loop. The loop thread hands a step's
+outputs to the event loop in one `call_soon_threadsafe`, which puts each into its request's own
+asyncio queue.
 
 Ownership follows the sync streams': an `AsyncRequestStream` owns its request from the moment
 it is returned. Cancelling the task that reads it, `aclose()`, leaving its `async with` block, or
@@ -29,9 +30,10 @@ if TYPE_CHECKING:
 
 
 class _EventLoopPost:
-    """Carries what the engine's loop thread hands to one event loop's request queues across in
-    batches: one `call_soon_threadsafe` (a wake-up of the event loop, and a write to its
-    self-pipe) a step, however many of its requests the step moved. Used by the loop thread only."""
+    """Takes the outputs the engine's loop thread puts for one event loop's requests, and hands
+    them over together at `flush`: one `call_soon_threadsafe` (a wake-up of the event loop, a
+    write to its self-pipe) a step, however many of its requests the step moved. Made in the
+    event loop's thread; `put` and `flush` run in the engine's loop thread only."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -50,7 +51,7 @@ class OutputSink(Protocol):
         """Called from the loop thread with a RequestOutput, `END` or an exception."""
 
 
-def _flush(sinks) -> None:
+def _flush(sinks: Iterable[OutputSink]) -> None:
     for sink in sinks:
         flush = getattr(sink, "flush", None)
         if flush is not None:
@@ -92,11 +93,11 @@ class BackgroundEngine:
         self._accepting = threading.Lock()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="fastgen-engine-loop", daemon=True)
-        engine.attach_loop(self._thread)
-        # The steps leave this thread, which built the engine and holds OpenMP workers from it:
-        # beside them, the loop thread's own would sleep between parallel regions, and its CPU
-        # steps run at a third of their speed (`fastgen.cpu.native.openmp`).
+        # The steps leave this thread, which holds OpenMP workers if it ran the model (a warm-up,
+        # a `generate`): beside them, the loop thread's own would sleep between parallel regions,
+        # and its CPU steps run at a fifth to half their speed (`fastgen.cpu.native.openmp`).
         release_openmp_threads()
+        engine.attach_loop(self._thread)
         self._thread.start()
 
     # ---- any thread ------------------------------------------------------------------------
@@ -182,16 +183,18 @@ class BackgroundEngine:
             self.engine.detach_loop(self._thread)
 
     def _route(self, outputs: list[RequestOutput]) -> None:
-        sinks = []
-        for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is None:
-                continue
-            stream.put(output)
-            sinks.append(stream)
-            if output.finished:
-                del self._streams[output.request_id]
-        _flush(sinks)
+        sinks: list[OutputSink] = []
+        try:
+            for output in outputs:
+                stream = self._streams.get(output.request_id)
+                if stream is None:
+                    continue
+                stream.put(output)
+                sinks.append(stream)
+                if output.finished:
+                    del self._streams[output.request_id]
+        finally:  # what was put is delivered, even a finished stream's that left `_streams`
+            _flush(sinks)
 
     def _abort_all(self) -> None:
         """Nobody will drive these requests again: abort them and deliver their final outputs."""

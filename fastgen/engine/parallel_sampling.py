@@ -62,7 +62,9 @@ class ParentRequest:
                 self.prompt_logprobs = output.prompt_logprobs
         if self.final_only and not self.finished:
             return None
-        completions = [c if i in progressed else _without_delta(c) for i, c in enumerate(self.latest)]
+        # A final-only request's one output is every completion's first: each delta is all of it.
+        completions = [c if i in progressed or self.final_only else _without_delta(c)
+                       for i, c in enumerate(self.latest)]
         first, leader = completions[0], self.children[0]
         return RequestOutput(
             request_id=self.request_id,

@@ -1,7 +1,10 @@
 """The server's Prometheus metrics (prometheus-client), in a registry of its own.
 
 Request latencies are observed from each request's final output (`RequestMetrics`: seconds);
-tokens are counted as they stream out; the engine's load (running / waiting requests, KV blocks,
+tokens are counted as their outputs are read: a streamed request's as they stream out, a
+non-streamed one's (made final-only) at its end, so the tokens of one whose client left first
+are not counted there (`fastgen_step_tokens_total` counts every token the engine computed); the
+engine's load (running / waiting requests, KV blocks,
 prefix-cache hit rate, preemptions) is read at scrape time from the loop's latest `EngineStats`.
 """
 
@@ -72,7 +75,8 @@ class ServerMetrics:
         self.e2e = Histogram("fastgen_e2e_request_latency_seconds", "Arrival to final output.",
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("fastgen_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
-        self.generation_tokens = Counter("fastgen_generation_tokens", "Tokens generated.", registry=r)
+        self.generation_tokens = Counter("fastgen_generation_tokens",
+                                         "Tokens generated, counted as requests' outputs are read.", registry=r)
         self.finished = Counter("fastgen_requests_finished", "Requests finished, by finish reason.",
                                 ["finish_reason"], registry=r)
         self.rejected = Counter("fastgen_requests_rejected", "Requests refused, by HTTP status.", ["status"],

@@ -10,10 +10,10 @@ import threading
 import pytest
 import torch
 
-from fastgen.cpu.native.openmp import loaded_libgomp
+from fastgen.cpu.native.openmp import loaded_libgomps
 
 needs_libgomp_and_two_threads = pytest.mark.skipif(
-    loaded_libgomp() is None or torch.get_num_threads() < 2,
+    not loaded_libgomps() or torch.get_num_threads() < 2,
     reason="needs torch on GNU OpenMP (libgomp) with two or more threads")
 
 # A fresh process, so that no other thread's pool or stray thread muddles the count: a parallel

@@ -54,6 +54,8 @@ def test_final_only_streams_yield_one_output_equal_to_the_streamed_requests_last
     text as the request streamed step by step, with a stop string, n > 1 and an abort too."""
     stop = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=["e"])
     sampled = SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True, n=2)
+    # Completions that end at different steps (a stop string each meets in its own time).
+    staggered = SamplingParams(temperature=1.0, seed=5, max_tokens=30, ignore_eos=True, n=3, stop=["a", "e"])
     prompts = [[5, 6, 7], [8, 9, 10, 11]]
 
     async def outputs(async_llm, prompt, params, final_only):
@@ -63,7 +65,7 @@ def test_final_only_streams_yield_one_output_equal_to_the_streamed_requests_last
         async_llm = AsyncLLM(llm)
         try:
             for prompt in prompts:
-                for params in (GREEDY, stop, sampled):
+                for params in (GREEDY, stop, sampled, staggered):
                     streamed = await outputs(async_llm, prompt, params, False)
                     (final,) = await outputs(async_llm, prompt, params, True)
                     last = streamed[-1]
@@ -71,8 +73,10 @@ def test_final_only_streams_yield_one_output_equal_to_the_streamed_requests_last
                     assert (final.text, final.token_ids, final.finish_reason) == (
                         last.text, last.token_ids, last.finish_reason)
                     assert final.new_token_ids == final.token_ids and final.new_text == final.text
-                    assert [(c.text, c.token_ids) for c in final.outputs] == [
-                        (c.text, c.token_ids) for c in last.outputs]
+                    assert [(c.text, c.token_ids, c.finish_reason) for c in final.outputs] == [
+                        (c.text, c.token_ids, c.finish_reason) for c in last.outputs]
+                    # The one output carries each completion whole, as what it adds.
+                    assert all(c.new_token_ids == c.token_ids and c.new_text == c.text for c in final.outputs)
                     assert final.metrics.num_output_tokens == last.metrics.num_output_tokens
             stream = await async_llm.submit([1, 2, 3], LONG, final_only=True)
             await async_llm.abort(stream.request_id)

@@ -1,20 +1,21 @@
 """Hand a thread's OpenMP workers back, so that the engine's loop thread gets the CPUs to itself.
 
-torch's CPU ops, Inductor's compiled kernels and fastgen's C++ kernels all split their work with
-OpenMP, through the one GNU OpenMP runtime (libgomp) that torch's wheel ships. libgomp gives
-every thread that starts a parallel region a pool of worker threads of its own, kept until that
+torch's CPU ops, Inductor's compiled kernels and fastgen's C++ kernels split their work with
+OpenMP, through GNU OpenMP (libgomp; torch's Linux wheels ship their own copy). libgomp gives
+every thread that runs a parallel region a pool of worker threads of its own, kept until that
 thread exits, and once the workers of all pools outnumber the CPUs it stops letting them spin
-between regions: they sleep, and every region after that pays for waking them. An engine is
-built, loaded and warmed up in the thread that makes the `LLM` (usually the main thread, which
-lives as long as the process), so that thread holds a pool; a background loop thread
-(`fastgen.engine.background`, behind `AsyncLLM` and `fastgen serve`) that then runs the steps
-starts a second one, and every step it runs is that much slower: on two cores, SmolLM2-135M's
-compiled batch-1 decode step took 24 ms in the loop thread against 7 ms in the thread that built
-the engine.
+between regions: they sleep, and every region after that pays for waking them. A thread that
+ran torch's parallel ops (an application's warm-up `generate`, or any CPU step) holds such a
+pool; a background loop thread (`fastgen.engine.background`, behind `AsyncLLM` and `fastgen
+serve`) that then runs the steps starts a second one, and every step it runs is slower: on two
+cores, SmolLM2-135M's compiled batch-1 decode step took 24 ms in the loop thread against 7 ms in
+the thread that had run the model before.
 
-`release_openmp_threads` ends the calling thread's pool (`omp_pause_resource_all`, OpenMP 5.0),
-as its exit would. Parallel regions the thread starts later make a new pool: the loop thread is
-fast again only while no other thread runs torch's CPU work beside it.
+`release_openmp_threads` ends the calling thread's pool, as its exit would, through OpenMP 5.0's
+`omp_pause_resource_all`: libgomp frees the pool of the thread that calls it (the standard and
+LLVM's runtime pause the whole process; this module acts on libgomp only). Parallel regions the
+thread runs later make a new pool, so the loop thread keeps its speed only while no other thread
+runs torch's CPU work beside it.
 """
 
 from __future__ import annotations
@@ -29,36 +30,41 @@ logger = logging.getLogger(__name__)
 OMP_PAUSE_SOFT = 1
 
 
-def loaded_libgomp() -> str | None:
-    """The path of the GNU OpenMP runtime loaded into this process (torch's own copy), or None
-    (another OS, another runtime, or none loaded)."""
+def loaded_libgomps() -> list[str]:
+    """The paths of every GNU OpenMP runtime loaded into this process (torch's own copy, and any
+    other a library brought), in the order they are mapped; empty off Linux or where none is."""
     if not sys.platform.startswith("linux"):
-        return None
+        return []
+    paths: list[str] = []
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
                 path = line.rstrip("\n").split(maxsplit=5)[-1]
-                if path.rsplit("/", 1)[-1].startswith("libgomp"):
-                    return path
+                if path.rsplit("/", 1)[-1].startswith("libgomp") and path not in paths:
+                    paths.append(path)
     except OSError:
-        return None
-    return None
+        return []
+    return paths
 
 
 def release_openmp_threads() -> bool:
-    """End the OpenMP worker threads the calling thread has started. Returns whether it did:
-    False without libgomp, with one older than OpenMP 5.0, or when the runtime refused (inside a
-    parallel region). Call it from the thread whose workers should go, outside any region."""
-    path = loaded_libgomp()
-    if path is None:
+    """End the OpenMP worker threads the calling thread has started, in every libgomp loaded.
+    Returns whether it did: False without libgomp, with one older than OpenMP 5.0, or when a
+    runtime refused (the caller is inside a parallel region). Call it from the thread whose
+    workers should go, outside any parallel region."""
+    paths = loaded_libgomps()
+    if not paths:
         return False
-    try:
-        pause = ctypes.CDLL(path).omp_pause_resource_all
-    except (OSError, AttributeError):
-        return False
-    pause.argtypes = (ctypes.c_int,)
-    pause.restype = ctypes.c_int
-    released = pause(OMP_PAUSE_SOFT) == 0
+    released = True
+    for path in paths:
+        try:
+            pause = ctypes.CDLL(path).omp_pause_resource_all
+        except (OSError, AttributeError):
+            released = False
+            continue
+        pause.argtypes = (ctypes.c_int,)
+        pause.restype = ctypes.c_int
+        released = pause(OMP_PAUSE_SOFT) == 0 and released
     if not released:
         logger.warning("could not end this thread's OpenMP workers; CPU steps in another thread may run slower")
     return released
