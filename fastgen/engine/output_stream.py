@@ -85,9 +85,17 @@ class EngineStream(OutputStream):
     request has an output; other requests progress too, and their outputs stay in the engine for
     their own consumers (other streams, `generate`, `step()`)."""
 
-    def __init__(self, engine: "LLMEngine", request_id: str):
+    def __init__(self, engine: "LLMEngine", request_id: str, on_end: Callable[[], None] | None = None):
+        """on_end: called in the reading thread when the stream ends (its final output read, or
+        closed)."""
         super().__init__(request_id, engine.abandon)
         self._engine = engine
+        self._on_end = on_end
+
+    def _end(self) -> None:
+        super()._end()
+        if self._on_end is not None:
+            self._on_end()
 
     def _next_output(self) -> RequestOutput | None:
         while True:

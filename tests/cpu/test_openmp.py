@@ -67,3 +67,39 @@ def test_the_background_loop_releases_the_starting_threads_workers_before_it_run
     with llm.background():
         pass
     assert calls == [(threading.current_thread(), [])]
+
+
+def test_an_llm_hands_workers_back_after_building_and_after_each_drive_from_another_thread(
+        tiny_models, monkeypatch, caplog):
+    """The building thread hands its workers back once built, and keeps those of its own later
+    drives; any other thread hands back at the end of each `generate` and stream it drives.
+    A thread that drives after the building one did is warned that this cannot help it."""
+    import fastgen.llm as llm_module
+    from fastgen import LLM, SamplingParams
+
+    released_in = []
+    monkeypatch.setattr(llm_module, "release_openmp_threads", lambda: released_in.append(threading.current_thread()))
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    llm = LLM(tiny_models["qwen3"], dtype="float32", num_kv_blocks=32)
+    home = threading.current_thread()
+    assert released_in == [home]
+
+    def in_another_thread(work):
+        results = []
+        worker = threading.Thread(target=lambda: results.append((work(), threading.current_thread())))
+        worker.start()
+        worker.join()
+        return results[0]
+
+    released_in.clear()
+    expected = llm.generate([[1, 2, 3]], params)[0].token_ids
+    assert released_in == []  # the building thread keeps its workers between its own drives
+
+    outputs, worker = in_another_thread(lambda: llm.generate([[1, 2, 3]], params))
+    assert outputs[0].token_ids == expected and released_in == [worker]
+    assert "runs in thread" in caplog.text  # the building thread drove first: its workers are back
+
+    released_in.clear()
+    tokens, worker = in_another_thread(lambda: [t for o in llm.stream([1, 2, 3], params) for t in o.new_token_ids])
+    assert tokens == expected and released_in == [worker]
+    assert caplog.text.count("runs in thread") == 1  # once

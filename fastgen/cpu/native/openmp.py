@@ -21,6 +21,7 @@ runs torch's CPU work beside it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import sys
 
@@ -47,24 +48,32 @@ def loaded_libgomps() -> list[str]:
     return paths
 
 
+@functools.cache
+def _pause_functions() -> tuple:
+    """`omp_pause_resource_all` of each libgomp loaded (None for one older than OpenMP 5.0),
+    looked up once: torch, which brings its runtime, is imported before anything calls this."""
+    functions = []
+    for path in loaded_libgomps():
+        try:
+            pause = ctypes.CDLL(path).omp_pause_resource_all
+        except (OSError, AttributeError):
+            functions.append(None)
+            continue
+        pause.argtypes = (ctypes.c_int,)
+        pause.restype = ctypes.c_int
+        functions.append(pause)
+    return tuple(functions)
+
+
 def release_openmp_threads() -> bool:
     """End the OpenMP worker threads the calling thread has started, in every libgomp loaded.
     Returns whether it did: False without libgomp, with one older than OpenMP 5.0, or when a
     runtime refused (the caller is inside a parallel region). Call it from the thread whose
     workers should go, outside any parallel region."""
-    paths = loaded_libgomps()
-    if not paths:
+    functions = _pause_functions()
+    if not functions:
         return False
-    released = True
-    for path in paths:
-        try:
-            pause = ctypes.CDLL(path).omp_pause_resource_all
-        except (OSError, AttributeError):
-            released = False
-            continue
-        pause.argtypes = (ctypes.c_int,)
-        pause.restype = ctypes.c_int
-        released = pause(OMP_PAUSE_SOFT) == 0 and released
+    released = all([pause is not None and pause(OMP_PAUSE_SOFT) == 0 for pause in functions])
     if not released:
         logger.warning("could not end this thread's OpenMP workers; CPU steps in another thread may run slower")
     return released
