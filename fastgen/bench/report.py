@@ -164,7 +164,8 @@ def _serve_summary(doc: dict) -> str:
         f"{r['goodput_requests_per_s']:10.2f} req/s under {r['slo_ms']} ms"
     return "\n".join([
         f"endpoint   {e['base_url']} ({e['model']})",
-        f"workload   {r['num_requests']} requests at {rate}, concurrency {w['max_concurrency'] or 'unlimited'}, "
+        f"workload   {r['num_requests']} {'streamed' if w.get('stream', True) else 'plain'} requests at {rate}, "
+        f"concurrency {w['max_concurrency'] or 'unlimited'}, "
         f"input {w['input_len'][0]}:{w['input_len'][1]} + prefix {w['prefix_len']}, "
         f"output {w['output_len'][0]}:{w['output_len'][1]} tokens",
         "",

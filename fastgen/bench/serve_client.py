@@ -1,6 +1,7 @@
-"""One streamed request against an OpenAI-compatible /v1/completions endpoint, timed from the
-client: when it was sent, when each chunk with generated tokens arrived, and how many tokens
-the server says it generated (stream_options.include_usage).
+"""One request against an OpenAI-compatible /v1/completions endpoint, timed from the client:
+streamed (`stream_completion`), when it was sent, when each chunk with generated tokens arrived,
+and how many tokens the server says it generated (stream_options.include_usage); plain
+(`plain_completion`), when it was sent and when the whole answer arrived, with its usage.
 
 Prompts are token ids (OpenAI's completions API takes them, and so do vLLM and SGLang), so the
 prompt length is exact whatever the server's tokenizer. `ignore_eos` (vLLM's extension, which
@@ -19,7 +20,9 @@ import httpx
 @dataclass
 class RequestTiming:
     """Seconds on the client's perf_counter clock. chunk_times: arrival of each chunk that
-    carried generated text; output_tokens: the server's usage count (else the chunk count)."""
+    carried generated text (a plain request has none: its first token is not seen apart, so
+    it has no TTFT, TPOT or inter-token gaps, only its end-to-end latency); output_tokens: the
+    server's usage count (else the chunk count)."""
 
     prompt_len: int
     sent_at: float = 0.0
@@ -27,14 +30,15 @@ class RequestTiming:
     done_at: float | None = None
     output_tokens: int = 0
     error: str | None = None
+    streamed: bool = True
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.done_at is not None and bool(self.chunk_times)
+        return self.error is None and self.done_at is not None and (bool(self.chunk_times) or not self.streamed)
 
     @property
     def ttft(self) -> float | None:
-        return self.chunk_times[0] - self.sent_at if self.ok else None
+        return self.chunk_times[0] - self.sent_at if self.ok and self.streamed else None
 
     @property
     def e2e(self) -> float | None:
@@ -43,7 +47,7 @@ class RequestTiming:
     @property
     def tpot(self) -> float | None:
         """Mean time per output token after the first (None for a single token)."""
-        if not self.ok or self.output_tokens < 2:
+        if not self.ok or not self.streamed or self.output_tokens < 2:
             return None
         return (self.done_at - self.chunk_times[0]) / (self.output_tokens - 1)
 
@@ -82,5 +86,27 @@ async def stream_completion(client: httpx.AsyncClient, url: str, model: str, pro
         timing.done_at = time.perf_counter()
         timing.output_tokens = timing.output_tokens or chunks
     except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
+        timing.error = f"{type(exc).__name__}: {exc}"
+    return timing
+
+
+async def plain_completion(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+                           max_tokens: int, temperature: float) -> RequestTiming:
+    """Send one completion with "stream": false and time it to its whole answer; errors are
+    recorded, never raised."""
+    timing = RequestTiming(prompt_len=len(prompt), streamed=False)
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+            "ignore_eos": True, "stream": False}
+    timing.sent_at = time.perf_counter()
+    try:
+        response = await client.post(url, json=body)
+        if response.status_code != 200:
+            timing.error = f"HTTP {response.status_code}: {response.text[:200]}"
+            return timing
+        answer = response.json()
+        timing.done_at = time.perf_counter()
+        timing.output_tokens = answer["usage"]["completion_tokens"]
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        timing.done_at = None
         timing.error = f"{type(exc).__name__}: {exc}"
     return timing

@@ -17,7 +17,7 @@ import time
 import httpx
 import numpy as np
 
-from fastgen.bench.serve_client import RequestTiming, stream_completion
+from fastgen.bench.serve_client import RequestTiming, plain_completion, stream_completion
 from fastgen.bench.stats import summarize_ms
 from fastgen.bench.workload import Workload
 
@@ -37,17 +37,20 @@ def served_model(base_url: str, model: str | None, vocab_size: int | None) -> tu
 
 
 def measure_serve(url: str, model: str, workload: Workload, *, request_rate: float, max_concurrency: int | None,
-                  timeout_s: float, temperature: float, seed: int, slo: dict[str, float] | None) -> dict:
+                  timeout_s: float, temperature: float, seed: int, slo: dict[str, float] | None,
+                  stream: bool = True) -> dict:
     """Send the workload to the completions endpoint `url`; the `results` section of a serve
-    report. seed draws the arrival times; slo: bounds in ms by "ttft", "tpot", "e2e" (or None)."""
+    report. seed draws the arrival times; slo: bounds in ms by "ttft", "tpot", "e2e" (or None);
+    stream: streamed requests, else plain ones (timed to their whole answer)."""
     start = time.perf_counter()
-    timings = asyncio.run(_send_all(url, model, workload, request_rate, max_concurrency, timeout_s, temperature,
-                                    seed))
+    send = stream_completion if stream else plain_completion
+    timings = asyncio.run(_send_all(send, url, model, workload, request_rate, max_concurrency, timeout_s,
+                                    temperature, seed))
     return results_of(timings, time.perf_counter() - start, slo)
 
 
-async def _send_all(url: str, model: str, workload: Workload, request_rate: float, max_concurrency: int | None,
-                    timeout_s: float, temperature: float, seed: int) -> list[RequestTiming]:
+async def _send_all(send, url: str, model: str, workload: Workload, request_rate: float,
+                    max_concurrency: int | None, timeout_s: float, temperature: float, seed: int) -> list[RequestTiming]:
     rng = np.random.default_rng(seed)
     in_flight = max_concurrency or len(workload.prompts)
     limit = asyncio.Semaphore(in_flight)
@@ -55,7 +58,7 @@ async def _send_all(url: str, model: str, workload: Workload, request_rate: floa
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
         async def one(prompt, output_len):
             async with limit:
-                return await stream_completion(client, url, model, prompt, output_len, temperature)
+                return await send(client, url, model, prompt, output_len, temperature)
 
         tasks = []
         for prompt, output_len in zip(workload.prompts, workload.output_lens):

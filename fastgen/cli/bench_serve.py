@@ -1,7 +1,7 @@
 """`fastgen bench serve`: an online benchmark against any OpenAI-compatible endpoint.
 
 Like `vllm bench serve`. This module is the command line; the load (Poisson arrivals, a
-concurrency limit, streamed completions) and its results are `fastgen.bench.serve_load`.
+concurrency limit, streamed or plain completions) and its results are `fastgen.bench.serve_load`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from fastgen.cli.bench_common import add_output_args, add_workload_args, workloa
 
 DESCRIPTION = """\
 Benchmark a running OpenAI-compatible server (fastgen's own, or another engine's): send streamed
-completions of random token-id prompts at a Poisson request rate or a fixed concurrency, and
-report TTFT, TPOT, inter-token and end-to-end latency percentiles, throughput and goodput."""
+(or, with --no-stream, plain) completions of random token-id prompts at a Poisson request rate or
+a fixed concurrency, and report TTFT, TPOT, inter-token and end-to-end latency percentiles,
+throughput and goodput."""
 
 EPILOG = """\
 examples:
@@ -55,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seed of the prompts and of the arrival times")
     group.add_argument("--slo", metavar="ttft=MS,tpot=MS", type=slo_spec, default=None,
                        help="latency bounds in ms (ttft, tpot, e2e) for goodput")
+    group.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                       help="streamed completions; --no-stream sends plain ones, timed to their whole answer "
+                            "(no TTFT, TPOT or inter-token latency, and an --slo on those is refused)")
     add_output_args(parser)
 
 
@@ -66,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     from fastgen.bench.serve_load import measure_serve, served_model
     from fastgen.bench.workload import build_workload
 
+    if not args.stream and args.slo is not None and set(args.slo) - {"e2e"}:
+        raise ValueError(f"--slo {args.slo} bounds {sorted(set(args.slo) - {'e2e'})}, which --no-stream does not "
+                         f"measure: bound e2e only")
     base_url = args.base_url.rstrip("/")
     try:
         model, vocab = served_model(base_url, args.model, args.vocab_size)
@@ -78,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
               f"{args.request_rate} req/s", file=sys.stderr, flush=True)
     results = measure_serve(f"{base_url}/v1/completions", model, workload, request_rate=args.request_rate,
                             max_concurrency=args.max_concurrency, timeout_s=args.timeout,
-                            temperature=args.temperature, seed=args.seed, slo=args.slo)
+                            temperature=args.temperature, seed=args.seed, slo=args.slo, stream=args.stream)
     workload_json = {**spec.to_json(), "request_rate": None if math.isinf(args.request_rate) else args.request_rate,
-                     "max_concurrency": args.max_concurrency, "temperature": args.temperature}
+                     "max_concurrency": args.max_concurrency, "temperature": args.temperature, "stream": args.stream}
     endpoint = {"base_url": base_url, "model": model, "vocab_size": vocab}
     emit(endpoint_report(args.command_line, endpoint, workload_json, results), args.output_json)
     return 0 if results["num_completed"] else 1

@@ -35,7 +35,8 @@ _WORKLOAD = {
     "latency": {"batch_size": "int", "input_len": "int", "output_len": "int", "num_iters": "int",
                 "num_iters_warmup": "int", "seed": "int", "temperature": "number"},
     "serve": {"num_prompts": "int", "input_len": "ints2", "output_len": "ints2", "prefix_len": "int",
-              "seed": "int", "request_rate": "number?", "max_concurrency": "int?", "temperature": "number"},
+              "seed": "int", "request_rate": "number?", "max_concurrency": "int?", "temperature": "number",
+              "stream": "bool"},
 }
 _RESULTS = {
     "throughput": {

@@ -71,6 +71,28 @@ def test_bench_serve_measures_the_server_and_writes_a_valid_report(server, tmp_p
     assert r["goodput_requests_per_s"] == pytest.approx(r["requests_per_s"])  # generous SLO: all meet it
 
 
+def test_bench_serve_sends_plain_requests_with_no_stream(server, tmp_path, capsys):
+    """--no-stream: plain completions, timed to their whole answers (no TTFT, TPOT or gaps), and
+    an SLO on what it does not measure refused."""
+    from fastgen.cli.main import main
+    from tests.bench.report_schema import validate_report
+
+    out = tmp_path / "serve.json"
+    assert main(["bench", "serve", "--base-url", server, "--num-prompts", "5", "--input-len", "4:12",
+                 "--output-len", "3:6", "--max-concurrency", "3", "--no-stream", "--slo", "e2e=60000", "--quiet",
+                 "--output-json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    validate_report(doc)
+    r = doc["results"]
+    assert doc["workload"]["stream"] is False and r["num_completed"] == 5 and r["num_failed"] == 0
+    assert 5 * 3 <= r["output_tokens"] <= 5 * 6 and r["e2e_latency_ms"]["count"] == 5
+    assert r["ttft_ms"]["count"] == r["tpot_ms"]["count"] == r["itl_ms"]["count"] == 0
+    assert r["goodput_requests_per_s"] == pytest.approx(r["requests_per_s"])
+    assert "5 plain requests" in capsys.readouterr().out
+    assert main(["bench", "serve", "--base-url", server, "--no-stream", "--slo", "ttft=100", "--quiet"]) == 2
+    assert "--no-stream does not measure" in capsys.readouterr().err
+
+
 def test_bench_serve_goodput_counts_only_requests_within_the_slo(server):
     from fastgen.bench.serve_client import RequestTiming
     from fastgen.bench.serve_load import results_of
