@@ -50,7 +50,8 @@ def measure_serve(url: str, model: str, workload: Workload, *, request_rate: flo
 
 
 async def _send_all(send, url: str, model: str, workload: Workload, request_rate: float,
-                    max_concurrency: int | None, timeout_s: float, temperature: float, seed: int) -> list[RequestTiming]:
+                    max_concurrency: int | None, timeout_s: float, temperature: float,
+                    seed: int) -> list[RequestTiming]:
     rng = np.random.default_rng(seed)
     in_flight = max_concurrency or len(workload.prompts)
     limit = asyncio.Semaphore(in_flight)
