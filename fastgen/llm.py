@@ -157,8 +157,8 @@ class LLM:
         """
         # Queued (and so validated) now, not at the first next(): bad input raises here.
         state = self.engine.prepare(prompt, SamplingParams() if sampling_params is None else sampling_params)
-        self._note_driver()
-        return EngineStream(self.engine, self.engine.enqueue(state, claimed=True), on_end=self._after_driving)
+        return EngineStream(self.engine, self.engine.enqueue(state, claimed=True), on_next=self._note_driver,
+                            on_end=self._after_driving)
 
     @contextlib.contextmanager
     def _driven_here(self) -> Iterator[None]:
@@ -178,8 +178,8 @@ class LLM:
             logger.warning(
                 "this LLM runs in thread %r after running in thread %r, which built it: torch's OpenMP runtime "
                 "keeps worker threads for both, and CPU steps then run several times slower. Run it from one "
-                "thread, or from any thread through LLM.background() or AsyncLLM (which hand the building "
-                "thread's workers back)", threading.current_thread().name, self._home.name)
+                "thread, or start LLM.background() or AsyncLLM in the thread that built it (which hands that "
+                "thread's workers back) and submit from any", threading.current_thread().name, self._home.name)
 
     def _after_driving(self) -> None:
         if threading.current_thread() is not self._home:
@@ -195,4 +195,7 @@ class LLM:
         """
         from fastgen.engine.background import BackgroundEngine
 
-        return BackgroundEngine(self.engine)
+        background = BackgroundEngine(self.engine)
+        if threading.current_thread() is self._home:  # the loop handed this thread's workers back
+            self._home_drove = False
+        return background

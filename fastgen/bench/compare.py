@@ -87,9 +87,17 @@ def setup_differences(old: dict, new: dict) -> list[str]:
              for section, key in _SETUP
              if isinstance(old.get(section), dict) and isinstance(new.get(section), dict)
              and old[section].get(key) != new[section].get(key)]
-    if old.get("workload") != new.get("workload"):
+    # A report from before `bench serve` recorded `stream` sent streamed requests.
+    if _workload(old) != _workload(new):
         notes.append("workload differs")
     return notes
+
+
+def _workload(doc: dict) -> dict | None:
+    workload = doc.get("workload")
+    if isinstance(workload, dict) and doc.get("schema", "").startswith("fastgen.bench.serve/"):
+        return {"stream": True, **workload}
+    return workload
 
 
 def format_comparison(deltas: list[Delta], fail_above: float | None) -> str:

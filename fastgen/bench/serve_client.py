@@ -104,8 +104,12 @@ async def plain_completion(client: httpx.AsyncClient, url: str, model: str, prom
             timing.error = f"HTTP {response.status_code}: {response.text[:200]}"
             return timing
         answer = response.json()
+        tokens = answer["usage"]["completion_tokens"]
+        if not isinstance(tokens, int):
+            timing.error = f"usage.completion_tokens={tokens!r} is not a count"
+            return timing
         timing.done_at = time.perf_counter()
-        timing.output_tokens = answer["usage"]["completion_tokens"]
+        timing.output_tokens = tokens
     except (httpx.HTTPError, json.JSONDecodeError, KeyError, TypeError) as exc:
         timing.done_at = None
         timing.error = f"{type(exc).__name__}: {exc}"

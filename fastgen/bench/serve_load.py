@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable, Callable
 
 import httpx
 import numpy as np
@@ -41,7 +42,11 @@ def measure_serve(url: str, model: str, workload: Workload, *, request_rate: flo
                   stream: bool = True) -> dict:
     """Send the workload to the completions endpoint `url`; the `results` section of a serve
     report. seed draws the arrival times; slo: bounds in ms by "ttft", "tpot", "e2e" (or None);
-    stream: streamed requests, else plain ones (timed to their whole answer)."""
+    stream: streamed requests, else plain ones (timed to their whole answer; ValueError for an
+    slo on the TTFT or TPOT they do not measure)."""
+    unmeasured = sorted(set(slo or {}) - {"e2e"})
+    if not stream and unmeasured:
+        raise ValueError(f"slo bounds {unmeasured}, which plain requests (--no-stream) do not measure: bound e2e only")
     start = time.perf_counter()
     send = stream_completion if stream else plain_completion
     timings = asyncio.run(_send_all(send, url, model, workload, request_rate, max_concurrency, timeout_s,
@@ -49,7 +54,8 @@ def measure_serve(url: str, model: str, workload: Workload, *, request_rate: flo
     return results_of(timings, time.perf_counter() - start, slo)
 
 
-async def _send_all(send, url: str, model: str, workload: Workload, request_rate: float,
+async def _send_all(send: Callable[..., Awaitable[RequestTiming]], url: str, model: str, workload: Workload,
+                    request_rate: float,
                     max_concurrency: int | None, timeout_s: float, temperature: float,
                     seed: int) -> list[RequestTiming]:
     rng = np.random.default_rng(seed)

@@ -85,11 +85,14 @@ class EngineStream(OutputStream):
     request has an output; other requests progress too, and their outputs stay in the engine for
     their own consumers (other streams, `generate`, `step()`)."""
 
-    def __init__(self, engine: "LLMEngine", request_id: str, on_end: Callable[[], None] | None = None):
-        """on_end: called in the reading thread when the stream ends (its final output read, or
-        closed)."""
+    def __init__(self, engine: "LLMEngine", request_id: str, on_next: Callable[[], None] | None = None,
+                 on_end: Callable[[], None] | None = None):
+        """on_next: called in the reading thread before each `next()` drives the engine; on_end:
+        called in the thread that ends the stream (reads its final output, closes it, or gets an
+        error from `next()`); a stream dropped unread ends in no thread, and calls neither."""
         super().__init__(request_id, engine.abandon)
         self._engine = engine
+        self._on_next = on_next
         self._on_end = on_end
 
     def _end(self) -> None:
@@ -98,6 +101,16 @@ class EngineStream(OutputStream):
             self._on_end()
 
     def _next_output(self) -> RequestOutput | None:
+        if self._on_next is not None:
+            self._on_next()
+        try:
+            return self._drive()
+        except BaseException:
+            if self._on_end is not None:
+                self._on_end()
+            raise
+
+    def _drive(self) -> RequestOutput | None:
         while True:
             output = self._engine.take_output(self.request_id)
             if output is not None:

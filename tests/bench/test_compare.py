@@ -42,6 +42,14 @@ def test_setup_differences_are_named():
     assert setup_differences(report(1.0, 1.0), new) == ["engine.dtype: 'float32' -> 'bfloat16'", "workload differs"]
 
 
+def test_a_serve_report_from_before_stream_was_recorded_counts_as_streamed():
+    old, new = report(1.0, 1.0, kind="serve"), report(1.0, 1.0, kind="serve")
+    new["workload"]["stream"] = True
+    assert setup_differences(old, new) == []
+    new["workload"]["stream"] = False
+    assert setup_differences(old, new) == ["workload differs"]
+
+
 def write(tmp_path, name: str, doc: dict) -> str:
     path = tmp_path / name
     path.write_text(json.dumps(doc))

@@ -103,3 +103,35 @@ def test_an_llm_hands_workers_back_after_building_and_after_each_drive_from_anot
     tokens, worker = in_another_thread(lambda: [t for o in llm.stream([1, 2, 3], params) for t in o.new_token_ids])
     assert tokens == expected and released_in == [worker]
     assert caplog.text.count("runs in thread") == 1  # once
+
+    def read_one_then_close():
+        with llm.stream([1, 2, 3], params) as stream:
+            return next(stream).new_token_ids
+
+    released_in.clear()
+    first, worker = in_another_thread(read_one_then_close)  # closed early: handed back all the same
+    assert first == expected[:1] and released_in == [worker]
+
+
+def test_a_stream_made_in_the_building_thread_and_read_in_another_is_that_threads_drive(tiny_models, monkeypatch,
+                                                                                          caplog):
+    """Who drives is who reads: a stream the building thread makes but another thread reads
+    hands that thread's workers back, and warns of nothing (the building thread never ran)."""
+    import fastgen.llm as llm_module
+    from fastgen import LLM, SamplingParams
+
+    released_in = []
+    monkeypatch.setattr(llm_module, "release_openmp_threads", lambda: released_in.append(threading.current_thread()))
+    llm = LLM(tiny_models["qwen3"], dtype="float32", num_kv_blocks=32)
+    stream = llm.stream([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    released_in.clear()
+    readers = []
+    reader = threading.Thread(target=lambda: readers.append((stream.result(), threading.current_thread())))
+    reader.start()
+    reader.join()
+    (final, thread), = readers
+    assert len(final.token_ids) == 3 and released_in == [thread]
+    later = threading.Thread(target=lambda: llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2)))
+    later.start()
+    later.join()
+    assert "runs in thread" not in caplog.text

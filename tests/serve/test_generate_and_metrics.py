@@ -90,7 +90,7 @@ def test_bench_serve_sends_plain_requests_with_no_stream(server, tmp_path, capsy
     assert r["goodput_requests_per_s"] == pytest.approx(r["requests_per_s"])
     assert "5 plain requests" in capsys.readouterr().out
     assert main(["bench", "serve", "--base-url", server, "--no-stream", "--slo", "ttft=100", "--quiet"]) == 2
-    assert "--no-stream does not measure" in capsys.readouterr().err
+    assert "plain requests (--no-stream) do not measure" in capsys.readouterr().err
 
 
 def test_bench_serve_goodput_counts_only_requests_within_the_slo(server):

@@ -24,6 +24,7 @@ import ctypes
 import functools
 import logging
 import sys
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -49,31 +50,31 @@ def loaded_libgomps() -> list[str]:
 
 
 @functools.cache
-def _pause_functions() -> tuple:
-    """`omp_pause_resource_all` of each libgomp loaded (None for one older than OpenMP 5.0),
-    looked up once: torch, which brings its runtime, is imported before anything calls this."""
-    functions = []
-    for path in loaded_libgomps():
-        try:
-            pause = ctypes.CDLL(path).omp_pause_resource_all
-        except (OSError, AttributeError):
-            functions.append(None)
-            continue
-        pause.argtypes = (ctypes.c_int,)
-        pause.restype = ctypes.c_int
-        functions.append(pause)
-    return tuple(functions)
+def _pause_function(path: str) -> Callable[[int], int] | None:
+    """`omp_pause_resource_all` of the libgomp at `path`, or None where it has none (older than
+    OpenMP 5.0: said once, here)."""
+    try:
+        pause = ctypes.CDLL(path).omp_pause_resource_all
+    except (OSError, AttributeError):
+        logger.warning("%s has no omp_pause_resource_all (OpenMP 5.0): its OpenMP workers cannot be handed back, "
+                       "and CPU steps in a thread beside another thread's workers may run slower", path)
+        return None
+    pause.argtypes = (ctypes.c_int,)
+    pause.restype = ctypes.c_int
+    return pause
 
 
 def release_openmp_threads() -> bool:
-    """End the OpenMP worker threads the calling thread has started, in every libgomp loaded.
-    Returns whether it did: False without libgomp, with one older than OpenMP 5.0, or when a
-    runtime refused (the caller is inside a parallel region). Call it from the thread whose
-    workers should go, outside any parallel region."""
-    functions = _pause_functions()
+    """End the OpenMP worker threads the calling thread has started, in every libgomp loaded
+    (read again each call: a compiled step or kernel library may bring one later). Returns
+    whether it did: False without libgomp, with one older than OpenMP 5.0, or when a runtime
+    refused (the caller is inside a parallel region). Call it from the thread whose workers
+    should go, outside any parallel region."""
+    functions = [_pause_function(path) for path in loaded_libgomps()]
     if not functions:
         return False
-    released = all([pause is not None and pause(OMP_PAUSE_SOFT) == 0 for pause in functions])
-    if not released:
-        logger.warning("could not end this thread's OpenMP workers; CPU steps in another thread may run slower")
-    return released
+    refused = [pause for pause in functions if pause is not None and pause(OMP_PAUSE_SOFT) != 0]
+    if refused:
+        logger.warning("could not end this thread's OpenMP workers (called inside a parallel region?); CPU steps "
+                       "in another thread may run slower")
+    return not refused and None not in functions
