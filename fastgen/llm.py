@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import logging
-import threading
-from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
@@ -14,7 +10,7 @@ from tqdm.auto import tqdm
 
 from fastgen.checks import boolean
 from fastgen.config import EngineConfig
-from fastgen.cpu.native.openmp import release_openmp_threads
+from fastgen.cpu.native.openmp import DrivingThreads
 from fastgen.cpu.native.prebuild import build_cpu_kernels_in_background
 from fastgen.engine.llm_engine import LLMEngine
 from fastgen.engine.output_stream import EngineStream
@@ -25,8 +21,6 @@ from fastgen.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from fastgen.engine.background import BackgroundEngine
-
-logger = logging.getLogger(__name__)
 
 
 class LLM:
@@ -64,14 +58,8 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         # torch's OpenMP runtime keeps worker threads for every thread that ran its CPU work, and
         # beside another thread's they sleep between parallel regions, which slows CPU steps
-        # several times (`fastgen.cpu.native.openmp`). So the thread that built the engine hands
-        # its workers back now (its next `generate` makes them again), and every other thread at
-        # the end of each `generate` or stream it drives: one thread's workers at a time, wherever
-        # the application calls from (`asyncio.to_thread`, a web framework's thread pool).
-        self._home = threading.current_thread()
-        self._home_drove = False
-        self._warned_of_threads = False
-        release_openmp_threads()
+        # several times: one thread's workers at a time, wherever the application calls from.
+        self._threads = DrivingThreads(cpu=self.config.torch_device.type == "cpu")
 
     def shutdown(self) -> None:
         """Stop the engine's worker processes, if it has any (idempotent)."""
@@ -117,8 +105,11 @@ class LLM:
             def count_finished(step):
                 bar.update(sum(1 for o in step.outputs if o.finished and o.request_id in mine))
 
-            with self._driven_here():
+            self._threads.before_drive()
+            try:
                 return run_to_completion(self.engine, states, on_step=count_finished if use_tqdm else None)
+            finally:
+                self._threads.after_drive()
 
     def chat(
         self,
@@ -157,33 +148,8 @@ class LLM:
         """
         # Queued (and so validated) now, not at the first next(): bad input raises here.
         state = self.engine.prepare(prompt, SamplingParams() if sampling_params is None else sampling_params)
-        return EngineStream(self.engine, self.engine.enqueue(state, claimed=True), on_next=self._note_driver,
-                            on_end=self._after_driving)
-
-    @contextlib.contextmanager
-    def _driven_here(self) -> Iterator[None]:
-        self._note_driver()
-        try:
-            yield
-        finally:
-            self._after_driving()
-
-    def _note_driver(self) -> None:
-        """Warn once when another thread drives the engine after the building thread did: that
-        thread's workers are back, beside this one's, and no hand-back here can end them."""
-        if threading.current_thread() is self._home:
-            self._home_drove = True
-        elif self._home_drove and not self._warned_of_threads and self.config.torch_device.type == "cpu":
-            self._warned_of_threads = True
-            logger.warning(
-                "this LLM runs in thread %r after running in thread %r, which built it: torch's OpenMP runtime "
-                "keeps worker threads for both, and CPU steps then run several times slower. Run it from one "
-                "thread, or start LLM.background() or AsyncLLM in the thread that built it (which hands that "
-                "thread's workers back) and submit from any", threading.current_thread().name, self._home.name)
-
-    def _after_driving(self) -> None:
-        if threading.current_thread() is not self._home:
-            release_openmp_threads()
+        return EngineStream(self.engine, self.engine.enqueue(state, claimed=True),
+                            on_next=self._threads.before_drive, on_end=self._threads.after_drive)
 
     def background(self) -> "BackgroundEngine":
         """Start a loop thread that owns this LLM's engine; submit and stream from any thread.
@@ -196,6 +162,5 @@ class LLM:
         from fastgen.engine.background import BackgroundEngine
 
         background = BackgroundEngine(self.engine)
-        if threading.current_thread() is self._home:  # the loop handed this thread's workers back
-            self._home_drove = False
+        self._threads.handed_back()
         return background

@@ -21,6 +21,9 @@ steps above use the model:
                         has VNNI; for many rows (`gemm_rows`) `gemm.cpp`'s quantized GEMM over
                         panels dequantized into cache, from twins packed here).
     features.py         what the CPU can do (/proc/cpuinfo, read once): native bf16, AMX.
+    openmp.py           a thread's OpenMP workers handed back, so that the thread running the
+                        steps (a background loop, an application's pool thread) has the CPUs
+                        to itself (`DrivingThreads`: which thread drives an `LLM`).
 
 `fastgen.cpu` (above `worker`: whole steps over the model)
     compiled_decode.py  the step compiled, the same graphs for prefill and decode: the CPU

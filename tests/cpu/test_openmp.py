@@ -74,11 +74,11 @@ def test_an_llm_hands_workers_back_after_building_and_after_each_drive_from_anot
     """The building thread hands its workers back once built, and keeps those of its own later
     drives; any other thread hands back at the end of each `generate` and stream it drives.
     A thread that drives after the building one did is warned that this cannot help it."""
-    import fastgen.llm as llm_module
     from fastgen import LLM, SamplingParams
+    from fastgen.cpu.native import openmp
 
     released_in = []
-    monkeypatch.setattr(llm_module, "release_openmp_threads", lambda: released_in.append(threading.current_thread()))
+    monkeypatch.setattr(openmp, "release_openmp_threads", lambda: released_in.append(threading.current_thread()))
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     llm = LLM(tiny_models["qwen3"], dtype="float32", num_kv_blocks=32)
     home = threading.current_thread()
@@ -117,11 +117,11 @@ def test_a_stream_made_in_the_building_thread_and_read_in_another_is_that_thread
                                                                                           caplog):
     """Who drives is who reads: a stream the building thread makes but another thread reads
     hands that thread's workers back, and warns of nothing (the building thread never ran)."""
-    import fastgen.llm as llm_module
     from fastgen import LLM, SamplingParams
+    from fastgen.cpu.native import openmp
 
     released_in = []
-    monkeypatch.setattr(llm_module, "release_openmp_threads", lambda: released_in.append(threading.current_thread()))
+    monkeypatch.setattr(openmp, "release_openmp_threads", lambda: released_in.append(threading.current_thread()))
     llm = LLM(tiny_models["qwen3"], dtype="float32", num_kv_blocks=32)
     stream = llm.stream([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     released_in.clear()

@@ -15,7 +15,8 @@ the thread that had run the model before.
 `omp_pause_resource_all`: libgomp frees the pool of the thread that calls it (the standard and
 LLVM's runtime pause the whole process; this module acts on libgomp only). Parallel regions the
 thread runs later make a new pool, so the loop thread keeps its speed only while no other thread
-runs torch's CPU work beside it.
+runs torch's CPU work beside it. `DrivingThreads` is the same hand-back for an `LLM` driven from
+whatever thread the application calls it in.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import ctypes
 import functools
 import logging
 import sys
+import threading
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
@@ -78,3 +80,41 @@ def release_openmp_threads() -> bool:
         logger.warning("could not end this thread's OpenMP workers (called inside a parallel region?); CPU steps "
                        "in another thread may run slower")
     return not refused and None not in functions
+
+
+class DrivingThreads:
+    """Which threads run one engine's CPU work, so that one thread's workers live at a time.
+
+    The thread that builds the engine (made here) hands its workers back at once, and keeps
+    those of its own later drives: single-thread use pays nothing. Any other thread hands its
+    own back when a drive ends (`after_drive`), so an application may call from a thread pool.
+    What no hand-back can mend: another thread driving after the building thread did, beside
+    the building thread's workers again; `before_drive` warns of it once (CPU engines only).
+    """
+
+    def __init__(self, cpu: bool):
+        self._cpu = cpu
+        self._home = threading.current_thread()
+        self._home_drove = False
+        self._warned = False
+        release_openmp_threads()
+
+    def before_drive(self) -> None:
+        if threading.current_thread() is self._home:
+            self._home_drove = True
+        elif self._home_drove and self._cpu and not self._warned:
+            self._warned = True
+            logger.warning(
+                "this LLM runs in thread %r after running in thread %r, which built it: torch's OpenMP runtime "
+                "keeps worker threads for both, and CPU steps then run several times slower. Run it from one "
+                "thread, or start LLM.background() or AsyncLLM in the thread that built it (which hands that "
+                "thread's workers back) and submit from any", threading.current_thread().name, self._home.name)
+
+    def after_drive(self) -> None:
+        if threading.current_thread() is not self._home:
+            release_openmp_threads()
+
+    def handed_back(self) -> None:
+        """The calling thread's workers went (a background loop it started released them)."""
+        if threading.current_thread() is self._home:
+            self._home_drove = False
