@@ -49,7 +49,7 @@ def test_concurrent_tasks_get_the_same_greedy_tokens_as_generate(llm):
     assert run(main()) == expected
 
 
-def test_final_only_streams_yield_one_output_equal_to_the_streamed_requests_last(llm):
+def test_final_only_streams_yield_one_output_equal_to_the_streamed_requests_last(llm, tiny_models, reference):
     """The whole answer alone, for what a non-streamed HTTP response needs: the same tokens and
     text as the request streamed step by step, with a stop string, n > 1 and an abort too."""
     stop = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=["e"])
@@ -61,10 +61,13 @@ def test_final_only_streams_yield_one_output_equal_to_the_streamed_requests_last
     async def outputs(async_llm, prompt, params, final_only):
         return [o async for o in async_llm.generate_async(prompt, params, final_only=final_only)]
 
+    greedy_finals = []
+
     async def main():
         async_llm = AsyncLLM(llm)
         try:
             for prompt in prompts:
+                greedy_finals.append((await outputs(async_llm, prompt, GREEDY, True))[0].token_ids)
                 for params in (GREEDY, stop, sampled, staggered):
                     streamed = await outputs(async_llm, prompt, params, False)
                     (final,) = await outputs(async_llm, prompt, params, True)
@@ -85,6 +88,7 @@ def test_final_only_streams_yield_one_output_equal_to_the_streamed_requests_last
             async_llm.shutdown()
 
     run(main())
+    assert greedy_finals == reference(tiny_models["llama"], prompts, GREEDY.max_tokens)  # transformers' tokens
 
 
 def test_a_steps_outputs_cross_to_the_event_loop_in_one_call(llm):
