@@ -76,8 +76,8 @@ gpu-bench:
 
 # The decode step with packed uploads and the in-kernel combine of decode attention each off and
 # on, at batch 1/2/8 and, in a process of its own, at 256 (one JSON each, `-packed-X-combine-Y`
-# in its name): what decides their defaults. Both are off: the combine measured slower, and
-# packed uploads wait for a batch-256 run that passes (README). A failed run does not stop the
+# in its name): what decided their defaults: packed uploads on (about 1% faster, and the
+# batch-256 run passes), the combine off (slower; README). A failed run does not stop the
 # others; the target fails at the end.
 gpu-switches:
 	failed=0; for packed in off on; do for combine in off on; do \
@@ -88,7 +88,7 @@ gpu-switches:
 		done; done; done; exit $$failed
 
 # Decode steps of one and two rows with each layer in one launch, against the six launches a
-# layer (`kernels/decode_layer.py`, off by default until this measures it): one layer alone
+# layer (`kernels/decode_layer.py`, off: slower on an H200, see the README): one layer alone
 # against its six launches at a few tilings (`gpu-decode-layer-sweep-<gpu>.json`, with and
 # without the L2 prefetch, persistent programs, and a launch's timeline phase by phase); the
 # decode step with it off, on, on with the weights of the three products after attention (and

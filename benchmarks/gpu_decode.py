@@ -118,9 +118,11 @@ def decode_sweep(args, eager: bool, report: dict) -> dict:
     mode = "eager" if eager else "graphs"
     if "kernels" in args.sections:
         kernels = report.setdefault("kernels", {})
-        kernels[mode] = kernels_per_step(llm, 8, args.device)
+        largest = max(args.batch_sizes)  # the engine's max_num_seqs: no larger batch decodes whole
+        kernels[mode] = kernels_per_step(llm, min(8, largest), args.device)
         kernels[f"{mode}_time_bs1"] = kernel_times(llm, 1, args.context_len, args.device)
-        kernels[f"{mode}_time_bs64"] = kernel_times(llm, 64, args.context_len, args.device)
+        if largest >= 64:
+            kernels[f"{mode}_time_bs64"] = kernel_times(llm, 64, args.context_len, args.device)
     report.setdefault("host_profile", {})[f"{mode}_bs1"] = host_profile(llm, 1, args.context_len)
     if not eager and "logits" in args.sections:
         report["logits"] = logit_checks(llm, args)
@@ -289,8 +291,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--combine-in-split", choices=("on", "off"), default="off",
                    help="decode attention combines its splits in the split kernel's last program, or in a "
                         "launch of its own (the default)")
-    p.add_argument("--packed-uploads", choices=("on", "off"), default="off",
-                   help="a step's inputs sent in one packed transfer, or one copy a buffer (the default)")
+    p.add_argument("--packed-uploads", choices=("on", "off"), default="on",
+                   help="a step's inputs sent in one packed transfer (the default), or one copy a buffer")
     p.add_argument("--one-launch-layers", choices=("on", "off"), default="off",
                    help="each layer's decode step of one or two rows in one launch, or in six (the default)")
     p.add_argument("--layer-l2-prefetch", type=int, choices=range(5), default=0,

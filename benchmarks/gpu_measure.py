@@ -35,10 +35,16 @@ def start_decoding(llm: LLM, batch: int, context: int) -> list[str]:
     prompts admitted first decode through the others' prefill, so a budget counted in measured
     steps let them finish early and shrank the batch under measurement."""
     engine = llm.engine
+    if batch > engine.config.max_num_seqs:
+        # The first max_num_seqs would decode to max_model_len, thousands of steps, before the
+        # rest were admitted: the loop below would all but never end.
+        raise ValueError(f"batch {batch} is more than the engine's max_num_seqs {engine.config.max_num_seqs}: "
+                         f"the sequences admitted first would run to max_model_len before the rest start")
     rng = random.Random(batch * 7919 + context)
     vocab = engine.config.model_config.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=engine.config.max_model_len - context, ignore_eos=True)
-    ids = [engine.add_request([rng.randrange(100, vocab - 300) for _ in range(context)], params)
+    low, high = (100, vocab - 300) if vocab > 1000 else (0, vocab)  # a real vocabulary's ends hold special tokens
+    ids = [engine.add_request([rng.randrange(low, high) for _ in range(context)], params)
            for _ in range(batch)]
     while engine.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running):
         engine.step()

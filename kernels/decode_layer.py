@@ -481,12 +481,13 @@ def _interpreting() -> bool:
 
 
 # How many of the products after attention (o_proj, gate|up, down, then the next layer's q|k|v)
-# have their weights asked into the L2 as attention begins (`LayerTiling.l2_prefetch`). Off (0)
-# until a GPU measures it (`benchmarks/gpu_decode_layer_sweep.py`, `gpu_decode.py
+# have their weights asked into the L2 as attention begins (`LayerTiling.l2_prefetch`). Off (0):
+# on an H200 each product prefetched made the launch slower, since the prefetching programs take
+# SM places from the products' (`benchmarks/gpu_decode_layer_sweep.py`, `gpu_decode.py
 # --layer-l2-prefetch`).
 L2_PREFETCH_PRODUCTS = 0
-# Persistent programs an SM (`LayerTiling.persistent_programs`; 0: a program for each ticket),
-# until a GPU measures them (the sweep, `gpu_decode.py --layer-persistent-per-sm`).
+# Persistent programs an SM (`LayerTiling.persistent_programs`; 0: a program for each ticket).
+# Off: slower on an H200 (the sweep, `gpu_decode.py --layer-persistent-per-sm`).
 PERSISTENT_PROGRAMS_PER_SM = 0
 
 

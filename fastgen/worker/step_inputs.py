@@ -3,7 +3,7 @@
 Host buffers are allocated once at start-up, sized for the largest step. A step writes only its
 rows and hands out device views of them: on CUDA each buffer has a pinned host side and a device
 twin and is copied on its own, or all the step's rows are packed and sent in one transfer
-(`PackedUpload`, off by default: see PACK_UPLOADS_ON_CUDA); on CPU the host buffers are the
+(`PackedUpload`, the default on CUDA: see PACK_UPLOADS_ON_CUDA); on CPU the host buffers are the
 device's. Block tables follow the scheduler's facts (`BlockTable`). Decode batches can be
 padded to a CUDA-graph size: padding rows get token 0, position 0, slot -1 (never written),
 context length 0 and an all -1 block table, so nothing stale from an earlier, larger batch
@@ -34,11 +34,10 @@ from fastgen.worker.packed_upload import ALIGN, PackedUpload
 PrepareMeta = Callable[[AttentionMetadata], AttentionMetadata]
 
 # One packed transfer a step instead of one per buffer (`benchmarks/gpu_decode.py
-# --packed-uploads`); read when a builder is built. Off until a GPU run at batch 256 passes with
-# it: on an H200 it saved about 1% of the batch 1-8 step, and its batch-256 run faulted, most
-# likely in the benchmark's own replay of a graph over another step's inputs (since fixed, not
-# yet rerun on a GPU).
-PACK_UPLOADS_ON_CUDA = False
+# --packed-uploads`); read when a builder is built. On an H200 it saves about 1% of the step at
+# batch 1, 2, 8 and 256. An earlier batch-256 fault with it was the benchmark's own replay of a
+# graph over another step's inputs; with that fixed, the batch-256 run passes.
+PACK_UPLOADS_ON_CUDA = True
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ class StepInputBuilder:
     block tables max_blocks_per_seq wide. prepare_meta: the attention backend's `prepare`, applied
     to every step's metadata. max_draft_tokens: most draft tokens a sequence verifies in a step
     (speculative decoding), each a row of logits. pack_uploads: send a step's rows in one transfer
-    (default: on CUDA when PACK_UPLOADS_ON_CUDA, which is off); off, each buffer is copied on its own."""
+    (default: on CUDA when PACK_UPLOADS_ON_CUDA, which is on); off, each buffer is copied on its own."""
 
     def __init__(self, max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int, block_size: int,
                  device: torch.device, prepare_meta: PrepareMeta = lambda meta: meta, max_draft_tokens: int = 0,

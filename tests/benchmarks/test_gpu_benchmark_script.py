@@ -38,7 +38,7 @@ def test_gpu_decode_script_smoke_on_cpu(tmp_path):
     assert path.name == "gpu-decode-cpu.json"
     doc = json.loads(path.read_text())
     assert doc["schema"] == "fastgen.bench.gpu-decode/3"
-    assert doc["settings"]["one_launch_layers"] == "off" and doc["settings"]["packed_uploads"] == "off"
+    assert doc["settings"]["one_launch_layers"] == "off" and doc["settings"]["packed_uploads"] == "on"
     assert set(doc["section_seconds"]) == {"bandwidth", "graphs", "eager", "speculative", "throughput", "transformers"}
     assert [run["sections"] for run in doc["runs"]] == [["bandwidth", "graphs", "logits", "eager"],
                                                         ["speculative", "throughput", "transformers"]]
@@ -83,3 +83,18 @@ def test_logits_and_kernels_need_an_engine_section():
     done = subprocess.run([sys.executable, "tests/offline_python.py", "benchmarks/gpu_decode.py", "--device", "cpu",
                            "--sections", "logits"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "add graphs or eager" in done.stderr
+
+
+def test_a_batch_larger_than_the_engine_takes_is_refused_not_waited_for(tiny_models):
+    """`start_decoding` waits until the whole batch decodes. Asked for more sequences than the
+    engine runs at once, it would decode the first ones to max_model_len before the rest were
+    admitted (the kernel timings at batch 8 and 64 once did so, in a run of batch 1 and 2)."""
+    from benchmarks.gpu_measure import start_decoding
+    from fastgen import LLM
+
+    llm = LLM(tiny_models["qwen3"], dtype="float32", block_size=8, num_kv_blocks=64, max_model_len=128, max_num_seqs=2)
+    with pytest.raises(ValueError, match="batch 3 is more than the engine's max_num_seqs 2"):
+        start_decoding(llm, 3, 16)
+    ids = start_decoding(llm, 2, 16)
+    running = llm.engine.scheduler.running
+    assert len(ids) == 2 and len(running) == 2 and all(s.num_uncomputed_tokens == 1 for s in running)

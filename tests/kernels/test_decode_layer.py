@@ -143,7 +143,8 @@ def test_a_wait_that_cannot_end_gives_up_and_is_reported():
     """Counters that are not at zero when a launch begins (here q|k|v's, 1,000 short) would leave
     the split programs waiting for ever: each gives up (after WAIT_LIMIT_NS on a GPU, a few reads
     under the interpreter) and records what it saw, the launch ends, its last program still
-    zeroes the counters, and `raise_if_stalled` names the phase waited for and the counts."""
+    zeroes the counters, and `raise_if_stalled` names the phase waited for and the counts (the
+    first counter that a wait gave up on)."""
     _, _, _, k_cache, v_cache, tables, lens, positions, cos_sin, _, slots = step(torch.float32, 32, [40], seed=1)
     gen = torch.Generator().manual_seed(2)
     w = layer_weights(torch.float32, 32, 64, 128, True, False, gen, k_cache.device)
@@ -155,7 +156,15 @@ def test_a_wait_that_cannot_end_gives_up_and_is_reported():
     with pytest.raises(RuntimeError, match=f"waiting for q\\|k\\|v gave up .* having seen {qkv_programs - 1000} "
                                            f"of its {qkv_programs} programs done"):
         counters.raise_if_stalled()
-    assert counters.stalls[2:].eq(-1).all()  # no other phase waited in vain
+    later = counters.stalls[2:]  # the waits for split attention, the combine, o_proj and gate|up
+    gave_up = later[:, 1] >= 0
+    if k_cache.is_cuda:
+        # On a GPU the later phases' programs wait at the same time as the split programs, so
+        # their waits run out too, each having seen fewer than all of its phase done.
+        assert (later[gave_up, 0] < later[gave_up, 1]).all(), later
+    else:
+        # The interpreter's programs run in ticket order: every later wait finds its phase done.
+        assert not gave_up.any(), later
     assert not counters.sets.any(), counters.sets
 
 
