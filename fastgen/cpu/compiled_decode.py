@@ -63,7 +63,7 @@ from torch import nn
 
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_paged import CausalRows, TorchStepPlan, plan_of
-from fastgen.cpu.background_compile import BackgroundCompile, CompileHelpers
+from fastgen.cpu.background_compile import BackgroundCompile, CompileHelpers, StepThreadsBesideTheCompile
 from fastgen.cpu.flat_weights import flatten_weights, weight_views
 from fastgen.cpu.layer_groups import GroupedWeights, LayerGroup, StepHead, group_weights, layers_per_group
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
@@ -261,7 +261,7 @@ class CompiledDecodeStep:
         self.first_call_seconds: dict[str, float] = {}  # graph name -> load or compile, plus first run
         self.loaded: set[str] = set()  # the graphs read from disk rather than compiled
         self.failed: set[str] = set()  # the graphs whose build raised: eager decode instead
-        self.background_seconds: dict[str, float] = {}  # graph name -> from the child's start to its file
+        self.background_seconds: dict[str, float] = {}  # graph name -> from the child's start to its load
         # The graphs this engine's steps use: where the kernel covers the model's prefill, for
         # every step (decode steps too: `_decode_as_rows`) the layer group's and the head's (or
         # the rows graph); else a decode graph.
@@ -270,9 +270,13 @@ class CompiledDecodeStep:
         self._awaited = {name for name in self.needed if not self.paths[name].exists()}  # what the child builds
         if background is not None and self._awaited:
             background.start()  # now, not at the first step: the sooner it starts, the sooner it ends
+        # While the child compiles, the steps leave it a core (None once it is over).
+        self.step_threads = StepThreadsBesideTheCompile() if background is not None else None
 
     @torch.inference_mode()
     def step(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.step_threads is not None:
+            self._keep_step_threads()
         meta = inputs.meta
         if meta.is_prefill:
             return self._prefill(inputs)
@@ -421,13 +425,18 @@ class CompiledDecodeStep:
 
     def _ready_to_build(self, name: str) -> bool:
         """Whether this process should load or compile graph `name` now: always without a
-        background compile; with one, only once the graph's file is in the cache. Never compiled
-        here in background mode (minutes of work in the serving process): a child that ended
-        without the file leaves that graph's steps eager, with a warning."""
+        background compile; with one, only once the child has ended and the graph's file is in
+        the cache. Not while the child runs: a compiled graph's parallel regions take a thread a
+        core (the count is compiled in), and the child's compiler would take a core from them at
+        every region (`StepThreadsBesideTheCompile`), while eager steps leave it one. Never
+        compiled here in background mode (minutes of work in the serving process): a child that
+        ended without the file leaves that graph's steps eager, with a warning."""
         if self.only is not None and name not in self.only:
             return False
         if self.background is None:
             return True
+        if self.background.running:
+            return False
         if self.paths[name].exists():
             if name in self._awaited and name not in self.background_seconds:
                 self.background_seconds[name] = self.background.seconds
@@ -439,10 +448,23 @@ class CompiledDecodeStep:
             self.failed.add(name)
         return False
 
+    def _keep_step_threads(self) -> None:
+        """A thread fewer for this step (and the eager forward that may follow it) while the
+        background child runs; the count from before once it has ended, after which nothing is
+        checked again."""
+        compiling = self.background.running
+        self.step_threads.keep(compiling)
+        if not compiling:
+            self.step_threads = None
+
     def close(self) -> None:
-        """Stop a background compile or helpers that still run."""
+        """Stop a background compile or helpers that still run, and give the steps back the
+        threads they lent it (in the closing thread)."""
         if self.background is not None:
             self.background.stop()
+        if self.step_threads is not None:
+            self.step_threads.keep(False)
+            self.step_threads = None
         if self.helpers is not None:
             self.helpers.stop()
 

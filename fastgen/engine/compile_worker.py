@@ -7,9 +7,9 @@ SPEC_JSON: {"model": folder, "engine": {EngineConfig field: value}, "threads": n
 blocking engine's helper "graphs": [names], "nice": false}. The child builds the same engine on
 random weights (a graph depends on the weights' shapes, never their
 values, and its cache key says so), compiling in this process (`compile_mode="blocking"`), and
-runs requests that reach each graph once: a prompt alone (the prefill graph, then the decode
-graph) and two together. Each graph is saved to the cache as
-it is built, so the parent can switch to it before the child finishes. Exit status 0 when every
+runs requests that reach each graph: a prompt alone (the prefill graph, then the decode graph)
+and two together, until every graph is saved. Each graph is saved to the cache as it is built;
+the parent loads them once this process has ended. Exit status 0 when every
 graph was built, 1 when one could not be (the child's log says why). A helper builds only
 the graphs it was given (the others' steps run eagerly here) and keeps its priority: its engine
 waits for it.
@@ -41,14 +41,21 @@ def build_every_graph(engine: LLMEngine) -> set[str]:
     # Distinct token ids, so no prompt is a prefix-cache hit (a hit's step runs eagerly).
     prompts = [[(100 * i + t) % vocab for t in range(PROMPT_TOKENS)] for i in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    compiled = engine.runner.compiled_decode
+    wanted = compiled.needed if compiled.only is None else compiled.only
+
+    def missing() -> set[str]:
+        return {name for name in wanted if not compiled.paths[name].exists()}
+
+    # Ends as soon as every graph is saved: the parent loads them only once this process has
+    # ended (`CompiledDecodeStep._ready_to_build`), and its steps leave this process a core
+    # until then.
     for batch in (prompts[:1], prompts[1:]):
         for prompt in batch:
             engine.add_request(prompt, params)
-        while engine.has_unfinished_requests():
+        while engine.has_unfinished_requests() and missing():
             engine.step()
-    compiled = engine.runner.compiled_decode
-    wanted = compiled.needed if compiled.only is None else compiled.only
-    return {name for name in wanted if not compiled.paths[name].exists()}
+    return missing()
 
 
 def main(argv: list[str] | None = None) -> int:

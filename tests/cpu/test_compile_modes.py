@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import fastgen
 import fastgen.kernels
@@ -115,13 +116,70 @@ def test_background_compile_serves_eagerly_then_switches_to_the_graphs(tiny_mode
     prompts = random_prompts([11, 5], seed=71)
     assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
     assert compiled.loaded == set(compiled.first_call_seconds)  # whatever it runs came from the child
-    assert compiled.background.process.wait(timeout=600) == 0
+    child = compiled.background
+    assert child.process.wait(timeout=600) == 0
+    full = threads_before_the_compile(compiled)
+
+    # Saved graphs wait for the child to end, and the steps leave it a core until then: here a
+    # child that has saved every graph but still runs.
+    compiled.background = StillRunning(child)
+    if compiled.step_threads is None:  # the child ended before the first generate's last step
+        compiled.step_threads = background_compile.StepThreadsBesideTheCompile()
     alone = random_prompts([9], seed=72)
+    assert_equal_transformers(reference, model, alone, llm.generate(alone, GREEDY))
+    assert compiled.loaded == set() and torch.get_num_threads() == max(1, full - 1)
+
+    compiled.background = child  # ended: the next step loads the graphs, with every thread
     assert_equal_transformers(reference, model, alone, llm.generate(alone, GREEDY))
     assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
     assert compiled.loaded == {"layers", "head"}  # from the child, none compiled here
     assert set(compiled.background_seconds) == compiled.loaded
+    assert torch.get_num_threads() == full and compiled.step_threads is None
     llm.engine.shutdown()
+
+
+class StillRunning:
+    """A background compile whose child has saved its graphs but not yet ended."""
+
+    def __init__(self, child: background_compile.BackgroundCompile):
+        self.child = child
+        self.running = True
+        self.stopped = False
+        self.seconds = child.seconds
+
+    def start(self) -> None:
+        pass
+
+    def exit_code(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        pass
+
+
+def threads_before_the_compile(compiled) -> int:
+    """The thread count the engine's steps had before its background child started (`keep`
+    restores it at the first step after the child has ended)."""
+    lent = compiled.step_threads
+    return lent.full if lent is not None and lent.lent else torch.get_num_threads()
+
+
+def test_steps_run_with_a_thread_fewer_while_a_background_child_compiles():
+    """`StepThreadsBesideTheCompile` lowers the calling thread's count by one (never below one)
+    while the child compiles, keeps it there, and restores it once."""
+    full = torch.get_num_threads()
+    threads = background_compile.StepThreadsBesideTheCompile()
+    try:
+        threads.keep(True)
+        assert threads.lent and torch.get_num_threads() == max(1, full - 1)
+        threads.keep(True)
+        assert torch.get_num_threads() == max(1, full - 1)
+        threads.keep(False)
+        assert not threads.lent and torch.get_num_threads() == full
+        threads.keep(False)  # over: nothing more changes
+        assert torch.get_num_threads() == full
+    finally:
+        torch.set_num_threads(full)
 
 
 def test_a_background_compile_stopped_by_its_engine_is_no_failure(tiny_models, private_cache):
