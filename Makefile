@@ -50,7 +50,7 @@ sm90-compile-check:
 # no server stack: those tests skip). Two commands of under 10 minutes each on an H100:
 #   make gpu-preflight gpu-test   # ~1 min, then every cuda- and triton-marked test, ~6 min
 #   make gpu-bench                # benchmarks/gpu_decode.py, ~6 min, within GPU_BENCH_BUDGET_S
-#   make gpu-switches             # the decode step with each switch off and on, ~4 min
+#   make gpu-switches             # the decode step with shorter attention splits, ~3 min
 # The preflight stops with a report when the machine cannot run the rest (compiler, Triton,
 # graph capture). Results land in GPU_RESULTS: the preflight's JSON, the tests' JUnit report and
 # the benchmark's JSON, whose sections merge into one file across commands (`--sections`).
@@ -74,18 +74,18 @@ gpu-test:
 gpu-bench:
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) --time-budget-s $(GPU_BENCH_BUDGET_S)
 
-# The decode step with packed uploads and the in-kernel combine of decode attention each off and
-# on, at batch 1/2/8 and, in a process of its own, at 256 (one JSON each, `-packed-X-combine-Y`
-# in its name): what decided their defaults: packed uploads on (about 1% faster, and the
-# batch-256 run passes), the combine off (slower; README). A failed run does not stop the
-# others; the target fails at the end.
+# The decode step at batch 1/2/8 with decode attention's splits at least 128 (the default), 64
+# and 32 context tokens long (`--min-tokens-per-split`; one JSON each, `-splits-N` in its name),
+# with the kernels section's time by kernel at batch 1: whether shorter splits shorten
+# attention's chain of tile loads, which sets the batch-1 layer's pace (README, "A layer in one
+# launch"). Packed uploads and the in-kernel combine were decided by an earlier form of this
+# target (README). A failed run does not stop the others; the target fails at the end. ~3 min.
 gpu-switches:
-	failed=0; for packed in off on; do for combine in off on; do \
-		for batches in 1,2,8 256; do \
-			$(GPU_ENV) $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) --sections graphs,kernels \
-				--quick --batch-sizes $$batches --long-context 0 --packed-uploads $$packed --combine-in-split $$combine \
-				--suffix=-packed-$$packed-combine-$$combine$$([ $$batches = 256 ] && echo -256) || failed=1; \
-		done; done; done; exit $$failed
+	failed=0; for tokens in 128 64 32; do \
+		$(GPU_ENV) timeout -k 15 180 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
+			--sections graphs,kernels --quick --batch-sizes 1,2,8 --long-context 0 --min-tokens-per-split $$tokens \
+			--suffix=-splits-$$tokens || failed=1; \
+	done; exit $$failed
 
 # Decode steps of one and two rows with each layer in one launch, against the six launches a
 # layer (`kernels/decode_layer.py`, off: slower on an H200, see the README): one layer alone

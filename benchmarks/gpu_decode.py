@@ -293,6 +293,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "launch of its own (the default)")
     p.add_argument("--packed-uploads", choices=("on", "off"), default="on",
                    help="a step's inputs sent in one packed transfer (the default), or one copy a buffer")
+    p.add_argument("--min-tokens-per-split", type=int, choices=(16, 32, 64, 128, 256), default=128,
+                   help="fewest context tokens a split of decode attention takes (default 128): fewer make "
+                        "more, shorter splits")
     p.add_argument("--one-launch-layers", choices=("on", "off"), default="off",
                    help="each layer's decode step of one or two rows in one launch, or in six (the default)")
     p.add_argument("--layer-l2-prefetch", type=int, choices=range(5), default=0,
@@ -329,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     launch_policy.PROGRAMMATIC_LAUNCH_ON_CUDA = args.programmatic_launch == "on"
     triton_paged.DECODE_PREPARES_NEW_TOKEN = args.decode_new_token == "on"
     step_inputs.PACK_UPLOADS_ON_CUDA = args.packed_uploads == "on"
+    importlib.import_module("fastgen.kernels.decode_split_policy").MIN_TOKENS_PER_SPLIT = args.min_tokens_per_split
     one_launch_layer.ONE_LAUNCH_LAYERS_ON_CUDA = args.one_launch_layers == "on"
     decode_layer = importlib.import_module("fastgen.kernels.decode_layer")
     decode_layer.L2_PREFETCH_PRODUCTS = args.layer_l2_prefetch
@@ -354,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"steps": args.steps, "dense_products": args.dense_products, "fused_norms": args.fused_norms,
                      "decode_new_token": args.decode_new_token,
                      "programmatic_launch": args.programmatic_launch, "packed_uploads": args.packed_uploads,
-                     "combine_in_split": args.combine_in_split, "one_launch_layers": args.one_launch_layers,
+                     "combine_in_split": args.combine_in_split, "min_tokens_per_split": args.min_tokens_per_split,
+                     "one_launch_layers": args.one_launch_layers,
                      "layer_l2_prefetch": args.layer_l2_prefetch,
                      "layer_persistent_per_sm": args.layer_persistent_per_sm,
                      "block_size": args.block_size,

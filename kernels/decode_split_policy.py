@@ -25,7 +25,10 @@ import triton
 DEFAULT_NUM_SMS = 132
 # Two programs per SM keep every SM busy when programs finish unevenly.
 PROGRAMS_PER_SM = 2
-# Fewer tokens than this per split costs more in the combine than it gains in parallelism.
+# Fewer tokens than this per split costs more in the combine than it gains in parallelism. Read
+# at each launch (`benchmarks/gpu_decode.py --min-tokens-per-split` tries others): at batch 1
+# the split programs walk their tiles one after another, so shorter splits shorten that chain
+# (a one-launch layer measured 2 us less at 64 on an H200).
 MIN_TOKENS_PER_SPLIT = 128
 # The combine holds all of a head's partials ([MAX_SPLITS, head_dim] fp32) in registers at once.
 MAX_SPLITS = 64

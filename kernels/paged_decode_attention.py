@@ -15,7 +15,8 @@ import torch
 import triton
 
 from .attention_tile import paged_strides
-from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms
+from . import decode_split_policy
+from .decode_split_policy import MAX_SPLITS, grid_splits, num_sms
 from .paged_decode_kernels import decode_combine_kernel, decode_split_kernel
 from .programmatic_launch import launch_options, programmatic_launch
 from .qk_norm_rope_store import check_qk_norm_rope_args
@@ -165,6 +166,7 @@ def paged_decode_attention(
         raise ValueError(f"max_splits must be in [1, {MAX_SPLITS}], got {max_splits}")
 
     group = num_heads // num_kv_heads
+    min_tokens = decode_split_policy.MIN_TOKENS_PER_SPLIT  # one value for both launches
     pdl = programmatic_launch(q.device)
     block_g, block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
     combine_in_split = max_splits > 1 and COMBINE_IN_LAST_SPLIT
@@ -185,7 +187,7 @@ def paged_decode_attention(
         *_new_token_args(new_token, q),
         splits_done,
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim,
-        ONE_SPLIT=max_splits == 1, MIN_TOKENS=MIN_TOKENS_PER_SPLIT,
+        ONE_SPLIT=max_splits == 1, MIN_TOKENS=min_tokens,
         BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DOT_DTYPE=dot, PDL=pdl,
         NEW_TOKEN=new_token is not None, QK_NORM=new_token is not None and new_token.q_norm_weight is not None,
         COMBINE_IN_LAST_SPLIT=combine_in_split,
@@ -196,7 +198,7 @@ def paged_decode_attention(
             part_acc, part_max, part_sum, context_lens, out,
             out.stride(0), out.stride(1),
             num_heads, max_splits,
-            HEAD_DIM=head_dim, MIN_TOKENS=MIN_TOKENS_PER_SPLIT, BLOCK_S=triton.next_power_of_2(MAX_SPLITS),
+            HEAD_DIM=head_dim, MIN_TOKENS=min_tokens, BLOCK_S=triton.next_power_of_2(MAX_SPLITS),
             BLOCK_D=block_d, PDL=pdl,
             num_warps=4, **launch_options(pdl),
         )

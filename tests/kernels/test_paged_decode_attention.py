@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from fastgen.kernels import paged_decode_attention, paged_decode_attention_torch  # noqa: E402
+from fastgen.kernels import decode_split_policy, paged_decode_attention, paged_decode_attention_torch  # noqa: E402
 from fastgen.kernels.decode_split_policy import (  # noqa: E402
     MAX_SPLITS,
     MIN_TOKENS_PER_SPLIT,
@@ -100,6 +100,26 @@ def test_matches_float64_reference(shape, max_splits, combine):
     if max_splits == 1 and combine == "combine-in-last-split":
         pytest.skip("one split has nothing to combine")
     assert_matches_reference(make_case(*shape, seed=len(shape[0])), max_splits)
+
+
+@pytest.mark.parametrize("min_tokens", [16, 32, 64])
+def test_shorter_splits_match_the_reference(min_tokens, monkeypatch):
+    """Splits shorter than a KV tile (`MIN_TOKENS_PER_SPLIT`, read at each launch: the GPU
+    benchmark's --min-tokens-per-split) attend over exactly their own tokens."""
+    monkeypatch.setattr(decode_split_policy, "MIN_TOKENS_PER_SPLIT", min_tokens)
+    kernel, seen = launcher.decode_split_kernel, []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["MIN_TOKENS"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(launcher, "decode_split_kernel", Recorded())
+    for shape in (SHAPES["gqa4-d128-bs16-fp16"], SHAPES["mha-d64-bs16-fp32"]):
+        assert_matches_reference(make_case(*shape, seed=len(shape[0])), None)
+    assert seen == [min_tokens, min_tokens]
 
 
 def test_the_last_split_combines_and_leaves_the_counters_at_zero_for_the_next_launch(monkeypatch):
