@@ -181,8 +181,8 @@ class EngineConfig:
     would each pay a compile)."""
     compile_mode: str = _knob("background", one_of(COMPILE_MODES))
     """How the CPU's compiled steps are built, where they are not yet in the cache. background: the
-    engine serves at once, eagerly, while a child process compiles them, and switches to each
-    between two steps as it lands in the cache; blocking: the first step that needs a graph waits
+    engine serves at once, eagerly and with a thread fewer, while a child process compiles them, and
+    loads them at the first step after the child has ended; blocking: the first step that needs a graph waits
     until it and the engine's other graphs are built (`compile_processes`; what benchmarks want:
     no eager steps in the measurement); off: none are built (eager steps). A graph already in the
     cache is loaded in seconds either way. CUDA graphs are always captured at start-up."""

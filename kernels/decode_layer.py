@@ -52,13 +52,14 @@ separate kernels' 4 and differ in the last bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
 import triton.language as tl
 
-from .decode_split_policy import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, grid_splits, num_sms, splits_for_lengths
+from . import decode_split_policy
+from .decode_split_policy import MAX_SPLITS, grid_splits, num_sms, splits_for_lengths
 from .normed_skinny_matmul import MAX_NORMED_K, normed_program, normed_skinny_matmul, normed_weight_tiles
 from .paged_decode_attention import NewToken, check_decode_args, paged_decode_attention, split_tiles
 from .paged_decode_kernels import combine_program, decode_split_program, splits_for
@@ -509,8 +510,9 @@ class LayerTiling:
     num_warps: int
     l2_prefetch: int = 0
     # Context tokens a split takes at least: fewer make attention's chain shorter (fewer KV tiles
-    # a program walks, in turn) and its combine wider.
-    min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT
+    # a program walks, in turn) and its combine wider. By default the separate kernel's, as it is
+    # when the tiling is made.
+    min_tokens_per_split: int = field(default_factory=lambda: decode_split_policy.MIN_TOKENS_PER_SPLIT)
     # 0: a program for each ticket, as many as the phases have work items. n: n programs (at
     # most the tickets; their registers limited so that all fit the GPU at once,
     # `persistent_register_limit`) that each take ticket after ticket, drawing the next while the

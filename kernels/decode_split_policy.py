@@ -50,8 +50,10 @@ def grid_splits(batch: int, num_kv_heads: int, max_context: int, sms: int) -> in
     return max(1, min(wanted, usable, MAX_SPLITS))
 
 
-def splits_for_lengths(context_lens: torch.Tensor, grid: int, min_tokens: int = MIN_TOKENS_PER_SPLIT) -> torch.Tensor:
+def splits_for_lengths(context_lens: torch.Tensor, grid: int, min_tokens: int | None = None) -> torch.Tensor:
     """Splits each sequence uses (the kernels' `splits_for`): ceil(len / min_tokens) clamped to
-    [1, grid]. context_lens: int32 [batch]; returns int32 [batch]."""
+    [1, grid] (min_tokens: MIN_TOKENS_PER_SPLIT as it is now by default). context_lens: int32
+    [batch]; returns int32 [batch]."""
+    min_tokens = MIN_TOKENS_PER_SPLIT if min_tokens is None else min_tokens
     wanted = (context_lens + min_tokens - 1) // min_tokens
     return wanted.clamp(1, grid).to(torch.int32)

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         # Load (or, in blocking mode, compile) the CPU step graphs now: otherwise the first
         # requests to need each would wait for it (a few seconds when saved, tens of seconds or more
         # without). While a background compile runs there is nothing to load yet: the server
-        # answers at once, eagerly, and takes each graph between two steps as it lands.
+        # answers at once, eagerly, and loads the graphs at the first step after the child has ended.
         from fastgen.bench.runner import warm_up
 
         print("fastgen: loading or compiling the CPU decode step", file=sys.stderr, flush=True)

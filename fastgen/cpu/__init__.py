@@ -37,6 +37,8 @@ steps above use the model:
     flat_weights.py     the weights as one buffer per dtype, so a compiled call takes few inputs.
     background_compile.py  the child processes that compile graphs: in the background while
                         the engine serves eagerly, or as helpers of a blocking engine.
+    step_threads.py     the steps' thread count while such a child compiles: one fewer, so
+                        that it has a core of its own.
     allocator.py        glibc kept from handing freed activation memory back between ops.
 
 What falls back to what: compiled step -> eager forward; C++ attention -> torch attention;

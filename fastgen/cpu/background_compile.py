@@ -6,7 +6,7 @@ a step whose graph is not in the cache runs eagerly, and a child process
 (`python -m fastgen.engine.compile_worker`) builds the same engine on random weights and
 compiles every graph into the cache, ending once the last is saved. The first step after the
 child has ended loads each graph's file (seconds) and runs that graph from then on. Until then
-the steps use a thread fewer (`StepThreadsBesideTheCompile`), and no compiled graph, whose
+the steps use a thread fewer (`fastgen.cpu.step_threads`), and no compiled graph, whose
 parallel regions take every core.
 
 A child, not a thread: Inductor's compile is mostly Python, and in this process it would hold
@@ -36,9 +36,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from fastgen.config import EngineConfig
+from fastgen.cpu.step_threads import STEP_THREADS
 from fastgen.paths import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -81,7 +80,7 @@ class BackgroundCompile:
                         self.process.pid, self.log_path)
         else:
             logger.info("compiling the CPU step graphs in the background (process %d, log %s); steps run eagerly "
-                        "until each is ready", self.process.pid, self.log_path)
+                        "until it has ended", self.process.pid, self.log_path)
 
     @property
     def seconds(self) -> float:
@@ -124,41 +123,6 @@ class BackgroundCompile:
                 self.process.kill()
                 self.process.wait()
         atexit.unregister(self.stop)
-
-
-class StepThreadsBesideTheCompile:
-    """The threads this process's CPU steps use while a background child compiles: one fewer (at
-    least one), so that the child, one core's work, has a core of its own.
-
-    With every core in the steps' OpenMP team, the compiler takes one of their cores for a
-    scheduler slice at a time, and each parallel region of an eager step (hundreds a step) then
-    waits at its barrier for the thread that lost its core, while the others spin: a first
-    8-token completion of the default model took seconds instead of a fraction of one. Torch's
-    thread count is a setting of each thread that runs parallel work, so `keep` is called in the
-    thread that runs the step, before the step, and sets the count where that thread's differs.
-    """
-
-    def __init__(self):
-        self.full: int | None = None  # the count before the compile (None: nothing changed)
-
-    def keep(self, compiling: bool) -> None:
-        """Called before every step while this may still change the count: one thread fewer while
-        `compiling`; the count from before once it is over."""
-        if compiling:
-            if self.full is None:
-                self.full = torch.get_num_threads()
-            wanted = max(1, self.full - 1)
-        elif self.full is None:
-            return
-        else:
-            wanted, self.full = self.full, None
-        if torch.get_num_threads() != wanted:
-            torch.set_num_threads(wanted)
-
-    @property
-    def lent(self) -> bool:
-        """Whether the steps run with a thread fewer now."""
-        return self.full is not None
 
 
 def prune_logs(folder: Path) -> None:
@@ -225,7 +189,7 @@ def background_compile(config: EngineConfig, num_kv_blocks: int, graphs: list[st
     a blocking engine's helper, which builds those graphs only, at normal priority."""
     engine = {**config.init_values(), "num_kv_blocks": num_kv_blocks}
     del engine["model"]
-    spec = {"model": str(config.model), "engine": engine, "threads": torch.get_num_threads()}
+    spec = {"model": str(config.model), "engine": engine, "threads": STEP_THREADS.full_threads()}
     if graphs is not None:
         spec.update(graphs=graphs, nice=False)
     else:

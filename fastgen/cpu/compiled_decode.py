@@ -63,7 +63,8 @@ from torch import nn
 
 from fastgen.attention.metadata import AttentionMetadata
 from fastgen.attention.torch_paged import CausalRows, TorchStepPlan, plan_of
-from fastgen.cpu.background_compile import BackgroundCompile, CompileHelpers, StepThreadsBesideTheCompile
+from fastgen.cpu.background_compile import BackgroundCompile, CompileHelpers
+from fastgen.cpu.step_threads import STEP_THREADS
 from fastgen.cpu.flat_weights import flatten_weights, weight_views
 from fastgen.cpu.layer_groups import GroupedWeights, LayerGroup, StepHead, group_weights, layers_per_group
 from fastgen.cpu.native.decode_attention import kernel_built, kernel_supports
@@ -270,13 +271,15 @@ class CompiledDecodeStep:
         self._awaited = {name for name in self.needed if not self.paths[name].exists()}  # what the child builds
         if background is not None and self._awaited:
             background.start()  # now, not at the first step: the sooner it starts, the sooner it ends
-        # While the child compiles, the steps leave it a core (None once it is over).
-        self.step_threads = StepThreadsBesideTheCompile() if background is not None else None
+        # Whether the child ran as this step began (`_leave_the_child_a_core`): one answer a step.
+        self.child_running = False
 
     @torch.inference_mode()
     def step(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self.step_threads is not None:
-            self._keep_step_threads()
+        if self.background is not None:
+            self._leave_the_child_a_core()
+        else:
+            STEP_THREADS.settle()
         meta = inputs.meta
         if meta.is_prefill:
             return self._prefill(inputs)
@@ -405,8 +408,9 @@ class CompiledDecodeStep:
                    "head": lambda: make_head_step(self.grouped.head_slots)}[name]
         start = time.perf_counter()
         try:
-            graph, loaded = load_or_compile(factory(), inductor_backend, traced_example(name, args), module,
-                                            self.paths[name])
+            with STEP_THREADS.all_threads():  # another engine's child may still run
+                graph, loaded = load_or_compile(factory(), inductor_backend, traced_example(name, args), module,
+                                                self.paths[name])
         except Exception:  # a compiler bug or a missing C++ toolchain must not stop serving
             logger.exception("could not build the CPU step graph %s; running those steps eagerly", name)
             self.failed.add(name)
@@ -428,14 +432,14 @@ class CompiledDecodeStep:
         background compile; with one, only once the child has ended and the graph's file is in
         the cache. Not while the child runs: a compiled graph's parallel regions take a thread a
         core (the count is compiled in), and the child's compiler would take a core from them at
-        every region (`StepThreadsBesideTheCompile`), while eager steps leave it one. Never
+        every region (`fastgen.cpu.step_threads`), while eager steps leave it one. Never
         compiled here in background mode (minutes of work in the serving process): a child that
         ended without the file leaves that graph's steps eager, with a warning."""
         if self.only is not None and name not in self.only:
             return False
         if self.background is None:
             return True
-        if self.background.running:
+        if self.child_running:
             return False
         if self.paths[name].exists():
             if name in self._awaited and name not in self.background_seconds:
@@ -448,23 +452,21 @@ class CompiledDecodeStep:
             self.failed.add(name)
         return False
 
-    def _keep_step_threads(self) -> None:
+    def _leave_the_child_a_core(self) -> None:
         """A thread fewer for this step (and the eager forward that may follow it) while the
-        background child runs; the count from before once it has ended, after which nothing is
-        checked again."""
-        compiling = self.background.running
-        self.step_threads.keep(compiling)
-        if not compiling:
-            self.step_threads = None
+        background child runs (`fastgen.cpu.step_threads`); the count from before once it has
+        ended. The child is asked once a step, so that the graphs load only in a step that has
+        every thread."""
+        self.child_running = self.background.running
+        STEP_THREADS.update(self, self.child_running)
 
     def close(self) -> None:
         """Stop a background compile or helpers that still run, and give the steps back the
-        threads they lent it (in the closing thread)."""
+        thread they lent it (in the closing thread; a thread that stepped settles at its next
+        step)."""
         if self.background is not None:
             self.background.stop()
-        if self.step_threads is not None:
-            self.step_threads.keep(False)
-            self.step_threads = None
+            STEP_THREADS.update(self, False)
         if self.helpers is not None:
             self.helpers.stop()
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from fastgen.cpu.native.features import cpu_flags
+from fastgen.cpu.step_threads import STEP_THREADS
 from fastgen.paths import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -77,12 +78,15 @@ def source_digest() -> str:
 def graph_key(name: str, model: torch.nn.Module, model_config: object, static: Sequence[torch.Tensor]) -> str:
     """What a graph's trace depends on, hashed: its name, the program, the model's configuration
     (its floats become constants of the graph) and the shapes of the tensors it sees."""
-    from torch._inductor.utils import parallel_num_threads
+    from torch._inductor import config as inductor_config
 
-    # The thread count is written into Inductor's C++ (its OpenMP loops), so it is part of the key too.
+    # The thread count is written into Inductor's C++ (its OpenMP loops), so it is part of the key
+    # too: Inductor's own setting, else the steps' count with no background child compiling
+    # (`STEP_THREADS`), which a compile in this process then runs with.
+    threads = inductor_config.cpp.threads if inductor_config.cpp.threads > 0 else STEP_THREADS.full_threads()
     parts = [name, f"inputs {INPUT_CONTRACT}", source_digest(), torch.__version__, platform.python_version(),
              sys.platform, torch.backends.cpu.get_cpu_capability(), " ".join(sorted(cpu_flags())),
-             f"threads {parallel_num_threads()}", repr(model_config)]
+             f"threads {threads}", repr(model_config)]
     parts += [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters()]
     parts += [f"{n}:{tuple(b.shape)}:{b.dtype}" for n, b in model.named_buffers()]
     parts += [f"static:{tuple(t.shape)}:{t.dtype}" for t in static]

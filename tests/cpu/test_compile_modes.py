@@ -4,8 +4,10 @@ serve eagerly, and correctly, until its graphs are ready."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import fastgen.cpu.background_compile as background_compile
 import fastgen.cpu.compiled_decode as compiled_decode
 from fastgen import LLM, SamplingParams
 from fastgen.cpu.saved_graphs import traced_sources
+from fastgen.cpu.step_threads import STEP_THREADS, StepThreads
 from fastgen.layers.rotary import rope_table_positions
 from tests.conftest import random_prompts
 
@@ -107,42 +110,36 @@ def test_every_file_a_compiled_step_runs_is_in_its_key(tiny_models, private_cach
 
 
 def test_background_compile_serves_eagerly_then_switches_to_the_graphs(tiny_models, reference, private_cache):
-    """The engine answers while a child process compiles; once the child has saved the graphs,
-    the next steps load and run them. Every output equals transformers', before and after."""
+    """The engine answers while a child process compiles, eagerly and with a thread fewer (the
+    child's core); once the child has ended, the next step gives the thread back and loads the
+    graphs it saved. Every output equals transformers', before and after."""
     model = tiny_models["qwen3"]
+    full = STEP_THREADS.full_threads()
     llm = cpu_llm(model, "background")
     compiled = llm.engine.runner.compiled_decode
-    assert compiled.background.process is not None  # started with the engine
+    child = compiled.background
+    assert child.process is not None  # started with the engine
+    # Until the child has ended, whatever it has saved by then: here one that does not end.
+    compiled.background = StillRunning(child)
     prompts = random_prompts([11, 5], seed=71)
     assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
-    assert compiled.loaded == set(compiled.first_call_seconds)  # whatever it runs came from the child
-    child = compiled.background
-    assert child.process.wait(timeout=600) == 0
-    full = threads_before_the_compile(compiled)
-
-    # Saved graphs wait for the child to end, and the steps leave it a core until then: here a
-    # child that has saved every graph but still runs.
-    compiled.background = StillRunning(child)
-    if compiled.step_threads is None:  # the child ended before the first generate's last step
-        compiled.step_threads = background_compile.StepThreadsBesideTheCompile()
-    alone = random_prompts([9], seed=72)
-    assert_equal_transformers(reference, model, alone, llm.generate(alone, GREEDY))
     assert compiled.loaded == set() and torch.get_num_threads() == max(1, full - 1)
 
-    compiled.background = child  # ended: the next step loads the graphs, with every thread
+    assert child.process.wait(timeout=600) == 0
+    compiled.background = child
+    alone = random_prompts([9], seed=72)
     assert_equal_transformers(reference, model, alone, llm.generate(alone, GREEDY))
+    assert torch.get_num_threads() == full
     assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
     assert compiled.loaded == {"layers", "head"}  # from the child, none compiled here
     assert set(compiled.background_seconds) == compiled.loaded
-    assert torch.get_num_threads() == full and compiled.step_threads is None
     llm.engine.shutdown()
 
 
 class StillRunning:
-    """A background compile whose child has saved its graphs but not yet ended."""
+    """A background compile whose child has not ended (whatever it has saved)."""
 
     def __init__(self, child: background_compile.BackgroundCompile):
-        self.child = child
         self.running = True
         self.stopped = False
         self.seconds = child.seconds
@@ -157,29 +154,52 @@ class StillRunning:
         pass
 
 
-def threads_before_the_compile(compiled) -> int:
-    """The thread count the engine's steps had before its background child started (`keep`
-    restores it at the first step after the child has ended)."""
-    lent = compiled.step_threads
-    return lent.full if lent is not None and lent.lent else torch.get_num_threads()
+class Engine:
+    """An owner for `StepThreads.update` (which keeps a weak reference to it)."""
 
 
-def test_steps_run_with_a_thread_fewer_while_a_background_child_compiles():
-    """`StepThreadsBesideTheCompile` lowers the calling thread's count by one (never below one)
-    while the child compiles, keeps it there, and restores it once."""
-    full = torch.get_num_threads()
-    threads = background_compile.StepThreadsBesideTheCompile()
+def test_steps_run_with_a_thread_fewer_while_any_background_child_compiles():
+    """One thread fewer (never below one) while any engine's child compiles, not one a child; the
+    count back once the last has ended, also in a thread that stepped lowered and steps again
+    later, and after an engine dropped while its child ran; every thread for a compile here."""
+    before = torch.get_num_threads()
+    full = max(2, before)
+    torch.set_num_threads(full)
+    threads, first, second = StepThreads(), Engine(), Engine()
+    seen = []
+
+    def in_another_thread(step) -> None:
+        def run():
+            step()
+            seen.append(torch.get_num_threads())
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join()
+
     try:
-        threads.keep(True)
-        assert threads.lent and torch.get_num_threads() == max(1, full - 1)
-        threads.keep(True)
-        assert torch.get_num_threads() == max(1, full - 1)
-        threads.keep(False)
-        assert not threads.lent and torch.get_num_threads() == full
-        threads.keep(False)  # over: nothing more changes
+        threads.update(first, True)
+        threads.update(second, True)
+        assert torch.get_num_threads() == full - 1 and threads.full_threads() == full
+        with threads.all_threads():
+            assert torch.get_num_threads() == full
+        assert torch.get_num_threads() == full - 1
+        in_another_thread(lambda: threads.update(first, True))
+        threads.update(first, False)
+        assert torch.get_num_threads() == full - 1  # the second child still compiles
+        threads.update(second, False)
+        assert torch.get_num_threads() == full
+        in_another_thread(threads.settle)  # its next step, after the last child ended
+        assert seen == [full - 1, full]
+
+        dropped = Engine()
+        threads.update(dropped, True)
+        assert torch.get_num_threads() == full - 1
+        del dropped
+        gc.collect()
+        threads.settle()
         assert torch.get_num_threads() == full
     finally:
-        torch.set_num_threads(full)
+        torch.set_num_threads(before)
 
 
 def test_a_background_compile_stopped_by_its_engine_is_no_failure(tiny_models, private_cache):

@@ -156,15 +156,12 @@ def test_a_wait_that_cannot_end_gives_up_and_is_reported():
     with pytest.raises(RuntimeError, match=f"waiting for q\\|k\\|v gave up .* having seen {qkv_programs - 1000} "
                                            f"of its {qkv_programs} programs done"):
         counters.raise_if_stalled()
-    later = counters.stalls[2:]  # the waits for split attention, the combine, o_proj and gate|up
-    gave_up = later[:, 1] >= 0
-    if k_cache.is_cuda:
-        # On a GPU the later phases' programs wait at the same time as the split programs, so
-        # their waits run out too, each having seen fewer than all of its phase done.
-        assert (later[gave_up, 0] < later[gave_up, 1]).all(), later
-    else:
-        # The interpreter's programs run in ticket order: every later wait finds its phase done.
-        assert not gave_up.any(), later
+    if not k_cache.is_cuda:
+        # The interpreter's programs run in ticket order, so every later wait (for split
+        # attention, the combine, o_proj, gate|up) finds its phase done. On a GPU the later
+        # phases' programs wait at the same time as the split programs, and their waits may run
+        # out too: only the first is checked there.
+        assert counters.stalls[2:].eq(-1).all(), counters.stalls
     assert not counters.sets.any(), counters.sets
 
 

@@ -1,0 +1,105 @@
+"""The thread count of this process's CPU steps while background children compile their graphs
+(`fastgen.cpu.background_compile`): one fewer (at least one), so that a child, one core's work,
+has a core of its own.
+
+With every core in the steps' OpenMP team, the compiler takes one of their cores for a scheduler
+slice at a time, and each parallel region of an eager step (hundreds a step) then waits at its
+barrier for the thread that lost its core while the others spin: a first 8-token completion of
+the default model took seconds instead of a fraction of one. Compiled graphs have the count
+written into them, so an engine runs none until its child has ended.
+
+One `STEP_THREADS` for the process: its engines share the cores and torch's thread count.
+`torch.set_num_threads` sets the calling thread's OpenMP count and the default of threads that
+have not run parallel work yet, so each engine calls `update` in the thread that runs its step,
+before the step. A thread that stepped with a thread fewer and steps again after the last child
+ended gets its count back then (`settle`).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from contextlib import contextmanager
+
+import torch
+
+
+class StepThreads:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._full: int | None = None  # the count before the first child; None while none compiles
+        self._restored: int | None = None  # the count given back when the last child ended
+        self._compiling: set[int] = set()  # the engines (ids of their owners) whose child runs
+        self._lowered: set[int] = set()  # threads that stepped with a thread fewer and not since
+
+    def update(self, owner: object, compiling: bool) -> None:
+        """Before a step of `owner`'s engine: whether its child still compiles. A thread fewer
+        while any engine's child does; the count from before once none does."""
+        me = threading.get_ident()
+        with self._lock:
+            if compiling and id(owner) not in self._compiling:
+                self._compiling.add(id(owner))
+                # An engine dropped while its child ran must not keep the others' steps lowered.
+                weakref.finalize(owner, self._forget, id(owner))
+            elif not compiling:
+                self._compiling.discard(id(owner))
+            if self._compiling:
+                if self._full is None:
+                    self._settle_locked(me)  # a thread still lowered by an earlier compile
+                    self._full = torch.get_num_threads()
+                self._lowered.add(me)
+                _set_threads(max(1, self._full - 1))
+            elif self._full is not None:  # the last child has ended
+                self._restored, self._full = self._full, None
+                self._lowered.discard(me)
+                _set_threads(self._restored)
+            else:
+                self._settle_locked(me)
+
+    def settle(self) -> None:
+        """Before any step: the count from before, in a thread that last stepped with a thread
+        fewer while no child compiles any more (costs a set lookup otherwise)."""
+        me = threading.get_ident()
+        if me in self._lowered:
+            with self._lock:
+                self._settle_locked(me)
+
+    def _settle_locked(self, me: int) -> None:
+        if self._full is None and me in self._lowered:
+            self._lowered.discard(me)
+            _set_threads(self._restored)
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            self._compiling.discard(key)
+            if not self._compiling and self._full is not None:  # lowered threads settle at their next step
+                self._restored, self._full = self._full, None
+
+    def full_threads(self) -> int:
+        """The count steps have with no child compiling: what a graph is compiled for."""
+        with self._lock:
+            return self._full if self._full is not None else torch.get_num_threads()
+
+    @contextmanager
+    def all_threads(self):
+        """Every thread, for a compile in this process (a blocking engine's, or a graph whose
+        file failed to load) while a child compiles: the count is written into the graph."""
+        with self._lock:
+            full = self._full
+        lowered = torch.get_num_threads()
+        if full is None or lowered == full:
+            yield
+            return
+        torch.set_num_threads(full)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(lowered)
+
+
+def _set_threads(count: int) -> None:
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
+
+
+STEP_THREADS = StepThreads()
