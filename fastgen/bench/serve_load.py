@@ -55,8 +55,7 @@ def measure_serve(url: str, model: str, workload: Workload, *, request_rate: flo
 
 
 async def _send_all(send: Callable[..., Awaitable[RequestTiming]], url: str, model: str, workload: Workload,
-                    request_rate: float,
-                    max_concurrency: int | None, timeout_s: float, temperature: float,
+                    request_rate: float, max_concurrency: int | None, timeout_s: float, temperature: float,
                     seed: int) -> list[RequestTiming]:
     rng = np.random.default_rng(seed)
     in_flight = max_concurrency or len(workload.prompts)

@@ -50,9 +50,9 @@ class StepThreads:
                 self._lowered.add(me)
                 _set_threads(max(1, self._full - 1))
             elif self._full is not None:  # the last child has ended
-                self._restored, self._full = self._full, None
+                self._end_lowering_locked()
                 self._lowered.discard(me)
-                _set_threads(self._restored)
+                _set_threads(self._restored)  # also the default of threads yet to run parallel work
             else:
                 self._settle_locked(me)
 
@@ -69,11 +69,15 @@ class StepThreads:
             self._lowered.discard(me)
             _set_threads(self._restored)
 
+    def _end_lowering_locked(self) -> None:
+        """Once no child compiles: the count from before is what lowered threads settle to."""
+        if not self._compiling and self._full is not None:
+            self._restored, self._full = self._full, None
+
     def _forget(self, key: int) -> None:
         with self._lock:
             self._compiling.discard(key)
-            if not self._compiling and self._full is not None:  # lowered threads settle at their next step
-                self._restored, self._full = self._full, None
+            self._end_lowering_locked()  # lowered threads settle at their next step
 
     def full_threads(self) -> int:
         """The count steps have with no child compiling: what a graph is compiled for."""
