@@ -293,6 +293,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "launch of its own (the default)")
     p.add_argument("--packed-uploads", choices=("on", "off"), default="on",
                    help="a step's inputs sent in one packed transfer (the default), or one copy a buffer")
+    p.add_argument("--early-cache-reads", choices=("on", "off"), default="off",
+                   help="decode attention reads a split's first keys and values before it waits for q|k|v "
+                        "(programmatic launch), or after (the default)")
     p.add_argument("--min-tokens-per-split", type=int, choices=(16, 32, 64, 128, 256), default=128,
                    help="fewest context tokens a split of decode attention takes (default 128): fewer make "
                         "more, shorter splits")
@@ -337,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     decode_layer = importlib.import_module("fastgen.kernels.decode_layer")
     decode_layer.L2_PREFETCH_PRODUCTS = args.layer_l2_prefetch
     decode_layer.PERSISTENT_PROGRAMS_PER_SM = args.layer_persistent_per_sm
-    importlib.import_module("fastgen.kernels.paged_decode_attention").COMBINE_IN_LAST_SPLIT = \
-        args.combine_in_split == "on"
+    decode_attention = importlib.import_module("fastgen.kernels.paged_decode_attention")
+    decode_attention.COMBINE_IN_LAST_SPLIT = args.combine_in_split == "on"
+    decode_attention.EARLY_CACHE_READS = args.early_cache_reads == "on"
     args.model_dir = preset_model_dir(args.preset)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{device_slug(gpu)}{args.suffix}.json")
@@ -358,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"steps": args.steps, "dense_products": args.dense_products, "fused_norms": args.fused_norms,
                      "decode_new_token": args.decode_new_token,
                      "programmatic_launch": args.programmatic_launch, "packed_uploads": args.packed_uploads,
-                     "combine_in_split": args.combine_in_split, "min_tokens_per_split": args.min_tokens_per_split,
+                     "combine_in_split": args.combine_in_split, "early_cache_reads": args.early_cache_reads,
+                     "min_tokens_per_split": args.min_tokens_per_split,
                      "one_launch_layers": args.one_launch_layers,
                      "layer_l2_prefetch": args.layer_l2_prefetch,
                      "layer_persistent_per_sm": args.layer_persistent_per_sm,

@@ -37,12 +37,13 @@ def launch(q, k, v, tables, lens, out, parts, splits, min_tokens, block_n, warps
         *paged_strides(q, k, v, out, tables), HEADS, splits, *_new_token_args(None, q), lens,
         BLOCK_SIZE=BLOCK, GROUP=HEADS // KV_HEADS, HEAD_DIM=HEAD_DIM, ONE_SPLIT=splits == 1, MIN_TOKENS=min_tokens,
         BLOCK_G=16, BLOCK_N=block_n, BLOCK_D=HEAD_DIM, DOT_DTYPE=triton.language.bfloat16, PDL=False,
-        NEW_TOKEN=False, QK_NORM=False, COMBINE_IN_LAST_SPLIT=False, num_warps=warps, num_stages=stages)
+        NEW_TOKEN=False, QK_NORM=False, COMBINE_IN_LAST_SPLIT=False, FIRST_N=block_n, EARLY_CACHE_READS=False,
+        num_warps=warps, num_stages=stages)
     if splits > 1:
         decode_combine_kernel[(batch, HEADS)](
             part_acc, part_max, part_sum, lens, out, out.stride(0), out.stride(1), HEADS, splits,
             HEAD_DIM=HEAD_DIM, MIN_TOKENS=min_tokens, BLOCK_S=triton.next_power_of_2(MAX_SPLITS), BLOCK_D=HEAD_DIM,
-            PDL=False, num_warps=4)
+            PDL=False, EARLY_CACHE_READS=False, num_warps=4)
 
 
 def case(batch: int, context: int, max_context: int, seed: int = 0):

@@ -35,23 +35,66 @@ def attend_tile(
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tile_start + tl.arange(0, BLOCK_N)
     mask_n = offs_n < end
-    # Masked tokens never read the table, so its -1 padding is never dereferenced; int64 because
-    # block_id * block stride passes 2**31 on large caches.
-    block_ids = tl.load(table_row + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
-    in_block = offs_n % BLOCK_SIZE
+    k_rows, v_rows = kv_tile_rows(table_row, kv_head, offs_n, mask_n, stride_kb, stride_kt, stride_kh,
+                                  stride_vb, stride_vt, stride_vh, BLOCK_SIZE)
     kv_mask = row_mask(mask_n, offs_d, HEAD_DIM, BLOCK_D)
-    k_rows = block_ids * stride_kb + in_block * stride_kt + kv_head * stride_kh
     k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
     # ieee keeps fp32 caches exact; bf16/fp16 operands run on tensor cores either way.
     scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * scale
     visible = (offs_n[None, :] <= last_visible[:, None]) & mask_n[None, :]
     scores = tl.where(visible, scores, float("-inf"))
+    v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    return softmax_fold(acc, m_i, l_i, scores, v, DOT_DTYPE)
+
+
+@triton.jit
+def kv_tile_rows(table_row, kv_head, offs_n, mask_n, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+                 stride_vh, BLOCK_SIZE: tl.constexpr):
+    """Where tokens offs_n's K and V rows of `kv_head` start in the paged caches (element
+    offsets, int64), through one sequence's block-table row."""
+    # Masked tokens never read the table, so its -1 padding is never dereferenced; int64 because
+    # block_id * block stride passes 2**31 on large caches.
+    block_ids = tl.load(table_row + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+    in_block = offs_n % BLOCK_SIZE
+    return (block_ids * stride_kb + in_block * stride_kt + kv_head * stride_kh,
+            block_ids * stride_vb + in_block * stride_vt + kv_head * stride_vh)
+
+
+@triton.jit
+def load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, end,
+                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                 BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Keys and values [tile_start, tile_start + BLOCK_N) of one sequence, both asked for at once
+    (the decode kernel's round trips are its time): (offs_n, mask_n: offs_n < end, k, v), k and
+    v [BLOCK_N, BLOCK_D] in the cache's dtype, zeros where masked."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tile_start + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < end
+    k_rows, v_rows = kv_tile_rows(table_row, kv_head, offs_n, mask_n, stride_kb, stride_kt, stride_kh,
+                                  stride_vb, stride_vt, stride_vh, BLOCK_SIZE)
+    kv_mask = row_mask(mask_n, offs_d, HEAD_DIM, BLOCK_D)
+    k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    return offs_n, mask_n, k, v
+
+
+@triton.jit
+def fold_kv_tile(acc, m_i, l_i, q, k, v, mask_n, scale, DOT_DTYPE: tl.constexpr):
+    """`attend_tile` for a tile already loaded (`load_kv_tile`) whose unmasked keys every row
+    sees (decode: one query a sequence). The tile must hold some unmasked key."""
+    scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * scale
+    scores = tl.where(mask_n[None, :], scores, float("-inf"))
+    return softmax_fold(acc, m_i, l_i, scores, v, DOT_DTYPE)
+
+
+@triton.jit
+def softmax_fold(acc, m_i, l_i, scores, v, DOT_DTYPE: tl.constexpr):
+    """One tile's scores [rows, keys] (-inf where not seen) and values [keys, BLOCK_D] folded
+    into the running (acc, m_i, l_i)."""
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v_rows = block_ids * stride_vb + in_block * stride_vt + kv_head * stride_vh
-    v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
     return acc, m_new, l_i
 

@@ -331,7 +331,7 @@ def _take_ticket(
                 n_qkv, HEAD_DIM, n_qkv, HEAD_DIM, stride_cs,
                 counters_ptr,
                 BLOCK_SIZE, GROUP, HEAD_DIM, ONE_SPLIT, MIN_TOKENS, BLOCK_G, ATTN_BLOCK_N, BLOCK_D, DOT_DTYPE,
-                True, QK_NORM, False,
+                True, QK_NORM, False, ATTN_BLOCK_N, False,  # waited for q|k|v above
             )
         _count_done(counters_ptr + _SPLITS_DONE)
     elif ticket < end_prefetch:
@@ -362,7 +362,7 @@ def _take_ticket(
         released = _clock_ns(ticket, TRACE, INLINE_PTX)
         item = ticket - end_prefetch
         combine_program((item // num_heads).to(tl.int64), item % num_heads, part_acc_ptr, part_max_ptr,
-                        part_sum_ptr, context_lens_ptr, attn_ptr, q_size, HEAD_DIM, num_heads, grid_splits,
+                        part_sum_ptr, tl.load(context_lens_ptr + item // num_heads), attn_ptr, q_size, HEAD_DIM, num_heads, grid_splits,
                         HEAD_DIM, MIN_TOKENS, BLOCK_S, BLOCK_D)
         _count_done(counters_ptr + _COMBINES_DONE)
     elif ticket < end_o:

@@ -28,6 +28,15 @@ from .triton_types import dot_dtype
 # on a GPU against the combine launch (`benchmarks/gpu_decode.py --combine-in-split`).
 COMBINE_IN_LAST_SPLIT = False
 
+# A programmatic dependent preparing the new token reads its first keys and values, the block
+# table and the new token's position before it waits for q|k|v, so that those round trips overlap
+# the kernel in front instead of following it (`decode_split_program`). Off until measured on a
+# GPU against waiting first (`benchmarks/gpu_decode.py --early-cache-reads`).
+EARLY_CACHE_READS = False
+# The most keys a split program asks for before q when reading early: a whole split at the
+# default split length, so that nothing of the cache is left to read after the wait.
+EARLY_TILE_MAX = 128
+
 # Per device: the split kernel's counters of finished splits, zero between launches (the last
 # program of each group zeroes its own), so one buffer serves every layer, step and graph replay
 # on that device, as long as its launches run one after another (one stream).
@@ -115,6 +124,15 @@ def split_tiles(group: int, head_dim: int, cache_dtype: torch.dtype) -> tuple[in
     return block_g, block_n, block_d, dot_dtype(cache_dtype)
 
 
+def first_tile_keys(block_n: int, min_tokens: int, cache_dtype: torch.dtype) -> int:
+    """Keys in a split program's first tile when it reads early: a whole split of `min_tokens`
+    (a power of two, at least `block_n`, at most `EARLY_TILE_MAX`); fp32 caches (tests) keep
+    `block_n`, whose tiles are sized to stay in registers."""
+    if cache_dtype.itemsize >= 4:
+        return block_n
+    return max(block_n, min(triton.next_power_of_2(min_tokens), EARLY_TILE_MAX))
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -169,6 +187,8 @@ def paged_decode_attention(
     min_tokens = decode_split_policy.MIN_TOKENS_PER_SPLIT  # one value for both launches
     pdl = programmatic_launch(q.device)
     block_g, block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
+    early = EARLY_CACHE_READS and new_token is not None
+    first_n = first_tile_keys(block_n, min_tokens, k_cache.dtype) if early else 0
     combine_in_split = max_splits > 1 and COMBINE_IN_LAST_SPLIT
     if max_splits > 1:
         part_acc = torch.empty((batch, num_heads, max_splits, head_dim), dtype=torch.float32, device=q.device)
@@ -190,7 +210,7 @@ def paged_decode_attention(
         ONE_SPLIT=max_splits == 1, MIN_TOKENS=min_tokens,
         BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DOT_DTYPE=dot, PDL=pdl,
         NEW_TOKEN=new_token is not None, QK_NORM=new_token is not None and new_token.q_norm_weight is not None,
-        COMBINE_IN_LAST_SPLIT=combine_in_split,
+        COMBINE_IN_LAST_SPLIT=combine_in_split, FIRST_N=first_n, EARLY_CACHE_READS=early,
         num_warps=4, **launch_options(pdl),
     )
     if max_splits > 1 and not combine_in_split:
@@ -199,7 +219,7 @@ def paged_decode_attention(
             out.stride(0), out.stride(1),
             num_heads, max_splits,
             HEAD_DIM=head_dim, MIN_TOKENS=min_tokens, BLOCK_S=triton.next_power_of_2(MAX_SPLITS),
-            BLOCK_D=block_d, PDL=pdl,
+            BLOCK_D=block_d, PDL=pdl, EARLY_CACHE_READS=early,
             num_warps=4, **launch_options(pdl),
         )
     return out

@@ -7,9 +7,10 @@
    whatever the group size (SGLang does the same). Each K/V tile is loaded once per group. A
    sequence with one split writes its normalised output directly; otherwise the program writes
    an unnormalised fp32 partial plus its running max and sum of exponentials. With NEW_TOKEN
-   it also does `qk_norm_rope_store`'s work for the step's token first (each program its own
-   q heads; the program whose slice holds the new token stores that token's K/V), which saves
-   a launch a layer on the path where launches, not bytes, set the time.
+   it also does `qk_norm_rope_store`'s work for the step's token (each program its own q
+   heads; the program whose slice holds the new token folds its K/V in from registers and
+   stores them last), which saves a launch a layer on the path where launches, not bytes, set
+   the time.
 2. `decode_combine_kernel`, grid (batch, num_heads), launched only when grid_splits > 1:
    rescales a sequence's partials to a common max and normalises; sequences that used one
    split are skipped. With COMBINE_IN_LAST_SPLIT there is no second launch: each split
@@ -21,13 +22,16 @@ The number of splits a sequence uses comes from its context length, read on the 
 (`splits_for`, mirrored by `decode_split_policy.splits_for_lengths`), so a captured graph
 re-decides it on every replay. The grid's split count is a runtime argument (one compiled
 kernel serves every batch size); only "one split" is a compile-time switch. With PDL (Hopper,
-`programmatic_launch`) both launch as programmatic dependents and wait before any load.
+`programmatic_launch`) both launch as programmatic dependents and wait before any load, or,
+with EARLY_CACHE_READS, before the first load of what the kernel in front writes: the split
+kernel then reads its first keys and values, and the combine its lengths, while that kernel
+still runs.
 """
 
 import triton
 import triton.language as tl
 
-from .attention_tile import attend_tile, row_mask
+from .attention_tile import attend_tile, fold_kv_tile, load_kv_tile, row_mask
 from .programmatic_launch import gdc_launch_dependents, gdc_wait
 
 
@@ -60,6 +64,21 @@ def norm_rope_rows(row_ptrs, row_ok, offs_d, partner_d, weight_ptr, eps, cos, si
 
 
 @triton.jit
+def fold_new_key(acc, m_i, l_i, q, k_new, v_new, scale, DOT_DTYPE: tl.constexpr):
+    """One key and value ([1, BLOCK_D]) folded into the online softmax of q's rows as
+    `fold_kv_tile` folds a tile: fp32 sums of DOT_DTYPE operands, p rounded to DOT_DTYPE before
+    it weighs v."""
+    k_row = k_new.to(DOT_DTYPE).to(tl.float32)
+    score = tl.sum(q.to(tl.float32) * k_row, axis=1) * scale
+    m_new = tl.maximum(m_i, score)
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(score - m_new)
+    l_i = l_i * alpha + p
+    acc = acc * alpha[:, None] + p.to(DOT_DTYPE).to(tl.float32)[:, None] * v_new.to(DOT_DTYPE).to(tl.float32)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def decode_split_program(
     seq, kv_head, split,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
@@ -78,52 +97,70 @@ def decode_split_program(
     ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr, NEW_TOKEN: tl.constexpr, QK_NORM: tl.constexpr,
-    COMBINE_IN_LAST_SPLIT: tl.constexpr,
+    COMBINE_IN_LAST_SPLIT: tl.constexpr, FIRST_N: tl.constexpr, WAIT_AFTER_CACHE_READS: tl.constexpr,
 ):
     """What the split kernel's program (seq, kv_head, split) does (seq an int64); nothing when
-    the sequence uses fewer splits."""
+    the sequence uses fewer splits.
+
+    With NEW_TOKEN the new token's key and value are taken from the projection, never read back
+    from the cache (its row there is stale until this kernel stores it, last): the new token is
+    the context's last, so the program holding it attends over the cache up to the key before
+    and folds the new one in from registers. No program of the step reads what another stores.
+
+    FIRST_N > 0 (`EARLY_CACHE_READS`): the split's first FIRST_N keys and values are asked for
+    before q. With WAIT_AFTER_CACHE_READS (a programmatic dependent) they, the block table and
+    the new token's position and slot are read before `gdc_wait`: no kernel of this step writes
+    them (the cache's one write this step, for this layer, is this kernel's own), so their
+    round trips run while q|k|v still computes, and what is left after the wait is q's."""
     context_len = tl.load(context_lens_ptr + seq)
     num_splits = splits_for(context_len, grid_splits, MIN_TOKENS)
-    if split < num_splits:  # a short sequence's work is in fewer programs
-        tokens_per_split = (context_len + num_splits - 1) // num_splits
-        start = split * tokens_per_split
-        end = tl.minimum(start + tokens_per_split, context_len)
-
-        offs_g = tl.arange(0, BLOCK_G)
-        offs_d = tl.arange(0, BLOCK_D)
+    # A split past what its sequence uses (a short sequence's work is in fewer programs) has an
+    # empty slice: it reads nothing, and does nothing after the wait.
+    works = split < num_splits
+    tokens_per_split = (context_len + num_splits - 1) // num_splits
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, context_len)
+    if NEW_TOKEN:
+        slot = tl.load(slot_mapping_ptr + seq, mask=works, other=-1).to(tl.int64)
+        holds_new_token = ((start < end) & (end == context_len) & (slot >= 0)).to(tl.int32)  # the last key
+        cache_end = end - holds_new_token  # keys this program reads from the cache
+    else:
+        cache_end = end
+    table_row = block_tables_ptr + seq * stride_bt
+    if FIRST_N > 0:
+        offs_n, mask_n, k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, kv_head, start, cache_end,
+                                            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                                            BLOCK_SIZE, HEAD_DIM, FIRST_N, BLOCK_D)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    if NEW_TOKEN:
+        # The rotary table's row for the new token's position (eager torch casts the float32
+        # table to the activation dtype before multiplying).
+        HALF: tl.constexpr = HEAD_DIM // 2
+        partner_d = (offs_d + HALF) % HEAD_DIM
+        table = cos_sin_ptr + tl.load(positions_ptr + seq, mask=works, other=0) * stride_cs
+        d_ok = offs_d < tl.where(works, HEAD_DIM, 0)  # (a comparison: the interpreter takes no broadcast & as a mask)
+        act = q_ptr.dtype.element_ty
+        cos = tl.load(table + offs_d % HALF, mask=d_ok, other=0.0).to(act).to(tl.float32)[None, :]
+        sin = tl.load(table + HALF + offs_d % HALF, mask=d_ok, other=0.0).to(act).to(tl.float32)
+        sin_signed = tl.where(offs_d < HALF, -sin, sin)[None, :]
+    if WAIT_AFTER_CACHE_READS:
+        gdc_wait()  # q and the new K/V come from the kernel in front (every program waits: see the kernel)
+    if works:
         mask_g = offs_g < GROUP
         heads = kv_head * GROUP + offs_g  # the query heads sharing this KV head; rows >= GROUP pad
         q_rows = q_ptr + seq * stride_qb + heads[:, None] * stride_qh
         if NEW_TOKEN:
-            # q and the new key arrive as projected: normalise (Qwen3) and rotate them here, and the
-            # program whose slice holds the new token stores its K/V before reading the cache.
-            HALF: tl.constexpr = HEAD_DIM // 2
-            partner_d = (offs_d + HALF) % HEAD_DIM
-            table = cos_sin_ptr + tl.load(positions_ptr + seq) * stride_cs
-            d_ok = offs_d < HEAD_DIM
-            # Eager torch casts the float32 table to the activation dtype before multiplying.
-            act = q_ptr.dtype.element_ty
-            cos = tl.load(table + offs_d % HALF, mask=d_ok, other=0.0).to(act).to(tl.float32)[None, :]
-            sin = tl.load(table + HALF + offs_d % HALF, mask=d_ok, other=0.0).to(act).to(tl.float32)
-            sin_signed = tl.where(offs_d < HALF, -sin, sin)[None, :]
+            # q and the new key arrive as projected: normalise (Qwen3) and rotate them here.
             q = norm_rope_rows(q_rows, mask_g, offs_d, partner_d, q_norm_ptr, eps, cos, sin_signed,
                                HEAD_DIM, BLOCK_D, QK_NORM).to(DOT_DTYPE)
-            slot = tl.load(slot_mapping_ptr + seq).to(tl.int64)
-            holds_new_token = (context_len - 1) // tl.maximum(tokens_per_split, 1) == split
-            if holds_new_token & (context_len > 0) & (slot >= 0):
-                one_row = tl.arange(0, 1) == 0
-                k_new = norm_rope_rows(k_new_ptr + seq * stride_knt + kv_head * stride_knh + tl.zeros([1, 1], tl.int32),
-                                       one_row, offs_d, partner_d, k_norm_ptr, eps, cos, sin_signed,
-                                       HEAD_DIM, BLOCK_D, QK_NORM)
-                v_new = tl.load(v_new_ptr + seq * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
-                                mask=row_mask(one_row, offs_d, HEAD_DIM, BLOCK_D))
-                block, in_block = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-                new_mask = row_mask(one_row, offs_d, HEAD_DIM, BLOCK_D)
-                tl.store(k_cache_ptr + block * stride_kb + in_block * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                         k_new, mask=new_mask)
-                tl.store(v_cache_ptr + block * stride_vb + in_block * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                         v_new, mask=new_mask)
-                tl.debug_barrier()  # this program's threads read the stored row back below
+            one_row = tl.arange(0, 1) < holds_new_token  # [1]: the new token's row, if this program's
+            new_mask = row_mask(one_row, offs_d, HEAD_DIM, BLOCK_D)
+            k_new = norm_rope_rows(k_new_ptr + seq * stride_knt + kv_head * stride_knh + tl.zeros([1, 1], tl.int32),
+                                   one_row, offs_d, partner_d, k_norm_ptr, eps, cos, sin_signed,
+                                   HEAD_DIM, BLOCK_D, QK_NORM).to(k_cache_ptr.dtype.element_ty)
+            v_new = tl.load(v_new_ptr + seq * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
+                            mask=new_mask, other=0.0).to(v_cache_ptr.dtype.element_ty)
         else:
             q = tl.load(q_rows + offs_d[None, :], mask=row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D),
                         other=0.0).to(DOT_DTYPE)
@@ -131,13 +168,24 @@ def decode_split_program(
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        table_row = block_tables_ptr + seq * stride_bt
-        last_visible = tl.zeros([BLOCK_G], tl.int32) + (end - 1)  # every row sees the whole slice
-        for tile_start in range(start, end, BLOCK_N):
+        if FIRST_N > 0:
+            if start < cache_end:  # (a split of the new token alone, or a padding row, reads no key)
+                acc, m_i, l_i = fold_kv_tile(acc, m_i, l_i, q, k, v, mask_n, scale, DOT_DTYPE)
+        last_visible = tl.zeros([BLOCK_G], tl.int32) + (cache_end - 1)  # every row sees the whole slice
+        for tile_start in range(start + FIRST_N, cache_end, BLOCK_N):
             acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_row, kv_head, scale,
-                                        tile_start, end, last_visible,
+                                        tile_start, cache_end, last_visible,
                                         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                                         BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_DTYPE)
+        if NEW_TOKEN:
+            if holds_new_token != 0:
+                acc, m_i, l_i = fold_new_key(acc, m_i, l_i, q, k_new, v_new, scale, DOT_DTYPE)
+            # Stored for the steps after this one (nothing of this step reads it back).
+            block, in_block = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+            tl.store(k_cache_ptr + block * stride_kb + in_block * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                     k_new, mask=new_mask)
+            tl.store(v_cache_ptr + block * stride_vb + in_block * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                     v_new, mask=new_mask)
 
         out_mask = row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D)
         out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
@@ -188,11 +236,15 @@ def decode_split_kernel(
     ONE_SPLIT: tl.constexpr, MIN_TOKENS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PDL: tl.constexpr, NEW_TOKEN: tl.constexpr, QK_NORM: tl.constexpr,
-    COMBINE_IN_LAST_SPLIT: tl.constexpr,
+    COMBINE_IN_LAST_SPLIT: tl.constexpr, FIRST_N: tl.constexpr, EARLY_CACHE_READS: tl.constexpr,
 ):
-    if PDL:  # q and the cache come from the kernels in front
+    if PDL:
         gdc_launch_dependents()
-        gdc_wait()
+        # Every program waits, with work or without: a kernel's end must follow the one in
+        # front's, since a later kernel's wait covers every kernel before it only through each
+        # one's own.
+        if not EARLY_CACHE_READS:  # q and the cache come from the kernels in front
+            gdc_wait()
     decode_split_program(
         tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2),
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
@@ -205,7 +257,7 @@ def decode_split_kernel(
         stride_knt, stride_knh, stride_vnt, stride_vnh, stride_cs,
         splits_done_ptr,
         BLOCK_SIZE, GROUP, HEAD_DIM, ONE_SPLIT, MIN_TOKENS, BLOCK_G, BLOCK_N, BLOCK_D, DOT_DTYPE,
-        NEW_TOKEN, QK_NORM, COMBINE_IN_LAST_SPLIT,
+        NEW_TOKEN, QK_NORM, COMBINE_IN_LAST_SPLIT, FIRST_N, PDL and EARLY_CACHE_READS,
     )
 
 
@@ -234,14 +286,14 @@ def combine_group(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptrs, out_mask, 
 
 @triton.jit
 def combine_program(
-    seq, head, part_acc_ptr, part_max_ptr, part_sum_ptr, context_lens_ptr, out_ptr,
+    seq, head, part_acc_ptr, part_max_ptr, part_sum_ptr, context_len, out_ptr,
     stride_ob, stride_oh,
     num_heads, grid_splits,
     HEAD_DIM: tl.constexpr, MIN_TOKENS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """The combine of (seq, head)'s partials (seq an int64); nothing for a sequence that used
-    one split (the split program wrote its output itself)."""
-    num_splits = splits_for(tl.load(context_lens_ptr + seq), grid_splits, MIN_TOKENS)
+    """The combine of (seq, head)'s partials (seq an int64, context_len its length); nothing for a
+    sequence that used one split (the split program wrote its output itself)."""
+    num_splits = splits_for(context_len, grid_splits, MIN_TOKENS)
     if num_splits > 1:
         offs_s = tl.arange(0, BLOCK_S)
         offs_d = tl.arange(0, BLOCK_D)
@@ -267,11 +319,19 @@ def decode_combine_kernel(
     stride_ob, stride_oh,
     num_heads, grid_splits,
     HEAD_DIM: tl.constexpr, MIN_TOKENS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, EARLY_CACHE_READS: tl.constexpr,
 ):
+    seq = tl.program_id(0).to(tl.int64)
     if PDL:  # the partials come from the split kernel
         gdc_launch_dependents()
-        gdc_wait()
-    combine_program(tl.program_id(0).to(tl.int64), tl.program_id(1), part_acc_ptr, part_max_ptr, part_sum_ptr,
-                    context_lens_ptr, out_ptr, stride_ob, stride_oh, num_heads, grid_splits,
+        if EARLY_CACHE_READS:  # the lengths were uploaded before the step: read them first
+            context_len = tl.load(context_lens_ptr + seq)
+            gdc_wait()
+        else:
+            gdc_wait()
+            context_len = tl.load(context_lens_ptr + seq)
+    else:
+        context_len = tl.load(context_lens_ptr + seq)
+    combine_program(seq, tl.program_id(1), part_acc_ptr, part_max_ptr, part_sum_ptr,
+                    context_len, out_ptr, stride_ob, stride_oh, num_heads, grid_splits,
                     HEAD_DIM, MIN_TOKENS, BLOCK_S, BLOCK_D)

@@ -83,7 +83,8 @@ def resource_usage(kernel) -> dict:
              "spin_waits": len(re.findall(r"\bnanosleep\.", kernel.asm["ptx"])),
              "l2_prefetches": len(re.findall(r"\bprefetch\.global\.L2\b", kernel.asm["ptx"])),
              "clock_reads": len(re.findall(r"%globaltimer\b", kernel.asm["ptx"])),
-             "register_limit": getattr(kernel.metadata, "maxnreg", None) or 0}
+             "register_limit": getattr(kernel.metadata, "maxnreg", None) or 0,
+             "loads_before_wait": _loads_before_wait(kernel.asm["ptx"])}
     if tool.exists():
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(kernel.asm["cubin"])
@@ -96,6 +97,13 @@ def resource_usage(kernel) -> dict:
             if found:
                 usage[key.lower()] = max(found)
     return usage
+
+
+def _loads_before_wait(ptx: str) -> int | None:
+    """Global loads the PTX has ahead of its first `griddepcontrol.wait` (what a programmatic
+    dependent reads while the kernel in front still runs); None without a wait."""
+    wait = ptx.find("griddepcontrol.wait")
+    return None if wait < 0 else len(re.findall(r"\bld\.global\b", ptx[:wait]))
 
 
 @contextlib.contextmanager
@@ -123,6 +131,17 @@ def combine_in_last_split():
         yield
     finally:
         module.COMBINE_IN_LAST_SPLIT = saved
+
+
+@contextlib.contextmanager
+def early_cache_reads():
+    """Decode attention reading its first keys before q (`EARLY_CACHE_READS`)."""
+    module = importlib.import_module("fastgen.kernels.paged_decode_attention")
+    saved, module.EARLY_CACHE_READS = module.EARLY_CACHE_READS, True
+    try:
+        yield
+    finally:
+        module.EARLY_CACHE_READS = saved
 
 
 def with_and_without_pdl(tag: dict, launch):
@@ -165,6 +184,13 @@ def launch_everything() -> None:
                         tag | {"max_splits": max_splits, "new_token": True, "qk_norm": norm},
                         lambda m=max_splits, t=new_token: paged_decode_attention(q, cache, cache, tables, lens, 0.1,
                                                                                  max_splits=m, new_token=t))
+
+                    def early(m=max_splits, t=new_token):
+                        with early_cache_reads():
+                            return paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=m, new_token=t)
+                    yield from with_and_without_pdl(
+                        tag | {"max_splits": max_splits, "new_token": True, "qk_norm": norm, "early_cache_reads": True},
+                        early)
             for new_token in (None, NewToken(kv, kv, slots, cos_sin, weight, weight, 1e-6, slots)):
                 def combined(t=new_token):
                     with combine_in_last_split():

@@ -66,6 +66,24 @@ def test_decode_kernels_wait_on_the_kernel_in_front_only_when_launched_as_its_de
 
 
 @pytest.mark.slow
+def test_decode_attention_reads_the_cache_before_its_wait_only_when_asked(compiled):
+    """With `EARLY_CACHE_READS` and programmatic launch, the split kernel's first tile (and the
+    block table, the new token's position and slot) and the combine's lengths are loaded ahead
+    of `griddepcontrol.wait`, so the compiler kept the order the source gives; without it,
+    nothing is."""
+    early_rows = 0
+    for row in compiled:
+        config = row["config"]
+        if row["kernel"] not in ("decode_split_kernel", "decode_combine_kernel") or not config.get("pdl"):
+            continue
+        early = bool(config.get("early_cache_reads"))
+        splitting = row["kernel"] == "decode_split_kernel" or config["max_splits"] > 1
+        assert (row["loads_before_wait"] > 0) == (early and splitting), row
+        early_rows += early and row["kernel"] == "decode_split_kernel"
+    assert early_rows == 2 * 2 * 4 * 3  # max splits 1 and 8, q/k-norm or not, 4 shapes, 3 dtypes
+
+
+@pytest.mark.slow
 def test_only_the_kernels_that_count_on_the_device_use_atomics(compiled):
     """The decode path's atomics are the split counters, only where asked for, and the phase
     counters of the one-launch layer (`kernels/decode_layer.py`)."""
