@@ -331,7 +331,7 @@ def _take_ticket(
                 n_qkv, HEAD_DIM, n_qkv, HEAD_DIM, stride_cs,
                 counters_ptr,
                 BLOCK_SIZE, GROUP, HEAD_DIM, ONE_SPLIT, MIN_TOKENS, BLOCK_G, ATTN_BLOCK_N, BLOCK_D, DOT_DTYPE,
-                True, QK_NORM, False, ATTN_BLOCK_N, False,  # waited for q|k|v above
+                True, QK_NORM, False, 0, False,  # no early tile: it waited for q|k|v above
             )
         _count_done(counters_ptr + _SPLITS_DONE)
     elif ticket < end_prefetch:

@@ -187,7 +187,9 @@ def paged_decode_attention(
     min_tokens = decode_split_policy.MIN_TOKENS_PER_SPLIT  # one value for both launches
     pdl = programmatic_launch(q.device)
     block_g, block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
-    early = EARLY_CACHE_READS and new_token is not None
+    # Only where the context is split (batches of a few sequences, the chain-bound ones): a larger
+    # batch keeps the kernel that takes fewer registers, for more programs an SM.
+    early = EARLY_CACHE_READS and new_token is not None and max_splits > 1
     first_n = first_tile_keys(block_n, min_tokens, k_cache.dtype) if early else 0
     combine_in_split = max_splits > 1 and COMBINE_IN_LAST_SPLIT
     if max_splits > 1:

@@ -64,15 +64,17 @@ def norm_rope_rows(row_ptrs, row_ok, offs_d, partner_d, weight_ptr, eps, cos, si
 
 
 @triton.jit
-def fold_new_key(acc, m_i, l_i, q, k_new, v_new, scale, DOT_DTYPE: tl.constexpr):
+def fold_new_key(acc, m_i, l_i, q, k_new, v_new, is_ours, scale, DOT_DTYPE: tl.constexpr):
     """One key and value ([1, BLOCK_D]) folded into the online softmax of q's rows as
-    `fold_kv_tile` folds a tile: fp32 sums of DOT_DTYPE operands, p rounded to DOT_DTYPE before
-    it weighs v."""
+    `fold_kv_tile` folds a tile (fp32 sums of DOT_DTYPE operands, p rounded to DOT_DTYPE before
+    it weighs v), where is_ours; elsewhere the running values come back as they were. Without
+    a branch: a branch carrying acc out cost the one-launch layer a spill (sm_90)."""
     k_row = k_new.to(DOT_DTYPE).to(tl.float32)
-    score = tl.sum(q.to(tl.float32) * k_row, axis=1) * scale
+    score = tl.where(is_ours, tl.sum(q.to(tl.float32) * k_row, axis=1) * scale, float("-inf"))
     m_new = tl.maximum(m_i, score)
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(score - m_new)
+    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row that has seen no key yet: weights of 0
+    alpha = tl.exp(m_i - m_ref)
+    p = tl.exp(score - m_ref)
     l_i = l_i * alpha + p
     acc = acc * alpha[:, None] + p.to(DOT_DTYPE).to(tl.float32)[:, None] * v_new.to(DOT_DTYPE).to(tl.float32)
     return acc, m_new, l_i
@@ -168,6 +170,14 @@ def decode_split_program(
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        if NEW_TOKEN:
+            acc, m_i, l_i = fold_new_key(acc, m_i, l_i, q, k_new, v_new, holds_new_token != 0, scale, DOT_DTYPE)
+            # Stored for the steps after this one (no program of this step reads it back).
+            block, in_block = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+            tl.store(k_cache_ptr + block * stride_kb + in_block * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                     k_new, mask=new_mask)
+            tl.store(v_cache_ptr + block * stride_vb + in_block * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                     v_new, mask=new_mask)
         if FIRST_N > 0:
             if start < cache_end:  # (a split of the new token alone, or a padding row, reads no key)
                 acc, m_i, l_i = fold_kv_tile(acc, m_i, l_i, q, k, v, mask_n, scale, DOT_DTYPE)
@@ -177,15 +187,6 @@ def decode_split_program(
                                         tile_start, cache_end, last_visible,
                                         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                                         BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_DTYPE)
-        if NEW_TOKEN:
-            if holds_new_token != 0:
-                acc, m_i, l_i = fold_new_key(acc, m_i, l_i, q, k_new, v_new, scale, DOT_DTYPE)
-            # Stored for the steps after this one (nothing of this step reads it back).
-            block, in_block = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-            tl.store(k_cache_ptr + block * stride_kb + in_block * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                     k_new, mask=new_mask)
-            tl.store(v_cache_ptr + block * stride_vb + in_block * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                     v_new, mask=new_mask)
 
         out_mask = row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D)
         out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
