@@ -171,7 +171,6 @@ def decode_split_program(
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
         if NEW_TOKEN:
-            acc, m_i, l_i = fold_new_key(acc, m_i, l_i, q, k_new, v_new, holds_new_token != 0, scale, DOT_DTYPE)
             # Stored for the steps after this one (no program of this step reads it back).
             block, in_block = slot // BLOCK_SIZE, slot % BLOCK_SIZE
             tl.store(k_cache_ptr + block * stride_kb + in_block * stride_kt + kv_head * stride_kh + offs_d[None, :],
@@ -187,6 +186,8 @@ def decode_split_program(
                                         tile_start, cache_end, last_visible,
                                         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                                         BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_DTYPE)
+        if NEW_TOKEN:
+            acc, m_i, l_i = fold_new_key(acc, m_i, l_i, q, k_new, v_new, holds_new_token != 0, scale, DOT_DTYPE)
 
         out_mask = row_mask(mask_g, offs_d, HEAD_DIM, BLOCK_D)
         out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]

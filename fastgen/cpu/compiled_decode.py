@@ -274,12 +274,18 @@ class CompiledDecodeStep:
         # Whether the child ran as this step began (`_leave_the_child_a_core`): one answer a step.
         self.child_running = False
 
-    @torch.inference_mode()
-    def step(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def before_step(self) -> None:
+        """The threads every CPU step of this engine runs with, compiled or eager (a step that
+        wants prompt logprobs runs eagerly without `step`): a thread fewer while the background
+        child runs, every thread otherwise."""
         if self.background is not None:
             self._leave_the_child_a_core()
         else:
             STEP_THREADS.settle()
+
+    @torch.inference_mode()
+    def step(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+        self.before_step()
         meta = inputs.meta
         if meta.is_prefill:
             return self._prefill(inputs)

@@ -124,6 +124,18 @@ def test_background_compile_serves_eagerly_then_switches_to_the_graphs(tiny_mode
     prompts = random_prompts([11, 5], seed=71)
     assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
     assert compiled.loaded == set() and torch.get_num_threads() == max(1, full - 1)
+    # A step that wants prompt logprobs runs eagerly, outside the compiled step, with the same
+    # thread fewer: its one step in a thread of its own (which starts with every thread).
+    seen = []
+
+    def prompt_logprobs_alone() -> None:
+        llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))
+        seen.append(torch.get_num_threads())
+
+    driver = threading.Thread(target=prompt_logprobs_alone)
+    driver.start()
+    driver.join()
+    assert seen == [max(1, full - 1)]
 
     assert child.process.wait(timeout=600) == 0
     compiled.background = child
