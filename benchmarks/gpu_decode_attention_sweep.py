@@ -37,7 +37,7 @@ def launch(q, k, v, tables, lens, out, parts, splits, min_tokens, block_n, warps
         *paged_strides(q, k, v, out, tables), HEADS, splits, *_new_token_args(None, q), lens,
         BLOCK_SIZE=BLOCK, GROUP=HEADS // KV_HEADS, HEAD_DIM=HEAD_DIM, ONE_SPLIT=splits == 1, MIN_TOKENS=min_tokens,
         BLOCK_G=16, BLOCK_N=block_n, BLOCK_D=HEAD_DIM, DOT_DTYPE=triton.language.bfloat16, PDL=False,
-        NEW_TOKEN=False, QK_NORM=False, COMBINE_IN_LAST_SPLIT=False, FIRST_N=block_n, EARLY_CACHE_READS=False,
+        NEW_TOKEN=False, QK_NORM=False, COMBINE_IN_LAST_SPLIT=False, FIRST_N=0, EARLY_CACHE_READS=False,
         num_warps=warps, num_stages=stages)
     if splits > 1:
         decode_combine_kernel[(batch, HEADS)](

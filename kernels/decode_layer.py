@@ -362,7 +362,8 @@ def _take_ticket(
         released = _clock_ns(ticket, TRACE, INLINE_PTX)
         item = ticket - end_prefetch
         combine_program((item // num_heads).to(tl.int64), item % num_heads, part_acc_ptr, part_max_ptr,
-                        part_sum_ptr, tl.load(context_lens_ptr + item // num_heads), attn_ptr, q_size, HEAD_DIM, num_heads, grid_splits,
+                        part_sum_ptr, tl.load(context_lens_ptr + item // num_heads), attn_ptr, q_size, HEAD_DIM,
+                        num_heads, grid_splits,
                         HEAD_DIM, MIN_TOKENS, BLOCK_S, BLOCK_D)
         _count_done(counters_ptr + _COMBINES_DONE)
     elif ticket < end_o:

@@ -31,7 +31,9 @@ COMBINE_IN_LAST_SPLIT = False
 # A programmatic dependent preparing the new token reads its first keys and values, the block
 # table and the new token's position before it waits for q|k|v, so that those round trips overlap
 # the kernel in front instead of following it (`decode_split_program`). Off until measured on a
-# GPU against waiting first (`benchmarks/gpu_decode.py --early-cache-reads`).
+# GPU against waiting first (`benchmarks/gpu_decode.py --early-cache-reads`). A launch that is not
+# a programmatic dependent has no wait to read ahead of, and keeps its order unless asked
+# (`paged_decode_attention(..., early_cache_reads=True)`, as the interpreter tests do).
 EARLY_CACHE_READS = False
 # The most keys a split program asks for before q when reading early: a whole split at the
 # default split length, so that nothing of the cache is left to read after the wait.
@@ -143,6 +145,7 @@ def paged_decode_attention(
     max_splits: int | None = None,
     out: torch.Tensor | None = None,
     new_token: NewToken | None = None,
+    early_cache_reads: bool | None = None,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged context (Triton).
 
@@ -163,6 +166,10 @@ def paged_decode_attention(
         new_token: with it, q is the projection as it comes (not yet normalised or rotated) and
             the cache does not hold the new token yet: the kernel prepares q and the new key as
             `qk_norm_rope_store` would and stores the new K/V (q is not rewritten).
+        early_cache_reads: with `new_token` and a split grid, each split program reads its
+            first keys and values (and the block table, its slot and position) before q, and
+            before waiting for the kernel in front when it is a programmatic dependent. None:
+            `EARLY_CACHE_READS` where the launch is one (where there is a wait to read ahead of).
 
     Returns:
         `out` (allocated in q's dtype when not given), `[batch, num_heads, head_dim]`.
@@ -187,9 +194,11 @@ def paged_decode_attention(
     min_tokens = decode_split_policy.MIN_TOKENS_PER_SPLIT  # one value for both launches
     pdl = programmatic_launch(q.device)
     block_g, block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
+    if early_cache_reads is None:
+        early_cache_reads = EARLY_CACHE_READS and pdl
     # Only where the context is split (batches of a few sequences, the chain-bound ones): a larger
     # batch keeps the kernel that takes fewer registers, for more programs an SM.
-    early = EARLY_CACHE_READS and new_token is not None and max_splits > 1
+    early = early_cache_reads and new_token is not None and max_splits > 1
     first_n = first_tile_keys(block_n, min_tokens, k_cache.dtype) if early else 0
     combine_in_split = max_splits > 1 and COMBINE_IN_LAST_SPLIT
     if max_splits > 1:
@@ -213,7 +222,8 @@ def paged_decode_attention(
         BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DOT_DTYPE=dot, PDL=pdl,
         NEW_TOKEN=new_token is not None, QK_NORM=new_token is not None and new_token.q_norm_weight is not None,
         COMBINE_IN_LAST_SPLIT=combine_in_split, FIRST_N=first_n, EARLY_CACHE_READS=early,
-        num_warps=4, **launch_options(pdl),
+        # An early tile of 128 keys and values in registers across the wait spills at 4 warps (sm_90).
+        num_warps=8 if early else 4, **launch_options(pdl),
     )
     if max_splits > 1 and not combine_in_split:
         decode_combine_kernel[(batch, num_heads)](

@@ -8,9 +8,9 @@
    sequence with one split writes its normalised output directly; otherwise the program writes
    an unnormalised fp32 partial plus its running max and sum of exponentials. With NEW_TOKEN
    it also does `qk_norm_rope_store`'s work for the step's token (each program its own q
-   heads; the program whose slice holds the new token folds its K/V in from registers and
-   stores them last), which saves a launch a layer on the path where launches, not bytes, set
-   the time.
+   heads; the program whose slice holds the new token folds its K/V in from registers, never
+   reading them back from the cache, and stores them for the steps after), which saves a
+   launch a layer on the path where launches, not bytes, set the time.
 2. `decode_combine_kernel`, grid (batch, num_heads), launched only when grid_splits > 1:
    rescales a sequence's partials to a common max and normalises; sequences that used one
    split are skipped. With COMBINE_IN_LAST_SPLIT there is no second launch: each split
@@ -105,9 +105,10 @@ def decode_split_program(
     the sequence uses fewer splits.
 
     With NEW_TOKEN the new token's key and value are taken from the projection, never read back
-    from the cache (its row there is stale until this kernel stores it, last): the new token is
-    the context's last, so the program holding it attends over the cache up to the key before
-    and folds the new one in from registers. No program of the step reads what another stores.
+    from the cache (its row there is stale until this kernel stores it): the new token is the
+    context's last, so the program holding it attends over the cache up to the key before and
+    folds the new one in from registers, after the cache's tiles. No program of the step reads
+    what another stores.
 
     FIRST_N > 0 (`EARLY_CACHE_READS`): the split's first FIRST_N keys and values are asked for
     before q. With WAIT_AFTER_CACHE_READS (a programmatic dependent) they, the block table and

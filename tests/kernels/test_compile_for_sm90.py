@@ -38,8 +38,8 @@ def test_every_kernel_compiles_within_h100_limits(compiled):
     for row in compiled:
         assert row["shared_bytes"] <= H100_SHARED_BYTES, row
         if row["config"]["dtype"] != "float32" and "stack" in row:
-            # Held to a register limit, a few may spill (Triton 3.6: 56 bytes at two rows of
-            # Qwen3-0.6B's persistent layer); none elsewhere.
+            # Held to a register limit, a few may spill (Triton 3.6: 8 and 48 bytes at one and
+            # two rows of Qwen3-0.6B's persistent layer); none elsewhere.
             assert row["stack"] <= (SPILL_UNDER_A_LIMIT if row["register_limit"] else 0), f"register spills: {row}"
 
 

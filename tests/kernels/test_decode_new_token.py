@@ -101,12 +101,11 @@ def test_a_new_token_that_does_not_fit_the_queries_is_refused():
 @pytest.mark.parametrize("max_splits", [2, None], ids=["grid2", "grid-auto"])
 @pytest.mark.parametrize("min_tokens", [64, 128])
 def test_reading_the_cache_before_q_equals_the_separate_launches(min_tokens, max_splits, monkeypatch):
-    """`EARLY_CACHE_READS`: a split's first keys (a whole split of `min_tokens`, 128 at most)
-    are read before q, then the rest of a longer split (two splits of 150 keys: 128 then 22, or
-    64, 64 and 22) in the loop's tiles; the new token, the last key, never comes from the
-    cache (its row there is NaN)."""
+    """Early cache reads (`EARLY_CACHE_READS` on a GPU): a split's first keys (a whole split of
+    `min_tokens`, 128 at most) are read before q, then the rest of a longer split (two splits
+    of 150 keys: 128 then 22, or 64, 64 and 22) in the loop's tiles; the new token, the last
+    key, never comes from the cache (its row there is NaN)."""
     module = importlib.import_module("fastgen.kernels.paged_decode_attention")
-    monkeypatch.setattr(module, "EARLY_CACHE_READS", True)
     monkeypatch.setattr(importlib.import_module("fastgen.kernels.decode_split_policy"), "MIN_TOKENS_PER_SPLIT",
                         min_tokens)
     q, k, v, k_cache, v_cache, tables, lens, positions, cos_sin, (qw, kw), slots = step(
@@ -127,7 +126,8 @@ def test_reading_the_cache_before_q_equals_the_separate_launches(min_tokens, max
 
     monkeypatch.setattr(module, "decode_split_kernel", Spy())
     got = paged_decode_attention(q, k_cache, v_cache, tables, lens, 128**-0.5, max_splits=max_splits,
-                                 new_token=NewToken(k, v, positions, cos_sin, qw, kw, EPS, slots))
+                                 new_token=NewToken(k, v, positions, cos_sin, qw, kw, EPS, slots),
+                                 early_cache_reads=True)  # (no programmatic launch under the interpreter)
     assert first_tiles == [min_tokens]  # the early path ran, with a whole split's keys up front
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
     assert not got.isnan().any()  # no stale (NaN) row of the cache reached a sum
