@@ -125,10 +125,11 @@ def test_background_compile_serves_eagerly_then_switches_to_the_graphs(tiny_mode
     assert_equal_transformers(reference, model, prompts, llm.generate(prompts, GREEDY))
     assert compiled.loaded == set() and torch.get_num_threads() == max(1, full - 1)
     # A step that wants prompt logprobs runs eagerly, outside the compiled step, with the same
-    # thread fewer: its one step in a thread of its own (which starts with every thread).
+    # thread fewer: its one step in a thread of its own, set to every thread first.
     seen = []
 
     def prompt_logprobs_alone() -> None:
+        torch.set_num_threads(full)
         llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))
         seen.append(torch.get_num_threads())
 
