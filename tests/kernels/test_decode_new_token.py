@@ -22,8 +22,8 @@ EPS = 1e-6
 
 def step(dtype, head_dim, context_lens, seed=0):
     """A cache holding each row's context but its last token (that slot is NaN: the kernel must
-    store the new K/V before reading it), the new token's q|k|v as views of one projection, its
-    positions and slots; a row of length 0 is graph padding (slot -1)."""
+    take the new K/V from the projection, never from the cache), the new token's q|k|v as views
+    of one projection, its positions and slots; a row of length 0 is graph padding (slot -1)."""
     gen = torch.Generator().manual_seed(seed)
     k_cache, v_cache, tables = paged_cache(context_lens, KV_HEADS, head_dim, BLOCK, 24, dtype, gen)
     slots = []
