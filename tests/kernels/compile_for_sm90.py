@@ -123,25 +123,16 @@ def programmatic_launches():
 
 
 @contextlib.contextmanager
-def combine_in_last_split():
-    """Decode attention combining its splits in the split kernel (`COMBINE_IN_LAST_SPLIT`)."""
+def decode_attention_switch(name: str):
+    """One of decode attention's switches on (`COMBINE_IN_LAST_SPLIT`: its splits combined in the
+    split kernel; `EARLY_CACHE_READS`: its first keys read before q), as before afterwards."""
     module = importlib.import_module("fastgen.kernels.paged_decode_attention")
-    saved, module.COMBINE_IN_LAST_SPLIT = module.COMBINE_IN_LAST_SPLIT, True
+    saved = getattr(module, name)
+    setattr(module, name, True)
     try:
         yield
     finally:
-        module.COMBINE_IN_LAST_SPLIT = saved
-
-
-@contextlib.contextmanager
-def early_cache_reads():
-    """Decode attention reading its first keys before q (`EARLY_CACHE_READS`)."""
-    module = importlib.import_module("fastgen.kernels.paged_decode_attention")
-    saved, module.EARLY_CACHE_READS = module.EARLY_CACHE_READS, True
-    try:
-        yield
-    finally:
-        module.EARLY_CACHE_READS = saved
+        setattr(module, name, saved)
 
 
 def with_and_without_pdl(tag: dict, launch):
@@ -186,14 +177,14 @@ def launch_everything() -> None:
                                                                                  max_splits=m, new_token=t))
 
                     def early(m=max_splits, t=new_token):
-                        with early_cache_reads():
+                        with decode_attention_switch("EARLY_CACHE_READS"):
                             return paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=m, new_token=t)
                     yield from with_and_without_pdl(
                         tag | {"max_splits": max_splits, "new_token": True, "qk_norm": norm, "early_cache_reads": True},
                         early)
             for new_token in (None, NewToken(kv, kv, slots, cos_sin, weight, weight, 1e-6, slots)):
                 def combined(t=new_token):
-                    with combine_in_last_split():
+                    with decode_attention_switch("COMBINE_IN_LAST_SPLIT"):
                         return paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=8, new_token=t)
                 yield from with_and_without_pdl(tag | {"max_splits": 8, "combine_in_split": True,
                                                        "new_token": new_token is not None}, combined)

@@ -7,6 +7,8 @@ instead of a small numeric error.
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,3 +39,20 @@ def paged_cache(context_lens, num_kv_heads, head_dim, block_size, max_blocks, dt
 
 def int32(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+def record_split_launches(monkeypatch, keyword: str) -> list:
+    """The value of `keyword` each decode split kernel launch is given from now on (the
+    launches still run): what reached the kernel, where the result alone cannot tell."""
+    launcher = importlib.import_module("fastgen.kernels.paged_decode_attention")
+    kernel, seen = launcher.decode_split_kernel, []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs[keyword])
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(launcher, "decode_split_kernel", Recorded())
+    return seen

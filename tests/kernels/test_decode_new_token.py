@@ -12,7 +12,7 @@ import torch
 from fastgen.kernels import paged_decode_attention, qk_norm_rope_store
 from fastgen.kernels.paged_decode_attention import NewToken
 from fastgen.layers.rotary import RotaryEmbedding
-from tests.kernels.paged_cases import DEVICE, int32, paged_cache
+from tests.kernels.paged_cases import DEVICE, int32, paged_cache, record_split_launches
 
 pytestmark = pytest.mark.triton
 
@@ -105,7 +105,6 @@ def test_reading_the_cache_before_q_equals_the_separate_launches(min_tokens, max
     `min_tokens`, 128 at most) are read before q, then the rest of a longer split (two splits
     of 150 keys: 128 then 22, or 64, 64 and 22) in the loop's tiles; the new token, the last
     key, never comes from the cache (its row there is NaN)."""
-    module = importlib.import_module("fastgen.kernels.paged_decode_attention")
     monkeypatch.setattr(importlib.import_module("fastgen.kernels.decode_split_policy"), "MIN_TOKENS_PER_SPLIT",
                         min_tokens)
     q, k, v, k_cache, v_cache, tables, lens, positions, cos_sin, (qw, kw), slots = step(
@@ -114,17 +113,7 @@ def test_reading_the_cache_before_q_equals_the_separate_launches(min_tokens, max
     qk_norm_rope_store(q_ref, k.clone(), v, positions, cos_sin, qw, kw, EPS, k_ref, v_ref, slots)
     want = paged_decode_attention(q_ref, k_ref, v_ref, tables, lens, 128**-0.5, max_splits=max_splits)
 
-    first_tiles = []  # what the split kernel was launched with
-    kernel = module.decode_split_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                first_tiles.append(kwargs["FIRST_N"])
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(module, "decode_split_kernel", Spy())
+    first_tiles = record_split_launches(monkeypatch, "FIRST_N")
     got = paged_decode_attention(q, k_cache, v_cache, tables, lens, 128**-0.5, max_splits=max_splits,
                                  new_token=NewToken(k, v, positions, cos_sin, qw, kw, EPS, slots),
                                  early_cache_reads=True)  # (no programmatic launch under the interpreter)
