@@ -50,7 +50,7 @@ sm90-compile-check:
 # no server stack: those tests skip). Two commands of under 10 minutes each on an H100:
 #   make gpu-preflight gpu-test   # ~1 min, then every cuda- and triton-marked test, ~6 min
 #   make gpu-bench                # benchmarks/gpu_decode.py, ~6 min, within GPU_BENCH_BUDGET_S
-#   make gpu-switches             # the decode step with shorter attention splits, early reads, ~5 min
+#   make gpu-switches             # the decode step with attention's early cache reads at each batch, ~3 min
 # The preflight stops with a report when the machine cannot run the rest (compiler, Triton,
 # graph capture). Results land in GPU_RESULTS: the preflight's JSON, the tests' JUnit report and
 # the benchmark's JSON, whose sections merge into one file across commands (`--sections`).
@@ -74,19 +74,19 @@ gpu-test:
 gpu-bench:
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) --time-budget-s $(GPU_BENCH_BUDGET_S)
 
-# The decode step at batch 1/2/8 with decode attention's splits at least 128 (the default), 64
-# and 32 context tokens long (`--min-tokens-per-split`), each with its first keys and values
-# read before or after the wait for q|k|v (`--early-cache-reads`; one JSON each,
-# `-splits-N-early-on|off` in its name), with the kernels section's time by kernel at batch 1:
-# whether shorter splits, and their tiles read while q|k|v still computes, shorten attention's
-# chain of round trips, which sets the batch-1 layer's pace (README, "A layer in one launch").
-# Packed uploads and the in-kernel combine were decided by an earlier form of this target
-# (README). A failed run does not stop the others; the target fails at the end. ~5 min.
+# The decode step with decode attention's first keys and values read before the wait for q|k|v
+# at batches of at most EARLY_CACHE_READS_MAX_BATCH (auto, the default), at every batch (on), and
+# at none (off): batch 1/2/3/4/8 at 512 tokens and 1/2/4 at 4096, one JSON each
+# (`-early-auto|on|off` in its name), with each kernel's time at batch 1. Where the default's
+# limit should sit: early reads shorten attention's chain of round trips at small batches and
+# cost at larger ones (README, "Decode attention's chain of round trips"). Packed uploads, the
+# in-kernel combine and the split length were decided by earlier forms of this target (README).
+# A failed run does not stop the others; the target fails at the end. ~3 min.
 gpu-switches:
-	failed=0; for run in 128-off 128-on 64-off 64-on 32-on; do tokens=$${run%-*}; early=$${run#*-}; \
+	failed=0; for early in auto on off; do \
 		$(GPU_ENV) timeout -k 15 150 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
-			--sections graphs,kernels --quick --batch-sizes 1,2,8 --long-context 0 --min-tokens-per-split $$tokens \
-			--early-cache-reads $$early --suffix=-splits-$$tokens-early-$$early || failed=1; \
+			--sections graphs,kernels --quick --batch-sizes 1,2,3,4,8 --long-context 4096 --long-batch-sizes 1,2,4 \
+			--early-cache-reads $$early --suffix=-early-$$early || failed=1; \
 	done; exit $$failed
 
 # Decode steps of one and two rows with each layer in one launch, against the six launches a

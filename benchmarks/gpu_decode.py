@@ -293,9 +293,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "launch of its own (the default)")
     p.add_argument("--packed-uploads", choices=("on", "off"), default="on",
                    help="a step's inputs sent in one packed transfer (the default), or one copy a buffer")
-    p.add_argument("--early-cache-reads", choices=("on", "off"), default="off",
+    p.add_argument("--early-cache-reads", choices=("auto", "on", "off"), default="auto",
                    help="decode attention reads a split's first keys and values before it waits for q|k|v "
-                        "(programmatic launch), or after (the default)")
+                        "(programmatic launch): at batches of at most EARLY_CACHE_READS_MAX_BATCH sequences (auto, "
+                        "the default), at every batch, or at none")
     p.add_argument("--min-tokens-per-split", type=int, choices=(16, 32, 64, 128, 256), default=128,
                    help="fewest context tokens a split of decode attention takes (default 128): fewer make "
                         "more, shorter splits")
@@ -342,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     decode_layer.PERSISTENT_PROGRAMS_PER_SM = args.layer_persistent_per_sm
     decode_attention = importlib.import_module("fastgen.kernels.paged_decode_attention")
     decode_attention.COMBINE_IN_LAST_SPLIT = args.combine_in_split == "on"
-    decode_attention.EARLY_CACHE_READS = args.early_cache_reads == "on"
+    decode_attention.EARLY_CACHE_READS = args.early_cache_reads != "off"
+    if args.early_cache_reads == "on":
+        decode_attention.EARLY_CACHE_READS_MAX_BATCH = None
     args.model_dir = preset_model_dir(args.preset)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     path = Path(args.output or Path(args.output_dir) / f"gpu-decode-{device_slug(gpu)}{args.suffix}.json")

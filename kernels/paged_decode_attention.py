@@ -30,11 +30,17 @@ COMBINE_IN_LAST_SPLIT = False
 
 # A programmatic dependent preparing the new token reads its first keys and values, the block
 # table and the new token's position before it waits for q|k|v, so that those round trips overlap
-# the kernel in front instead of following it (`decode_split_program`). Off until measured on a
-# GPU against waiting first (`benchmarks/gpu_decode.py --early-cache-reads`). A launch that is not
-# a programmatic dependent has no wait to read ahead of, and keeps its order unless asked
+# the kernel in front instead of following it (`decode_split_program`). A launch that is not a
+# programmatic dependent has no wait to read ahead of, and keeps its order unless asked
 # (`paged_decode_attention(..., early_cache_reads=True)`, as the interpreter tests do).
-EARLY_CACHE_READS = False
+EARLY_CACHE_READS = True
+# Batches of at most this many sequences read early (None: every batch). On an H200 (Qwen3-0.6B,
+# bf16, `benchmarks/gpu_decode.py --early-cache-reads`) the step shrank by a fifth at batch 1 and
+# a seventh at batch 2, where attention is a chain of round trips; from batch 3 the early reads
+# of more keys compete with q|k|v's weights for the memory, the kernel's 8 warps cost more than
+# the overlap gives back, and batch 8 (and 4 at 4096 tokens) was slower (README, "Decode
+# attention's chain of round trips").
+EARLY_CACHE_READS_MAX_BATCH: int | None = 2
 # The most keys a split program asks for before q when reading early: a whole split at the
 # default split length, so that nothing of the cache is left to read after the wait.
 EARLY_TILE_MAX = 128
@@ -169,7 +175,8 @@ def paged_decode_attention(
         early_cache_reads: with `new_token` and a split grid, each split program reads its
             first keys and values (and the block table, its slot and position) before q, and
             before waiting for the kernel in front when it is a programmatic dependent. None:
-            `EARLY_CACHE_READS` where the launch is one (where there is a wait to read ahead of).
+            `EARLY_CACHE_READS` for batches of at most `EARLY_CACHE_READS_MAX_BATCH`, where the
+            launch is one (where there is a wait to read ahead of).
 
     Returns:
         `out` (allocated in q's dtype when not given), `[batch, num_heads, head_dim]`.
@@ -195,7 +202,8 @@ def paged_decode_attention(
     pdl = programmatic_launch(q.device)
     block_g, block_n, block_d, dot = split_tiles(group, head_dim, k_cache.dtype)
     if early_cache_reads is None:
-        early_cache_reads = EARLY_CACHE_READS and pdl
+        early_cache_reads = EARLY_CACHE_READS and pdl and (
+            EARLY_CACHE_READS_MAX_BATCH is None or batch <= EARLY_CACHE_READS_MAX_BATCH)
     # Only where the context is split (batches of a few sequences, the chain-bound ones): a larger
     # batch keeps the kernel that takes fewer registers, for more programs an SM.
     early = early_cache_reads and new_token is not None and max_splits > 1

@@ -9,6 +9,7 @@ import torch
 
 from fastgen import LLM, SamplingParams
 from tests.conftest import FAMILIES, random_prompts
+from tests.kernels.paged_cases import record_split_launches
 from tests.tiny_models import hf_greedy
 
 pytestmark = pytest.mark.cuda
@@ -30,6 +31,33 @@ def test_graphs_chunks_and_prefix_hits_match_transformers(tiny_models, reference
     rest = llm.generate(prompts[1:], GREEDY)
     assert llm.engine.block_manager.num_hit_tokens > 0
     assert [o.token_ids for o in first + rest] == reference(model, prompts, GREEDY.max_tokens)
+
+
+@pytest.mark.parametrize("min_tokens", [32, 64])
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_early_cache_reads_under_programmatic_launch_match_transformers(tiny_models, reference, monkeypatch,
+                                                                        family, min_tokens):
+    """Decode attention's split programs reading their first keys and values before the wait for
+    q|k|v (`EARLY_CACHE_READS`) in CUDA graphs of programmatic launches, where that order is real:
+    the cache rows they read early were written by earlier steps, the new token's by this one,
+    after the wait. Splits of 32 and 64 tokens give every context here several splits, and every
+    batch reads early (the default stops at 2 sequences)."""
+    import importlib
+
+    decode_attention = importlib.import_module("fastgen.kernels.paged_decode_attention")
+    monkeypatch.setattr(decode_attention, "EARLY_CACHE_READS", True)
+    monkeypatch.setattr(decode_attention, "EARLY_CACHE_READS_MAX_BATCH", None)
+    monkeypatch.setattr(importlib.import_module("fastgen.kernels.decode_split_policy"), "MIN_TOKENS_PER_SPLIT",
+                        min_tokens)
+    early = record_split_launches(monkeypatch, "EARLY_CACHE_READS")
+    model = tiny_models[family]
+    prompts = random_prompts([70, 131, 200, 257], seed=34)
+    llm = LLM(model, device="cuda", dtype="float32", block_size=16, num_kv_blocks=256, max_num_seqs=4,
+              cuda_graph_batch_sizes=[1, 2, 4], enforce_eager=False)
+    assert llm.engine.runner.graphs is not None
+    outputs = llm.generate(prompts[:1], GREEDY) + llm.generate(prompts[1:], GREEDY)
+    assert [o.token_ids for o in outputs] == reference(model, prompts, GREEDY.max_tokens)
+    assert True in early  # the graphs captured the early form (programmatic launches on this GPU)
 
 
 # Tiny models' logits reach 4-8 in magnitude, where a bf16 ulp is 0.03: two implementations that

@@ -123,16 +123,18 @@ def programmatic_launches():
 
 
 @contextlib.contextmanager
-def decode_attention_switch(name: str):
-    """One of decode attention's switches on (`COMBINE_IN_LAST_SPLIT`: its splits combined in the
-    split kernel; `EARLY_CACHE_READS`: its first keys read before q), as before afterwards."""
+def decode_attention_switches(**values):
+    """Decode attention's switches set (`COMBINE_IN_LAST_SPLIT`: its splits combined in the split
+    kernel; `EARLY_CACHE_READS`: its first keys read before q), as before afterwards."""
     module = importlib.import_module("fastgen.kernels.paged_decode_attention")
-    saved = getattr(module, name)
-    setattr(module, name, True)
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
     try:
         yield
     finally:
-        setattr(module, name, saved)
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def with_and_without_pdl(tag: dict, launch):
@@ -167,24 +169,25 @@ def launch_everything() -> None:
             weight = torch.ones(head_dim, dtype=dtype)
             for max_splits in (1, 8):
                 yield from with_and_without_pdl(tag | {"max_splits": max_splits}, lambda m=max_splits: (
-                    paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=m)))
+                    paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=m, early_cache_reads=False)))
                 for norm in (True, False):
                     new_token = NewToken(kv, kv, slots, cos_sin, weight if norm else None, weight if norm else None,
                                          1e-6, slots)
                     yield from with_and_without_pdl(
                         tag | {"max_splits": max_splits, "new_token": True, "qk_norm": norm},
-                        lambda m=max_splits, t=new_token: paged_decode_attention(q, cache, cache, tables, lens, 0.1,
-                                                                                 max_splits=m, new_token=t))
+                        lambda m=max_splits, t=new_token: paged_decode_attention(
+                            q, cache, cache, tables, lens, 0.1, max_splits=m, new_token=t, early_cache_reads=False))
 
                     def early(m=max_splits, t=new_token):
-                        with decode_attention_switch("EARLY_CACHE_READS"):
+                        # Every batch: the batch here (4) is past the default's limit.
+                        with decode_attention_switches(EARLY_CACHE_READS=True, EARLY_CACHE_READS_MAX_BATCH=None):
                             return paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=m, new_token=t)
                     yield from with_and_without_pdl(
                         tag | {"max_splits": max_splits, "new_token": True, "qk_norm": norm, "early_cache_reads": True},
                         early)
             for new_token in (None, NewToken(kv, kv, slots, cos_sin, weight, weight, 1e-6, slots)):
                 def combined(t=new_token):
-                    with decode_attention_switch("COMBINE_IN_LAST_SPLIT"):
+                    with decode_attention_switches(COMBINE_IN_LAST_SPLIT=True):
                         return paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=8, new_token=t)
                 yield from with_and_without_pdl(tag | {"max_splits": 8, "combine_in_split": True,
                                                        "new_token": new_token is not None}, combined)

@@ -123,3 +123,41 @@ def test_reading_the_cache_before_q_equals_the_separate_launches(min_tokens, max
     torch.testing.assert_close(k_cache, k_ref, equal_nan=True, rtol=1e-2, atol=1e-2)
     assert torch.equal(v_cache.nan_to_num(7.0), v_ref.nan_to_num(7.0))
     assert not got[3].any()  # the padding row
+
+
+def test_only_small_batches_read_the_cache_early_by_default(monkeypatch):
+    """By default (`early_cache_reads=None`) a programmatic dependent reads early at batches of
+    at most `EARLY_CACHE_READS_MAX_BATCH` (2), where the GPU measured the step shorter, and at no
+    batch when `EARLY_CACHE_READS` is off; a launch that is no programmatic dependent never does.
+    The launches are recorded, not run: the interpreter has no programmatic launch."""
+    launcher = importlib.import_module("fastgen.kernels.paged_decode_attention")
+    seen = []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append(kwargs["EARLY_CACHE_READS"])
+
+    monkeypatch.setattr(launcher, "decode_split_kernel", Recorded())
+    monkeypatch.setattr(launcher, "decode_combine_kernel", Recorded())
+
+    def early_by_batch(pdl: bool) -> list[bool]:
+        monkeypatch.setattr(launcher, "programmatic_launch", lambda device: pdl)
+        monkeypatch.setattr(launcher, "launch_options", lambda on: {})
+        flags = []
+        for batch in (1, 2, 3, 8):
+            q, k, v, k_cache, v_cache, tables, lens, positions, cos_sin, (qw, kw), slots = step(
+                torch.bfloat16, 128, [300] * batch, seed=batch)
+            seen.clear()
+            launcher.paged_decode_attention(q, k_cache, v_cache, tables, lens, 128**-0.5, max_splits=4,
+                                            new_token=NewToken(k, v, positions, cos_sin, qw, kw, EPS, slots))
+            assert len(seen) == 2 and seen[0] == seen[1]  # the split kernel and the combine agree
+            flags.append(seen[0])
+        return flags
+
+    assert launcher.EARLY_CACHE_READS and launcher.EARLY_CACHE_READS_MAX_BATCH == 2
+    assert early_by_batch(pdl=True) == [True, True, False, False]
+    assert early_by_batch(pdl=False) == [False] * 4
+    monkeypatch.setattr(launcher, "EARLY_CACHE_READS_MAX_BATCH", None)
+    assert early_by_batch(pdl=True) == [True] * 4
+    monkeypatch.setattr(launcher, "EARLY_CACHE_READS", False)
+    assert early_by_batch(pdl=True) == [False] * 4
