@@ -60,6 +60,29 @@ def test_early_cache_reads_under_programmatic_launch_match_transformers(tiny_mod
     assert True in early  # the graphs captured the early form (programmatic launches on this GPU)
 
 
+def test_four_row_products_in_the_triton_kernels_match_transformers(tiny_models, reference, monkeypatch):
+    """Decode batches of three and four rows through the skinny products and their fused norms
+    (`SKINNY_MAX_ROWS_ON_CUDA` = 4, which `gpu_decode.py --skinny-max-rows` times) instead of
+    cuBLAS and the norms apart."""
+    from fastgen.layers import quantizable
+
+    kernel, rows = quantizable._normed_skinny_matmul(), []
+
+    def counted(x, *args, **kwargs):
+        rows.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return kernel(x, *args, **kwargs)
+
+    monkeypatch.setattr(quantizable, "SKINNY_MAX_ROWS_ON_CUDA", 4)
+    monkeypatch.setattr(quantizable, "_normed_skinny_matmul", lambda: counted)
+    model = tiny_models["qwen3"]
+    prompts = random_prompts([9, 30, 64, 100], seed=35)
+    llm = LLM(model, device="cuda", dtype="float32", block_size=16, num_kv_blocks=128, max_num_seqs=4,
+              cuda_graph_batch_sizes=[1, 2, 4], enforce_eager=False)
+    outputs = llm.generate(prompts[:3], GREEDY) + llm.generate(prompts[3:], GREEDY)
+    assert [o.token_ids for o in outputs] == reference(model, prompts, GREEDY.max_tokens)
+    assert 4 in rows  # the graph of four rows captured the fused kernels
+
+
 # Tiny models' logits reach 4-8 in magnitude, where a bf16 ulp is 0.03: two implementations that
 # round in different places land a few ulps apart (seen on an H100: up to 0.059). A wrong model
 # (RoPE, a norm, a cache slot) moves log-probabilities by tenths.

@@ -27,7 +27,12 @@ SKINNY_MATMUL_ON_CUDA = True
 # and gate|up its SwiGLU too (`fastgen.kernels.normed_skinny_matmul`): two launches a layer
 # where there were five. A switch for the same comparison (`--fused-norms off`).
 RMS_NORM_IN_PRODUCTS_ON_CUDA = True
-_SKINNY_MAX_ROWS = 2
+# The most rows those two kernels take (at most the kernels' SKINNY_ROWS, 8); more go to cuBLAS.
+# Read at each call. The product alone loses to cuBLAS from four rows on, but a step past this
+# limit also loses the norms fused into its products and its products' programmatic launches
+# (on an H200 a step of three rows took half as long again as one of two, and about as long as
+# one of eight). `benchmarks/gpu_decode.py --skinny-max-rows` times the whole step with others.
+SKINNY_MAX_ROWS_ON_CUDA = 2
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -39,7 +44,7 @@ def _skinny_matmul():
 
 def _skinny_on_cuda(x: torch.Tensor, weight: torch.Tensor) -> bool:
     k = x.shape[-1]
-    return (x.is_cuda and SKINNY_MATMUL_ON_CUDA and 0 < k and x.numel() <= _SKINNY_MAX_ROWS * k
+    return (x.is_cuda and SKINNY_MATMUL_ON_CUDA and 0 < k and x.numel() <= SKINNY_MAX_ROWS_ON_CUDA * k
             and x.dtype in _FLOAT_DTYPES and weight.dtype == x.dtype)
 
 

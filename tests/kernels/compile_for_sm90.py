@@ -214,12 +214,13 @@ def _skinny_products():
 
 
 def _normed_products():
-    """RMSNorm + q|k|v, and + gate|up + SwiGLU, at Qwen3-0.6B's and Llama-3-8B's widths."""
+    """RMSNorm + q|k|v, and + gate|up + SwiGLU, at Qwen3-0.6B's and Llama-3-8B's widths, one and
+    two rows (the default) and four (`SKINNY_MAX_ROWS_ON_CUDA`, timed by `gpu_decode.py`)."""
     from fastgen.kernels.normed_skinny_matmul import normed_skinny_matmul
 
     for dtype in (torch.bfloat16, torch.float32):
         for n, k, swiglu in ((4096, 1024, False), (6144, 1024, True), (6144, 4096, False), (28672, 4096, True)):
-            for rows in (1, 2):
+            for rows in (1, 2, 4):
                 x, weight = torch.zeros(rows, k, dtype=dtype), torch.zeros(n, k, dtype=dtype)
                 norm = torch.ones(k, dtype=dtype)
                 tag = {"dtype": str(dtype).split(".")[1], "n": n, "k": k, "rows": rows, "swiglu": swiglu}
