@@ -50,7 +50,7 @@ sm90-compile-check:
 # no server stack: those tests skip). Two commands of under 10 minutes each on an H100:
 #   make gpu-preflight gpu-test   # ~1 min, then every cuda- and triton-marked test, ~6 min
 #   make gpu-bench                # benchmarks/gpu_decode.py, ~6 min, within GPU_BENCH_BUDGET_S
-#   make gpu-switches             # early cache reads at each batch, four-row products, ~4 min
+#   make gpu-switches             # early cache reads at each batch, two product switches, ~5 min
 # The preflight stops with a report when the machine cannot run the rest (compiler, Triton,
 # graph capture). Results land in GPU_RESULTS: the preflight's JSON, the tests' JUnit report and
 # the benchmark's JSON, whose sections merge into one file across commands (`--sections`).
@@ -79,18 +79,24 @@ gpu-bench:
 # at none (off): batch 1/2/3/4/8 at 512 tokens and 1/2/4 at 4096, one JSON each
 # (`-early-auto|on|off` in its name), with each kernel's time at batch 1. Where the default's
 # limit should sit: early reads shorten attention's chain of round trips at small batches and
-# cost at larger ones (README, "Decode attention's chain of round trips"). Then batch 2/3/4 with
-# products of up to four rows in fastgen's kernels, norms fused (`-skinny-rows-4`): whether the
-# step at three and four rows (half as long again as at two, in cuBLAS) gains more from the fused
-# norms and the products' programmatic launches than the products alone lose to cuBLAS. Packed uploads, the in-kernel combine and the split length were decided
-# by earlier forms of this target (README). A failed run does not stop the others; the target
-# fails at the end. ~4 min.
+# cost at larger ones (README, "Decode attention's chain of round trips"). Then two of the
+# products' switches against the first run's default: batch 1/2 with o_proj's and down_proj's
+# whole weight asked for before their wait (`--skinny-block-k 4096`, `-skinny-block-k-4096`),
+# and batch 2/3/4 with products of up to four rows in fastgen's kernels, norms fused
+# (`-skinny-rows-4`): whether the step at three and four rows (half as long again as at two, in
+# cuBLAS) gains more from the fused norms and programmatic launches than the products alone lose
+# to cuBLAS. Packed uploads, the in-kernel combine and the split length were decided by earlier
+# forms of this target (README). A failed run does not stop the others; the target fails at the
+# end. ~4-5 min.
 gpu-switches:
 	failed=0; for early in auto on off; do \
 		$(GPU_ENV) timeout -k 15 150 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
 			--sections graphs,kernels --quick --batch-sizes 1,2,3,4,8 --long-context 4096 --long-batch-sizes 1,2,4 \
 			--early-cache-reads $$early --suffix=-early-$$early || failed=1; \
 	done; \
+	$(GPU_ENV) timeout -k 15 150 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
+		--sections graphs,kernels --quick --batch-sizes 1,2 --long-context 0 --skinny-block-k 4096 \
+		--suffix=-skinny-block-k-4096 || failed=1; \
 	$(GPU_ENV) timeout -k 15 150 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
 		--sections graphs --quick --batch-sizes 2,3,4 --long-context 0 --skinny-max-rows 4 \
 		--suffix=-skinny-rows-4 || failed=1; \

@@ -284,6 +284,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skinny-max-rows", type=int, choices=(1, 2, 4, 8), default=2,
                    help="the most rows a decode batch's bf16 products (and their fused norms) take in fastgen's "
                         "Triton kernels before cuBLAS (default 2)")
+    p.add_argument("--skinny-block-k", type=int, choices=(1024, 2048, 4096), default=1024,
+                   help="the widest K step of those products' default tiling (default 1024): wider ones have a "
+                        "product's whole weight asked for before it waits for the kernel in front")
     p.add_argument("--fused-norms", choices=("on", "off"), default="on",
                    help="RMSNorm (and SwiGLU) inside the decode batches' products (the default), or apart")
     p.add_argument("--decode-new-token", choices=("on", "off"), default="on",
@@ -337,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     quantizable.SKINNY_MATMUL_ON_CUDA = args.dense_products == "skinny"
     quantizable.RMS_NORM_IN_PRODUCTS_ON_CUDA = args.fused_norms == "on"
     quantizable.SKINNY_MAX_ROWS_ON_CUDA = args.skinny_max_rows
+    importlib.import_module("fastgen.kernels.skinny_matmul").SKINNY_MAX_BLOCK_K = args.skinny_block_k
     launch_policy.PROGRAMMATIC_LAUNCH_ON_CUDA = args.programmatic_launch == "on"
     triton_paged.DECODE_PREPARES_NEW_TOKEN = args.decode_new_token == "on"
     step_inputs.PACK_UPLOADS_ON_CUDA = args.packed_uploads == "on"
@@ -367,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                      "python": sys.version.split()[0], "cuda": torch.version.cuda},
         "model": {"preset": args.preset, "dtype": args.dtype, "weights": "dummy"},
         "settings": {"steps": args.steps, "dense_products": args.dense_products, "fused_norms": args.fused_norms,
-                     "skinny_max_rows": args.skinny_max_rows,
+                     "skinny_max_rows": args.skinny_max_rows, "skinny_block_k": args.skinny_block_k,
                      "decode_new_token": args.decode_new_token,
                      "programmatic_launch": args.programmatic_launch, "packed_uploads": args.packed_uploads,
                      "combine_in_split": args.combine_in_split, "early_cache_reads": args.early_cache_reads,

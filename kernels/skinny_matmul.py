@@ -114,12 +114,21 @@ class SkinnyTiling:
     num_warps: int = 4
 
 
+# The widest K step of the default tiling (read at each launch). A program's first step is what
+# it reads before waiting for the kernel in front, so a step of all of K (2,048 for Qwen3-0.6B's
+# o_proj, 3,072 in a masked 4,096 for its down_proj) would have a product's whole weight asked
+# for while attention or gate|up still runs; alone, without a kernel in front, 1,024 was the
+# fastest of the steps swept (up to 1,024). `benchmarks/gpu_decode.py --skinny-block-k` times the
+# whole step with wider ones.
+SKINNY_MAX_BLOCK_K = 1024
+
+
 def default_skinny_tiling(k: int) -> SkinnyTiling:
-    """Two weight rows a program and K steps of up to 1,024 inputs: the fastest or within 0.2 us
-    of it at one and two rows on every projection of Qwen3-0.6B and its LM head in a sweep on an
-    H100 (`benchmarks/gpu_skinny_matmul_sweep.py`): many small programs keep the most loads in
-    flight on these few-megabyte weights."""
-    return SkinnyTiling(2, min(1024, triton.next_power_of_2(k)))
+    """Two weight rows a program and K steps of up to `SKINNY_MAX_BLOCK_K` inputs: the fastest or
+    within 0.2 us of it at one and two rows on every projection of Qwen3-0.6B and its LM head in a
+    sweep on an H100 (`benchmarks/gpu_skinny_matmul_sweep.py`): many small programs keep the most
+    loads in flight on these few-megabyte weights."""
+    return SkinnyTiling(2, min(SKINNY_MAX_BLOCK_K, triton.next_power_of_2(k)))
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

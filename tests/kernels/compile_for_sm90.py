@@ -202,8 +202,9 @@ def launch_everything() -> None:
 
 
 def _skinny_products():
-    """The decode batches' product at Qwen3-0.6B's widths, 1-8 rows, its default tilings."""
-    from fastgen.kernels.skinny_matmul import skinny_matmul
+    """The decode batches' product at Qwen3-0.6B's widths, 1-8 rows, its default tilings; and at
+    one and two rows all of K in one step (`SKINNY_MAX_BLOCK_K`, timed by `gpu_decode.py`)."""
+    from fastgen.kernels.skinny_matmul import SkinnyTiling, skinny_matmul
 
     for dtype in (torch.bfloat16, torch.float32):
         for n, k in ((4096, 1024), (1024, 2048), (1024, 3072)):
@@ -211,6 +212,10 @@ def _skinny_products():
                 x, weight = torch.zeros(rows, k, dtype=dtype), torch.zeros(n, k, dtype=dtype)
                 tag = {"dtype": str(dtype).split(".")[1], "n": n, "k": k, "rows": rows}
                 yield from with_and_without_pdl(tag, lambda x=x, w=weight: skinny_matmul(x, w))
+                if k > 1024 and rows <= 2:
+                    whole = SkinnyTiling(2, triton.next_power_of_2(k))
+                    yield from with_and_without_pdl(tag | {"block_k": whole.block_k},
+                                                    lambda x=x, w=weight, t=whole: skinny_matmul(x, w, tiling=t))
 
 
 def _normed_products():

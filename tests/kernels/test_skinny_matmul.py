@@ -65,6 +65,19 @@ def test_the_default_tiling_takes_k_in_long_steps():
     assert default_skinny_tiling(100) == SkinnyTiling(2, 128)
 
 
+def test_a_wider_default_step_takes_all_of_k_at_once(monkeypatch):
+    """`SKINNY_MAX_BLOCK_K` 4,096 (`gpu_decode.py --skinny-block-k`): Qwen3-0.6B's down_proj
+    (K 3,072) in one masked step, its whole weight read before the wait."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("fastgen.kernels.skinny_matmul"), "SKINNY_MAX_BLOCK_K", 4096)
+    assert default_skinny_tiling(3072) == SkinnyTiling(2, 4096)
+    torch.manual_seed(6)
+    x, weight = torch.randn(2, 3072), torch.randn(9, 3072)
+    got = skinny_matmul(x.to(DEVICE), weight.to(DEVICE))
+    torch.testing.assert_close(got.cpu().double(), F.linear(x.double(), weight.double()), rtol=1e-5, atol=1e-4)
+
+
 def test_bad_shapes_and_dtypes_are_refused():
     x, weight = torch.randn(2, 16), torch.randn(8, 16)
     with pytest.raises(ValueError, match="do not fit"):
