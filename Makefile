@@ -48,7 +48,9 @@ sm90-compile-check:
 
 # On a GPU machine, with its own python3, from the source tree (no setup, no network, no gguf,
 # no server stack: those tests skip). Two commands of under 10 minutes each on an H100:
-#   make gpu-preflight gpu-test   # ~1 min, then every cuda- and triton-marked test, ~6 min
+#   make gpu-preflight gpu-test   # ~1 min, then every cuda- and triton-marked test, ~9 min cold
+#                                 # or in two commands: GPU_TESTS=tests/kernels GPU_TESTS_TAG=-kernels,
+#                                 # then GPU_TESTS="tests --ignore=tests/kernels" GPU_TESTS_TAG=-rest
 #   make gpu-bench                # benchmarks/gpu_decode.py, ~6 min, within GPU_BENCH_BUDGET_S
 #   make gpu-switches             # early cache reads at each batch, two product switches, ~5 min
 # The preflight stops with a report when the machine cannot run the rest (compiler, Triton,
@@ -58,6 +60,8 @@ sm90-compile-check:
 GPU_PYTHON ?= python3
 GPU_RESULTS ?= benchmarks/results
 GPU_BENCH_BUDGET_S ?= 420
+GPU_TESTS ?= tests
+GPU_TESTS_TAG ?=
 GPU_ENV := HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/.gpu-cache/inductor \
 	TRITON_CACHE_DIR=$(CURDIR)/.gpu-cache/triton
 gpu-check: gpu-preflight gpu-test gpu-bench
@@ -69,36 +73,36 @@ gpu-test:
 	mkdir -p $(GPU_RESULTS)
 	$(GPU_ENV) FASTGEN_NO_SERVER_STACK=1 $(GPU_PYTHON) -m pytest -q -m "cuda or triton" -p no:cacheprovider -rfEs \
 		--junitxml=$(GPU_RESULTS)/gpu-tests-$$($(GPU_PYTHON) -c "import re, torch; \
-		print(re.sub('[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))").xml tests
+		print(re.sub('[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))")$(GPU_TESTS_TAG).xml $(GPU_TESTS)
 
 gpu-bench:
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) --time-budget-s $(GPU_BENCH_BUDGET_S)
 
 # The decode step with decode attention's first keys and values read before the wait for q|k|v
 # at batches of at most EARLY_CACHE_READS_MAX_BATCH (auto, the default), at every batch (on), and
-# at none (off): batch 1/2/3/4/8 at 512 tokens and 1/2/4 at 4096, one JSON each
+# at none (off): batch 1/2/4/8 at 512 tokens and 1/2/4 at 4096, one JSON each
 # (`-early-auto|on|off` in its name), with each kernel's time at batch 1. Where the default's
 # limit should sit: early reads shorten attention's chain of round trips at small batches and
 # cost at larger ones (README, "Decode attention's chain of round trips"). Then two of the
 # products' switches against the first run's default: batch 1/2 with o_proj's and down_proj's
 # whole weight asked for before their wait (`--skinny-block-k 4096`, `-skinny-block-k-4096`),
-# and batch 2/3/4 with products of up to four rows in fastgen's kernels, norms fused
-# (`-skinny-rows-4`): whether the step at three and four rows (half as long again as at two, in
-# cuBLAS) gains more from the fused norms and programmatic launches than the products alone lose
-# to cuBLAS. Packed uploads, the in-kernel combine and the split length were decided by earlier
+# and batch 2/4 with products of up to four rows in fastgen's kernels, norms fused
+# (`-skinny-rows-4`): whether the step at four rows (half as long again as at two, in cuBLAS)
+# gains more from the fused norms and programmatic launches than the products alone lose to
+# cuBLAS. (Batch sizes are capture sizes: a batch of 3 would be timed as the graph of 4.) Packed uploads, the in-kernel combine and the split length were decided by earlier
 # forms of this target (README). A failed run does not stop the others; the target fails at the
 # end. ~4-5 min.
 gpu-switches:
 	failed=0; for early in auto on off; do \
 		$(GPU_ENV) timeout -k 15 150 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
-			--sections graphs,kernels --quick --batch-sizes 1,2,3,4,8 --long-context 4096 --long-batch-sizes 1,2,4 \
+			--sections graphs,kernels --quick --batch-sizes 1,2,4,8 --long-context 4096 --long-batch-sizes 1,2,4 \
 			--early-cache-reads $$early --suffix=-early-$$early || failed=1; \
 	done; \
 	$(GPU_ENV) timeout -k 15 150 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
 		--sections graphs,kernels --quick --batch-sizes 1,2 --long-context 0 --skinny-block-k 4096 \
 		--suffix=-skinny-block-k-4096 || failed=1; \
 	$(GPU_ENV) timeout -k 15 150 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
-		--sections graphs --quick --batch-sizes 2,3,4 --long-context 0 --skinny-max-rows 4 \
+		--sections graphs --quick --batch-sizes 2,4 --long-context 0 --skinny-max-rows 4 \
 		--suffix=-skinny-rows-4 || failed=1; \
 	exit $$failed
 

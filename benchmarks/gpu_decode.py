@@ -284,9 +284,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skinny-max-rows", type=int, choices=(1, 2, 4, 8), default=2,
                    help="the most rows a decode batch's bf16 products (and their fused norms) take in fastgen's "
                         "Triton kernels before cuBLAS (default 2)")
-    p.add_argument("--skinny-block-k", type=int, choices=(1024, 2048, 4096), default=1024,
-                   help="the widest K step of those products' default tiling (default 1024): wider ones have a "
-                        "product's whole weight asked for before it waits for the kernel in front")
+    p.add_argument("--skinny-block-k", type=int, choices=(1024, 4096), default=1024,
+                   help="the widest K step of those products' default tiling (default 1024): 4096 has a "
+                        "product's whole weight asked for before it waits for the kernel in front (the separate "
+                        "kernels only; one-launch layers keep 1024)")
     p.add_argument("--fused-norms", choices=("on", "off"), default="on",
                    help="RMSNorm (and SwiGLU) inside the decode batches' products (the default), or apart")
     p.add_argument("--decode-new-token", choices=("on", "off"), default="on",
@@ -375,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                      "decode_new_token": args.decode_new_token,
                      "programmatic_launch": args.programmatic_launch, "packed_uploads": args.packed_uploads,
                      "combine_in_split": args.combine_in_split, "early_cache_reads": args.early_cache_reads,
+                     "early_cache_reads_max_batch": decode_attention.EARLY_CACHE_READS_MAX_BATCH,
                      "min_tokens_per_split": args.min_tokens_per_split,
                      "one_launch_layers": args.one_launch_layers,
                      "layer_l2_prefetch": args.layer_l2_prefetch,

@@ -740,8 +740,10 @@ def decode_layer(
         raise ValueError(f"decode_layer: l2_prefetch is {tiling.l2_prefetch}, at most 4 (the 3 products after "
                          f"attention and the next layer's q|k|v)")
     normed_n, skinny_n = tiling.normed_block_n, tiling.skinny_block_n
-    # The plain products step through K as the separate kernel does.
-    o_block_k, down_block_k = default_skinny_tiling(q_size).block_k, default_skinny_tiling(intermediate).block_k
+    # The plain products step through K as the separate kernel does by default, at most 1,024
+    # inputs a step whatever `SKINNY_MAX_BLOCK_K` says: the steps the sm_90 compile checks within
+    # the layer's register limit.
+    o_block_k, down_block_k = (default_skinny_tiling(k, max_block_k=1024).block_k for k in (q_size, intermediate))
     line_elements = L2_LINE_BYTES // x.element_size()
     prefetch_programs = [triton.cdiv(weight.numel(), PREFETCH_LINES * line_elements)
                          if i < tiling.l2_prefetch and weight is not None else 0

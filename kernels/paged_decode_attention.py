@@ -34,12 +34,15 @@ COMBINE_IN_LAST_SPLIT = False
 # programmatic dependent has no wait to read ahead of, and keeps its order unless asked
 # (`paged_decode_attention(..., early_cache_reads=True)`, as the interpreter tests do).
 EARLY_CACHE_READS = True
-# Batches of at most this many sequences read early (None: every batch). On an H200 (Qwen3-0.6B,
-# bf16, `benchmarks/gpu_decode.py --early-cache-reads`) the step shrank by a fifth at batch 1 and
-# a seventh at batch 2, where attention is a chain of round trips; from batch 3 the early reads
-# of more keys compete with q|k|v's weights for the memory, the kernel's 8 warps cost more than
-# the overlap gives back, and batch 8 (and 4 at 4096 tokens) was slower (README, "Decode
-# attention's chain of round trips").
+# Batches of at most this many rows read early (None: every batch). The batch is the launch's,
+# which under CUDA graphs is the captured size a batch is padded to: a limit between capture
+# sizes acts as the size below it. Only a batch can decide, not the tokens read, since a graph is
+# captured for shapes. On an H200 (Qwen3-0.6B, bf16, `benchmarks/gpu_decode.py
+# --early-cache-reads`) the step shrank by a fifth at batch 1 and a seventh at batch 2, where
+# attention is a chain of round trips; 3 to 6 sequences (graphs of 4 and 8 rows) gained 2-3% at
+# 512 tokens, while 4 at 4,096 tokens lost 15%, and 8 and 16 at 512 lost 4-8%: a guess, not
+# measured apart, is that the reads ahead of the wait then compete with q|k|v's weights for the
+# memory (README, "Decode attention's chain of round trips").
 EARLY_CACHE_READS_MAX_BATCH: int | None = 2
 # The most keys a split program asks for before q when reading early: a whole split at the
 # default split length, so that nothing of the cache is left to read after the wait.

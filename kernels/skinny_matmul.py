@@ -12,9 +12,10 @@ a broadcast multiply and a float32 sum over the step; the rows of x are tiny and
 cache. No K split: the grid is N / BLOCK_N programs, narrow enough to cover the GPU, so one
 launch writes the finished product (no partial sums, no second kernel), and a row's result does
 not depend on the other rows. Its sums per row make it slower than cuBLAS's tensor-core tiles
-from four rows on, so the layers call it for one or two. Launches depend only on shapes, so
-they can be captured in CUDA graphs. On Hopper it launches as a programmatic dependent
-(`programmatic_launch`): its first weight tile streams in while the kernel in front finishes.
+from four rows on, so the layers call it for one or two by default (`SKINNY_MAX_ROWS_ON_CUDA`).
+Launches depend only on shapes, so they can be captured in CUDA graphs. On Hopper it launches
+as a programmatic dependent (`programmatic_launch`): its first weight tile streams in while the
+kernel in front finishes.
 """
 
 from __future__ import annotations
@@ -123,12 +124,14 @@ class SkinnyTiling:
 SKINNY_MAX_BLOCK_K = 1024
 
 
-def default_skinny_tiling(k: int) -> SkinnyTiling:
-    """Two weight rows a program and K steps of up to `SKINNY_MAX_BLOCK_K` inputs: the fastest or
-    within 0.2 us of it at one and two rows on every projection of Qwen3-0.6B and its LM head in a
-    sweep on an H100 (`benchmarks/gpu_skinny_matmul_sweep.py`): many small programs keep the most
-    loads in flight on these few-megabyte weights."""
-    return SkinnyTiling(2, min(SKINNY_MAX_BLOCK_K, triton.next_power_of_2(k)))
+def default_skinny_tiling(k: int, max_block_k: int | None = None) -> SkinnyTiling:
+    """Two weight rows a program and K steps of up to `max_block_k` inputs (None:
+    `SKINNY_MAX_BLOCK_K`): the fastest or within 0.2 us of it at one and two rows on every
+    projection of Qwen3-0.6B and its LM head in a sweep on an H100
+    (`benchmarks/gpu_skinny_matmul_sweep.py`): many small programs keep the most loads in flight
+    on these few-megabyte weights."""
+    widest = SKINNY_MAX_BLOCK_K if max_block_k is None else max_block_k
+    return SkinnyTiling(2, min(widest, triton.next_power_of_2(k)))
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -18,8 +18,8 @@ from fastgen.quantization.formats import QuantFormat
 from fastgen.quantization.ops import quantized_embedding, quantized_linear
 from fastgen.quantization.quantize import QuantizedTensors, quantize_weight
 
-# On CUDA, products of one or two rows (decode at batch 1 and 2) in a float dtype go to fastgen's
-# Triton kernel that streams the weight (`fastgen.kernels.skinny_matmul`): on an H100 it beat
+# On CUDA, products of a few rows (decode at batch 1 and 2 by default) in a float dtype go to
+# fastgen's Triton kernel that streams the weight (`fastgen.kernels.skinny_matmul`): on an H100 it beat
 # cuBLAS on every projection of Qwen3-0.6B there, and lost from four rows on. A switch so that
 # benchmarks can compare the two (`benchmarks/gpu_decode.py --dense-products cublas`).
 SKINNY_MATMUL_ON_CUDA = True
@@ -93,8 +93,8 @@ class QuantizableWeight:
                          eps: float, bias: torch.Tensor | None, swiglu: bool):
         """(y, h) with h = x + residual (x without one) and y this product of rms_norm(h) *
         norm_weight plus `bias`, then SwiGLU of its two halves with `swiglu`, from one launch:
-        on CUDA for one or two rows of a float weight. None where that kernel does not apply
-        (the caller runs the ops in turn)."""
+        on CUDA for up to `SKINNY_MAX_ROWS_ON_CUDA` rows of a float weight. None where that
+        kernel does not apply (the caller runs the ops in turn)."""
         if self.quant_format is not None or not _normed_on_cuda(x, self.weight):
             return None
         if norm_weight.dtype != x.dtype or (residual is not None and residual.dtype != x.dtype):

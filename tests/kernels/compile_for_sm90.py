@@ -125,7 +125,8 @@ def programmatic_launches():
 @contextlib.contextmanager
 def decode_attention_switches(**values):
     """Decode attention's switches set (`COMBINE_IN_LAST_SPLIT`: its splits combined in the split
-    kernel; `EARLY_CACHE_READS`: its first keys read before q), as before afterwards."""
+    kernel; `EARLY_CACHE_READS` and `EARLY_CACHE_READS_MAX_BATCH`: its first keys read before q,
+    up to which batch), as before afterwards."""
     module = importlib.import_module("fastgen.kernels.paged_decode_attention")
     saved = {name: getattr(module, name) for name in values}
     for name, value in values.items():
@@ -188,7 +189,8 @@ def launch_everything() -> None:
             for new_token in (None, NewToken(kv, kv, slots, cos_sin, weight, weight, 1e-6, slots)):
                 def combined(t=new_token):
                     with decode_attention_switches(COMBINE_IN_LAST_SPLIT=True):
-                        return paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=8, new_token=t)
+                        return paged_decode_attention(q, cache, cache, tables, lens, 0.1, max_splits=8, new_token=t,
+                                                      early_cache_reads=False)
                 yield from with_and_without_pdl(tag | {"max_splits": 8, "combine_in_split": True,
                                                        "new_token": new_token is not None}, combined)
             yield tag, lambda: paged_prefill_attention(q, cache, cache, tables, starts, lens, 100, 0.1)
@@ -203,7 +205,7 @@ def launch_everything() -> None:
 
 def _skinny_products():
     """The decode batches' product at Qwen3-0.6B's widths, 1-8 rows, its default tilings; and at
-    one and two rows all of K in one step (`SKINNY_MAX_BLOCK_K`, timed by `gpu_decode.py`)."""
+    one, two and four rows all of K in one step (`SKINNY_MAX_BLOCK_K`, timed by `gpu_decode.py`)."""
     from fastgen.kernels.skinny_matmul import SkinnyTiling, skinny_matmul
 
     for dtype in (torch.bfloat16, torch.float32):
@@ -212,7 +214,7 @@ def _skinny_products():
                 x, weight = torch.zeros(rows, k, dtype=dtype), torch.zeros(n, k, dtype=dtype)
                 tag = {"dtype": str(dtype).split(".")[1], "n": n, "k": k, "rows": rows}
                 yield from with_and_without_pdl(tag, lambda x=x, w=weight: skinny_matmul(x, w))
-                if k > 1024 and rows <= 2:
+                if k > 1024 and rows <= 4:
                     whole = SkinnyTiling(2, triton.next_power_of_2(k))
                     yield from with_and_without_pdl(tag | {"block_k": whole.block_k},
                                                     lambda x=x, w=weight, t=whole: skinny_matmul(x, w, tiling=t))

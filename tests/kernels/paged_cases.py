@@ -41,18 +41,24 @@ def int32(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device=DEVICE)
 
 
-def record_split_launches(monkeypatch, keyword: str) -> list:
-    """The value of `keyword` each decode split kernel launch is given from now on (the
-    launches still run): what reached the kernel, where the result alone cannot tell."""
+def record_split_launches(monkeypatch, keyword: str, kernels: tuple[str, ...] = ("decode_split_kernel",),
+                          run: bool = True) -> list:
+    """The value of `keyword` each launch of decode attention's `kernels` is given from now on,
+    in launch order: what reached the kernel, where the result alone cannot tell. With `run`
+    False the launches are only recorded (a launch the interpreter cannot run)."""
     launcher = importlib.import_module("fastgen.kernels.paged_decode_attention")
-    kernel, seen = launcher.decode_split_kernel, []
+    seen = []
 
     class Recorded:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
                 seen.append(kwargs[keyword])
-                return kernel[grid](*args, **kwargs)
+                return self.kernel[grid](*args, **kwargs) if run else None
             return launch
 
-    monkeypatch.setattr(launcher, "decode_split_kernel", Recorded())
+    for name in kernels:
+        monkeypatch.setattr(launcher, name, Recorded(getattr(launcher, name)))
     return seen

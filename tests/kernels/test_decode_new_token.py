@@ -131,18 +131,11 @@ def test_only_small_batches_read_the_cache_early_by_default(monkeypatch):
     batch when `EARLY_CACHE_READS` is off; a launch that is no programmatic dependent never does.
     The launches are recorded, not run: the interpreter has no programmatic launch."""
     launcher = importlib.import_module("fastgen.kernels.paged_decode_attention")
-    seen = []
-
-    class Recorded:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: seen.append(kwargs["EARLY_CACHE_READS"])
-
-    monkeypatch.setattr(launcher, "decode_split_kernel", Recorded())
-    monkeypatch.setattr(launcher, "decode_combine_kernel", Recorded())
+    seen = record_split_launches(monkeypatch, "EARLY_CACHE_READS", ("decode_split_kernel", "decode_combine_kernel"),
+                                 run=False)
 
     def early_by_batch(pdl: bool) -> list[bool]:
         monkeypatch.setattr(launcher, "programmatic_launch", lambda device: pdl)
-        monkeypatch.setattr(launcher, "launch_options", lambda on: {})
         flags = []
         for batch in (1, 2, 3, 8):
             q, k, v, k_cache, v_cache, tables, lens, positions, cos_sin, (qw, kw), slots = step(

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,8 +70,6 @@ def test_the_default_tiling_takes_k_in_long_steps():
 def test_a_wider_default_step_takes_all_of_k_at_once(monkeypatch):
     """`SKINNY_MAX_BLOCK_K` 4,096 (`gpu_decode.py --skinny-block-k`): Qwen3-0.6B's down_proj
     (K 3,072) in one masked step, its whole weight read before the wait."""
-    import importlib
-
     monkeypatch.setattr(importlib.import_module("fastgen.kernels.skinny_matmul"), "SKINNY_MAX_BLOCK_K", 4096)
     assert default_skinny_tiling(3072) == SkinnyTiling(2, 4096)
     torch.manual_seed(6)
