@@ -11,7 +11,9 @@ apart; decode steps at batch sizes that are and are not capture sizes, at short 
 contexts: wall time, CUDA-event time, one graph replay's GPU time, and the weight-streaming
 floor beside bs=1), `logits` (on the graphs engine: graph replay against an eager forward of
 the same step, bf16, batch 1, 3, 64 and 256 at long contexts), `kernels` (torch.profiler kernel
-counts per decode step, graphs and eager, and GPU time by kernel), `eager` (the same steps
+counts per decode step, graphs and eager, and GPU time by kernel: each kernel's own duration, and
+how long it kept the step's timeline running past the kernels before it, which under programmatic
+launch does not count a wait twice), `eager` (the same steps
 without graphs, and where an eager step's host time goes), `throughput` (`fastgen bench
 throughput`, 256 prompts, input and output uniform in 100..1024, nano-vllm's workload) and
 `transformers` (that workload through transformers' generate on the same GPU, and its batch-1

@@ -180,19 +180,49 @@ def kernels_per_step(llm: LLM, batch: int, device: str, steps: int = 5) -> dict 
             "top": {name: n / steps for name, n in names.most_common(20)}}
 
 
+def timeline_shares(spans: list[tuple[str, float, float]]) -> tuple[Counter, Counter]:
+    """Per name, of (name, start, end) spans on one device's timeline: how far each span's end
+    reaches past every earlier-starting span's (from its own start where that is later), and the
+    idle time before its start (none ran). Under programmatic launch a kernel starts before the
+    one in front ends and waits for it, so its own duration counts the wait twice over; the first
+    counter does not: its values add up to the time some kernel ran, the second's to the time
+    none did, so together they are where a step's time goes, kernel by kernel."""
+    extends, idle_before = Counter(), Counter()
+    frontier = None
+    for name, start, end in sorted(spans, key=lambda span: span[1]):
+        if frontier is None:
+            frontier = start
+        idle_before[name] += max(0.0, start - frontier)
+        extends[name] += max(0.0, end - max(start, frontier))
+        frontier = max(frontier, end)
+    return extends, idle_before
+
+
 def kernel_times(llm: LLM, batch: int, context: int, device: str, steps: int = 10) -> dict | None:
     """GPU time per decode step by kernel name (torch.profiler), the largest first: where a step's
-    device time goes."""
+    device time goes. `us_per_step` is the kernels' own durations, which overlap under
+    programmatic launch; `timeline` splits the steps' timeline between the kernels instead
+    (`timeline_shares`): how long each kernel kept the step running past the ones before it, and
+    how long the device sat idle before it."""
     if not _cuda(device):
         return None
     totals, counts = Counter(), Counter()
+    spans = []
     for e in _device_events(llm, batch, context, steps):
         totals[e.name] += e.device_time_total
         counts[e.name] += 1
+        spans.append((e.name, e.time_range.start, e.time_range.end))
     step_us = sum(totals.values()) / steps
+    extends, idle_before = timeline_shares(spans)
+    busy_us, idle_us = sum(extends.values()) / steps, sum(idle_before.values()) / steps
     return {"batch_size": batch, "context_len": context, "kernel_us_per_step": step_us,
             "top": [{"name": name[:120], "us_per_step": us / steps, "calls_per_step": counts[name] / steps,
-                     "share": us / steps / step_us} for name, us in totals.most_common(15)]}
+                     "share": us / steps / step_us} for name, us in totals.most_common(15)],
+            "timeline": {"busy_us_per_step": busy_us, "idle_us_per_step": idle_us,
+                         "top": [{"name": name[:120], "extends_us_per_step": us / steps,
+                                  "idle_before_us_per_step": idle_before[name] / steps,
+                                  "calls_per_step": counts[name] / steps}
+                                 for name, us in extends.most_common(15)]}}
 
 
 def host_profile(llm: LLM, batch: int, context: int, steps: int = 5) -> dict:

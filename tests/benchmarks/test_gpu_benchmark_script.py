@@ -98,3 +98,19 @@ def test_a_batch_larger_than_the_engine_takes_is_refused_not_waited_for(tiny_mod
     ids = start_decoding(llm, 2, 16)
     running = llm.engine.scheduler.running
     assert len(ids) == 2 and len(running) == 2 and all(s.num_uncomputed_tokens == 1 for s in running)
+
+
+def test_the_timeline_is_split_between_kernels_without_counting_a_wait_twice():
+    """Three kernels a step as programmatic dependents: each starts while the one in front runs
+    and ends after it. Their own durations add up to 21 us over a 12 us timeline; the split gives
+    each only what it added, and the 2 us with nothing running to the kernel that came after."""
+    from benchmarks.gpu_measure import timeline_shares
+
+    spans = [("qkv", 0.0, 5.0), ("attention", 1.0, 8.0), ("o_proj", 6.0, 10.0),  # overlapping
+             ("qkv", 12.0, 14.0)]  # after 2 us idle
+    extends, idle_before = timeline_shares(list(reversed(spans)))  # (any order in, start order used)
+    assert extends == {"qkv": 7.0, "attention": 3.0, "o_proj": 2.0}
+    assert idle_before == {"qkv": 2.0, "attention": 0.0, "o_proj": 0.0}
+    assert sum(extends.values()) + sum(idle_before.values()) == 14.0  # first start to last end
+    # A kernel wholly inside another's span adds nothing.
+    assert timeline_shares([("a", 0.0, 10.0), ("b", 2.0, 3.0)])[0] == {"a": 10.0, "b": 0.0}
