@@ -47,7 +47,7 @@ sm90-compile-check:
 		tests/kernels/test_compile_for_sm90.py
 
 # On a GPU machine, with its own python3, from the source tree (no setup, no network, no gguf,
-# no server stack: those tests skip). Two commands of under 10 minutes each on an H100:
+# no server stack: those tests skip). Commands of under 10 minutes each on an H100:
 #   make gpu-preflight gpu-test   # ~1 min, then every cuda- and triton-marked test, ~9 min cold
 #                                 # or in two commands: GPU_TESTS=tests/kernels GPU_TESTS_TAG=-kernels,
 #                                 # then GPU_TESTS="tests --ignore=tests/kernels" GPU_TESTS_TAG=-rest
@@ -89,9 +89,9 @@ gpu-bench:
 # and batch 2/4 with products of up to four rows in fastgen's kernels, norms fused
 # (`-skinny-rows-4`): whether the step at four rows (half as long again as at two, in cuBLAS)
 # gains more from the fused norms and programmatic launches than the products alone lose to
-# cuBLAS. (Batch sizes are capture sizes: a batch of 3 would be timed as the graph of 4.) Packed uploads, the in-kernel combine and the split length were decided by earlier
-# forms of this target (README). A failed run does not stop the others; the target fails at the
-# end. ~4-5 min.
+# cuBLAS. (Batch sizes are capture sizes: a batch of 3 would be timed as the graph of 4.) Packed
+# uploads, the in-kernel combine and the split length were decided by earlier forms of this
+# target (README). A failed run does not stop the others; the target fails at the end. ~4-5 min.
 gpu-switches:
 	failed=0; for early in auto on off; do \
 		$(GPU_ENV) timeout -k 15 150 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \

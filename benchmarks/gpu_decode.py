@@ -304,8 +304,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a step's inputs sent in one packed transfer (the default), or one copy a buffer")
     p.add_argument("--early-cache-reads", choices=("auto", "on", "off"), default="auto",
                    help="decode attention reads a split's first keys and values before it waits for q|k|v "
-                        "(programmatic launch): at batches of at most EARLY_CACHE_READS_MAX_BATCH sequences (auto, "
-                        "the default), at every batch, or at none")
+                        "(programmatic launch): in launches of at most EARLY_CACHE_READS_MAX_BATCH rows, a graph's "
+                        "padded batch (auto, the default), at every batch, or at none")
     p.add_argument("--min-tokens-per-split", type=int, choices=(16, 32, 64, 128, 256), default=128,
                    help="fewest context tokens a split of decode attention takes (default 128): fewer make "
                         "more, shorter splits")

@@ -186,7 +186,10 @@ def timeline_shares(spans: list[tuple[str, float, float]]) -> tuple[Counter, Cou
     idle time before its start (none ran). Under programmatic launch a kernel starts before the
     one in front ends and waits for it, so its own duration counts the wait twice over; the first
     counter does not: its values add up to the time some kernel ran, the second's to the time
-    none did, so together they are where a step's time goes, kernel by kernel."""
+    none did, so together they are where a step's time goes, kernel by kernel. One timeline for
+    the device: the engine runs its steps on one stream (a second stream's spans would take the
+    credit by start order). The idle time before a step's first span includes the host's gap
+    between steps."""
     extends, idle_before = Counter(), Counter()
     frontier = None
     for name, start, end in sorted(spans, key=lambda span: span[1]):

@@ -175,11 +175,12 @@ def paged_decode_attention(
         new_token: with it, q is the projection as it comes (not yet normalised or rotated) and
             the cache does not hold the new token yet: the kernel prepares q and the new key as
             `qk_norm_rope_store` would and stores the new K/V (q is not rewritten).
-        early_cache_reads: with `new_token` and a split grid, each split program reads its
-            first keys and values (and the block table, its slot and position) before q, and
-            before waiting for the kernel in front when it is a programmatic dependent. None:
-            `EARLY_CACHE_READS` for batches of at most `EARLY_CACHE_READS_MAX_BATCH`, where the
-            launch is one (where there is a wait to read ahead of).
+        early_cache_reads: with `new_token` and a split grid (combined in its own launch), each
+            split program reads its first keys and values (and the block table, its slot and
+            position) before q, and before waiting for the kernel in front when it is a
+            programmatic dependent. None: `EARLY_CACHE_READS` for batches of at most
+            `EARLY_CACHE_READS_MAX_BATCH`, where the launch is one (where there is a wait to read
+            ahead of).
 
     Returns:
         `out` (allocated in q's dtype when not given), `[batch, num_heads, head_dim]`.
@@ -207,11 +208,12 @@ def paged_decode_attention(
     if early_cache_reads is None:
         early_cache_reads = EARLY_CACHE_READS and pdl and (
             EARLY_CACHE_READS_MAX_BATCH is None or batch <= EARLY_CACHE_READS_MAX_BATCH)
-    # Only where the context is split (batches of a few sequences, the chain-bound ones): a larger
-    # batch keeps the kernel that takes fewer registers, for more programs an SM.
-    early = early_cache_reads and new_token is not None and max_splits > 1
-    first_n = first_tile_keys(block_n, min_tokens, k_cache.dtype) if early else 0
     combine_in_split = max_splits > 1 and COMBINE_IN_LAST_SPLIT
+    # Only where the context is split (batches of a few sequences, the chain-bound ones): a larger
+    # batch keeps the kernel that takes fewer registers, for more programs an SM. Not with the
+    # combine in the split kernel (off, measured slower): the two were never compiled together.
+    early = early_cache_reads and new_token is not None and max_splits > 1 and not combine_in_split
+    first_n = first_tile_keys(block_n, min_tokens, k_cache.dtype) if early else 0
     if max_splits > 1:
         part_acc = torch.empty((batch, num_heads, max_splits, head_dim), dtype=torch.float32, device=q.device)
         part_max = torch.empty((batch, num_heads, max_splits), dtype=torch.float32, device=q.device)

@@ -43,7 +43,7 @@ def test_early_cache_reads_under_programmatic_launch_match_transformers(tiny_mod
     q|k|v (`EARLY_CACHE_READS`) in CUDA graphs of programmatic launches, where that order is real:
     the cache rows they read early were written by earlier steps, the new token's by this one,
     after the wait. Splits of 32 and 64 tokens give every context here several splits, and every
-    batch reads early (the default stops at 2 sequences)."""
+    batch reads early (the default stops at launches of 2 rows)."""
     if not importlib.import_module("fastgen.kernels.programmatic_launch").programmatic_launch(torch.device("cuda")):
         pytest.skip("no programmatic launch on this GPU (Hopper or newer, and a Triton that has it)")
     decode_attention = importlib.import_module("fastgen.kernels.paged_decode_attention")
@@ -82,7 +82,7 @@ def test_four_row_products_in_the_triton_kernels_match_transformers(tiny_models,
               cuda_graph_batch_sizes=[1, 2, 3, 4], enforce_eager=False)
     outputs = llm.generate(prompts[:3], GREEDY) + llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outputs] == reference(model, prompts[:3] + prompts, GREEDY.max_tokens)
-    assert {3, 4} <= set(rows)  # the graphs of three and four rows captured the fused kernels
+    assert {3, 4} <= set(rows)  # the graphs of three and four rows, replayed above, hold the fused kernels
 
 
 # Tiny models' logits reach 4-8 in magnitude, where a bf16 ulp is 0.03: two implementations that

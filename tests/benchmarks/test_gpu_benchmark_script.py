@@ -102,8 +102,8 @@ def test_a_batch_larger_than_the_engine_takes_is_refused_not_waited_for(tiny_mod
 
 def test_the_timeline_is_split_between_kernels_without_counting_a_wait_twice():
     """Three kernels a step as programmatic dependents: each starts while the one in front runs
-    and ends after it. Their own durations add up to 21 us over a 12 us timeline; the split gives
-    each only what it added, and the 2 us with nothing running to the kernel that came after."""
+    and ends after it. Their own durations add up to 16 us where kernels ran for 10; the split
+    gives each only what it added, and the 2 us with nothing running to the kernel after them."""
     from benchmarks.gpu_measure import timeline_shares
 
     spans = [("qkv", 0.0, 5.0), ("attention", 1.0, 8.0), ("o_proj", 6.0, 10.0),  # overlapping
