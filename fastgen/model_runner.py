@@ -319,7 +319,7 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         # The compiled CPU graphs form the sampling rows' logits only, so a step that wants
         # other rows' logits (prompt logprobs) runs eagerly.
         compiled_cpu = self.compiled_decode is not None and not layout.logit_spans
-        if self.compiled_decode is not None and layout.logit_spans:
+        if self.compiled_decode is not None and not compiled_cpu:
             self.compiled_decode.before_step()  # its threads, as a compiled step's
         if decode and self.graphs is not None and self.graphs.can_replay(layout.num_rows,
                                                                          layout.several_rows_a_sequence):

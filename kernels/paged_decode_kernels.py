@@ -327,14 +327,11 @@ def decode_combine_kernel(
     seq = tl.program_id(0).to(tl.int64)
     if PDL:  # the partials come from the split kernel
         gdc_launch_dependents()
-        if EARLY_CACHE_READS:  # the lengths were uploaded before the step: read them first
-            context_len = tl.load(context_lens_ptr + seq)
+        if not EARLY_CACHE_READS:
             gdc_wait()
-        else:
-            gdc_wait()
-            context_len = tl.load(context_lens_ptr + seq)
-    else:
-        context_len = tl.load(context_lens_ptr + seq)
+    context_len = tl.load(context_lens_ptr + seq)  # uploaded before the step: it may come first
+    if PDL and EARLY_CACHE_READS:
+        gdc_wait()
     combine_program(seq, tl.program_id(1), part_acc_ptr, part_max_ptr, part_sum_ptr,
                     context_len, out_ptr, stride_ob, stride_oh, num_heads, grid_splits,
                     HEAD_DIM, MIN_TOKENS, BLOCK_S, BLOCK_D)
