@@ -190,8 +190,10 @@ class EngineConfig:
     """Blocking mode: how many processes compile the missing CPU graphs at once. The first step
     that needs a graph compiles it in this process while helper processes compile the others,
     and then waits for them. 1: this process alone, each graph when a step first needs it.
-    Default: one process per CPU core (never more than one per missing graph). An engine has one
-    CPU step graph now (`fastgen.cpu.compiled_decode`), so no helper starts."""
+    Default: one process per CPU core (never more than one per missing graph). Where the layers
+    compile in groups an engine has two CPU step graphs (`fastgen.cpu.compiled_decode`: a group of
+    layers and the LM head), so one helper compiles the head's while this process compiles the
+    group's."""
     cuda_graph_batch_sizes: list[int] | None = _knob(None, optional(batch_sizes))
     """Padded decode batch sizes to capture. Default: 1, 2, 4, 8, then steps of 8 up to 64 and of
     16 beyond, up to min(max_num_seqs, max_cuda_graph_batch_size)."""

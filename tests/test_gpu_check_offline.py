@@ -3,6 +3,7 @@ straight from the source tree: its test selection must import without any of the
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,12 +40,42 @@ def test_the_offline_runner_blocks_what_the_gpu_machine_lacks(code, error):
     assert done.returncode != 0 and error in done.stderr
 
 
-@pytest.mark.parametrize("script", ["benchmarks/gpu_decode.py", "benchmarks/gpu_preflight.py",
-                                    "benchmarks/gpu_decode_attention_sweep.py",
-                                    "benchmarks/gpu_quantized_matmul_sweep.py", "benchmarks/gpu_speculative.py",
-                                    "benchmarks/gpu_launch_floor.py", "benchmarks/gpu_decode_layer_sweep.py"])
-def test_gpu_scripts_start_without_the_packages_the_gpu_machine_lacks(script):
-    done = subprocess.run([sys.executable, "tests/offline_python.py", script, "--help"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+GPU_SCRIPTS = ["benchmarks/gpu_decode.py", "benchmarks/gpu_preflight.py", "benchmarks/gpu_decode_attention_sweep.py",
+               "benchmarks/gpu_quantized_matmul_sweep.py", "benchmarks/gpu_speculative.py",
+               "benchmarks/gpu_launch_floor.py", "benchmarks/gpu_decode_layer_sweep.py"]
+
+# Each script's `--help`, in one offline process (an interpreter and torch's import, once, instead
+# of a process a script): its exit code, whether it printed its usage, and the end of its errors.
+HELP_OF_EACH = """
+import contextlib, io, json, runpy, sys, traceback
+import tests.offline_python as offline
+offline.block()
+results = {}
+for script in sys.argv[1:]:
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [script, "--help"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exit_:
+            code = exit_.code or 0
+        except BaseException:
+            code, _ = 1, traceback.print_exc()
+    results[script] = [code, "usage:" in out.getvalue(), err.getvalue()[-3000:]]
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_scripts_help() -> dict:
+    done = subprocess.run([sys.executable, "-c", HELP_OF_EACH, *GPU_SCRIPTS], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "usage:" in done.stdout
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("script", GPU_SCRIPTS)
+def test_gpu_scripts_start_without_the_packages_the_gpu_machine_lacks(script, gpu_scripts_help):
+    code, printed_usage, errors = gpu_scripts_help[script]
+    assert code == 0, errors
+    assert printed_usage

@@ -16,7 +16,7 @@ from tests.conftest import FAMILIES, random_prompts
 pytestmark = [pytest.mark.triton,
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                  reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
 
 
 def triton_llm(model: str, **kwargs) -> LLM:

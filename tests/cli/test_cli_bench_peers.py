@@ -32,6 +32,7 @@ def test_throughput_with_transformers_records_its_run_and_the_ratio(fastgen_cli,
     assert "transformers" in result.stdout
 
 
+@pytest.mark.slow  # a subprocess of several rounds of both engines
 def test_throughput_rounds_alternate_with_the_peer_and_report_the_median_round(fastgen_cli, tiny_models, tmp_path):
     """Three rounds on fresh prompts each, fastgen then transformers in each: the report is the
     round with the median ratio, and its ratio is that round's own."""
@@ -54,6 +55,7 @@ def test_throughput_rounds_alternate_with_the_peer_and_report_the_median_round(f
     assert f"the report is round {reported + 1}" in result.stdout
 
 
+@pytest.mark.slow  # a subprocess of both engines' latency runs
 def test_latency_runs_the_peer_after_each_iteration_and_reports_the_median_ratio(fastgen_cli, tiny_models, tmp_path):
     out = tmp_path / "report.json"
     result = fastgen_cli("bench", "latency", "--model", tiny_models["llama"], "--batch-size", "2", "--input-len", "6",

@@ -54,6 +54,9 @@ def test_a_new_max_model_len_or_max_num_seqs_reuses_the_compiled_graphs(tiny_mod
     assert cpu_llm(model, "blocking", max_model_len=64, num_kv_blocks=128).engine.runner.compiled_decode.paths != paths
 
 
+# Two engines' compiles: test-slow. The fast suite compiles through the background path below
+# and `test_compiled_decode`.
+@pytest.mark.slow
 def test_engines_of_other_lengths_run_the_same_graphs_correctly(tiny_models, reference, private_cache):
     """An engine whose block tables are one block wide (max_model_len <= block_size) compiles the
     graphs; one with wider tables loads and runs them: the width is a size of the graphs, not a

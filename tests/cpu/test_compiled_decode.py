@@ -129,6 +129,7 @@ def test_a_step_with_a_token_it_must_not_store_never_writes_the_cache(tiny_model
     assert torch.equal(k_cache[-1, -1], before[0]) and torch.equal(v_cache[-1, -1], before[1])
 
 
+@pytest.mark.slow  # a compile of its own for one shape's guard
 def test_decode_graph_traced_with_rows_equal_to_context(tiny_models, reference, private_cache):
     """The first decode step has 3 rows attending to at most 3 tokens: the graph must keep rows
     and context length apart, or every later step (other sizes, no guards) would go wrong; the
@@ -143,6 +144,7 @@ def test_decode_graph_traced_with_rows_equal_to_context(tiny_models, reference, 
     assert_each_equals_transformers(reference, model, prompts, max_tokens, llm.generate(prompts, params))
 
 
+@pytest.mark.slow  # two compiles: a fault's recovery
 def test_an_unreadable_saved_graph_is_compiled_again(tiny_models, reference, private_cache, caplog):
     model = tiny_models["qwen3"]
     prompt = random_prompts([7], seed=65)
@@ -206,6 +208,7 @@ def test_graphs_that_raise_at_their_first_run_are_dropped_once(tiny_models, refe
     assert compiled.failed == GROUPED and compiled.first_call_seconds == {} and compiled.loaded == set()
 
 
+@pytest.mark.slow  # a compile of the fallback's graph
 def test_layers_that_cannot_be_grouped_run_as_one_graph(tiny_models, reference, private_cache, monkeypatch):
     """Where the layers' weights cannot be cut into groups, the whole step is the rows graph."""
     from fastgen.cpu.compiled_decode import CompiledDecodeStep

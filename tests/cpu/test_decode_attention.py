@@ -136,11 +136,24 @@ def test_a_head_dim_without_a_kernel_decodes_through_the_torch_path():
     torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=2e-3)
 
 
-def test_native_library_is_built_once_and_reused(monkeypatch, private_cache):
-    source = cpu_decode_kernel.SOURCE
-    assert native_library.load_native_library.__wrapped__(source) is not None
-    built = list((private_cache / "native").glob("decode_attention-*.so"))
-    assert len(built) == 1
+@pytest.fixture(scope="module")
+def built_library_cache(tmp_path_factory):
+    """A cache folder in which the decode library has been built, once for this module's tests
+    that only load it (a build is a few seconds of compiler)."""
+    folder = tmp_path_factory.mktemp("native-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FASTGEN_CACHE", str(folder))
+        assert native_library.load_native_library.__wrapped__(cpu_decode_kernel.SOURCE) is not None
+        # and the op's, which the decode library's first use loads too
+        assert native_library.load_native_library.__wrapped__(cpu_decode_kernel.OP_SOURCE,
+                                                              native_library.torch_abi_flags()) is not None
+    return folder
+
+
+def test_native_library_is_built_once_and_reused(monkeypatch, built_library_cache):
+    monkeypatch.setenv("FASTGEN_CACHE", str(built_library_cache))
+    assert len(list((built_library_cache / "native").glob("decode_attention-*.so"))) == 1
+    built = sorted((built_library_cache / "native").glob("*.so"))
     real_run = subprocess.run
 
     def run_without_compiling(cmd, *args, **kwargs):
@@ -148,8 +161,8 @@ def test_native_library_is_built_once_and_reused(monkeypatch, private_cache):
         return real_run(cmd, *args, **kwargs)
 
     monkeypatch.setattr(native_library.subprocess, "run", run_without_compiling)
-    assert native_library.load_native_library.__wrapped__(source) is not None
-    assert list((private_cache / "native").glob("*.so")) == built
+    assert native_library.load_native_library.__wrapped__(cpu_decode_kernel.SOURCE) is not None
+    assert sorted((built_library_cache / "native").glob("*.so")) == built
 
 
 def test_a_background_build_and_a_first_use_compile_the_library_once(monkeypatch, private_cache):
@@ -219,7 +232,7 @@ def test_native_library_that_fails_to_compile_is_none_and_shows_the_error(tmp_pa
     assert not list((private_cache / "native").glob("*.so")), "no library, and no half-written file, is left"
 
 
-def test_loading_the_library_leaves_the_process_float_mode_alone(private_cache):
+def test_loading_the_library_leaves_the_process_float_mode_alone(built_library_cache):
     """No flush-to-zero or denormals-are-zero: a denormal stays nonzero after the library loads
     (a -ffast-math build would switch both on for the whole process)."""
     import sys
@@ -232,6 +245,6 @@ def test_loading_the_library_leaves_the_process_float_mode_alone(private_cache):
         "assert tiny > 0.0 and tiny * 1.0 != 0.0, 'denormals flushed'\n"
         "assert torch.tensor([1e-40]).mul(1.0).item() != 0.0, 'torch denormals flushed'\n"
     )
-    env = {**__import__("os").environ, "FASTGEN_CACHE": str(private_cache)}
+    env = {**__import__("os").environ, "FASTGEN_CACHE": str(built_library_cache)}
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -4,6 +4,7 @@ group runs every group of a deeper model, and where layers that differ make one 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fastgen import LLM, SamplingParams
@@ -71,6 +72,7 @@ def test_one_compiled_group_runs_every_group_of_a_deeper_model(tmp_path, private
     assert set(compiled.first_call_seconds) == {"layers", "head"} and not compiled.failed
 
 
+@pytest.mark.slow  # a compile of its own for a rare config; grouping is tested in the fast suite above
 def test_layers_scaled_by_their_index_compile_as_one_group(tmp_path, private_cache):
     """GPT-2 with scale_attn_by_inverse_layer_idx: each layer's scale is its own constant, so no
     one compiled layer serves another; all three run in one group, still equal to transformers."""

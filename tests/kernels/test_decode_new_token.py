@@ -13,6 +13,7 @@ from fastgen.kernels import paged_decode_attention, qk_norm_rope_store
 from fastgen.kernels.paged_decode_attention import NewToken
 from fastgen.layers.rotary import RotaryEmbedding
 from tests.kernels.paged_cases import DEVICE, int32, paged_cache, record_split_launches
+from tests.pairwise import all_pairs_in_make_test
 
 pytestmark = pytest.mark.triton
 
@@ -46,10 +47,9 @@ def step(dtype, head_dim, context_lens, seed=0):
         torch.tensor(slots, device=DEVICE)
 
 
-@pytest.mark.parametrize("max_splits", [1, 3, None], ids=["grid1", "grid3", "grid-auto"])
-@pytest.mark.parametrize("qk_norm", [True, False], ids=["qk-norm", "rope-only"])
-@pytest.mark.parametrize("dtype,head_dim", [(torch.float32, 64), (torch.bfloat16, 128), (torch.float32, 80)],
-                         ids=["fp32-d64", "bf16-d128", "fp32-d80"])
+@pytest.mark.parametrize("dtype,head_dim,qk_norm,max_splits", all_pairs_in_make_test(
+    {"fp32-d64": (torch.float32, 64), "bf16-d128": (torch.bfloat16, 128), "fp32-d80": (torch.float32, 80)},
+    {"qk-norm": (True,), "rope-only": (False,)}, {"grid1": (1,), "grid3": (3,), "grid-auto": (None,)}))
 def test_preparing_the_new_token_in_the_kernel_equals_the_separate_launch(dtype, head_dim, qk_norm, max_splits):
     """Rows of 1 token (only the new one), of one and of several splits, and a padding row."""
     q, k, v, k_cache, v_cache, tables, lens, positions, cos_sin, (qw, kw), slots = step(
@@ -72,7 +72,9 @@ def test_preparing_the_new_token_in_the_kernel_equals_the_separate_launch(dtype,
     assert not got[-1].any()  # the padding row
 
 
-@pytest.mark.parametrize("max_splits", [3, None], ids=["grid3", "grid-auto"])
+# The combine in the last split is off by default (measured slower): test-slow takes the grid
+# sized from the shapes.
+@pytest.mark.parametrize("max_splits", [3, pytest.param(None, marks=pytest.mark.slow)], ids=["grid3", "grid-auto"])
 def test_the_new_token_with_the_combine_in_the_last_split_equals_the_separate_launches(max_splits, monkeypatch):
     """Both fusions at once: the program holding the new token stores it, another may combine."""
     q, k, v, k_cache, v_cache, tables, lens, positions, cos_sin, (qw, kw), slots = step(

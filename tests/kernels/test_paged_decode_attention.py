@@ -86,7 +86,9 @@ SHAPES = {
 }
 
 
-@pytest.fixture(params=["combine-launch", "combine-in-last-split"])
+# The combine in the last split is off by default (measured slower on a GPU): test-slow and
+# `make gpu-test` take it.
+@pytest.fixture(params=["combine-launch", pytest.param("combine-in-last-split", marks=pytest.mark.slow)])
 def combine(request, monkeypatch) -> str:
     """Both ways of combining a sequence's splits: a second launch, or the split kernel's last
     program of each (sequence, KV head)."""
@@ -113,6 +115,7 @@ def test_shorter_splits_match_the_reference(min_tokens, monkeypatch):
     assert seen == [min_tokens, min_tokens]
 
 
+@pytest.mark.slow  # off by default, as above
 def test_the_last_split_combines_and_leaves_the_counters_at_zero_for_the_next_launch(monkeypatch):
     """In-kernel combining: no combine launch, every counter back at zero after each call (what
     the next layer, step or graph replay needs), and a second call over shorter lengths (other

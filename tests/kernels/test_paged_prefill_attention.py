@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 from fastgen.kernels import paged_prefill_attention, paged_prefill_attention_torch  # noqa: E402
 
 from tests.kernels.paged_cases import DEVICE, TOLERANCE, int32, paged_cache  # noqa: E402
+from tests.pairwise import all_pairs_in_make_test  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 pytestmark = pytest.mark.triton
@@ -46,9 +47,8 @@ HISTORIES = [37, 0, 130, 70]
 CHUNKS = [21, 45, 70, 1]
 
 
-@pytest.mark.parametrize("block_size", [1, 16, 256])
-@pytest.mark.parametrize("group", [1, 2, 4, 8])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim,group,block_size", all_pairs_in_make_test(
+    {"64": (64,), "128": (128,)}, {str(g): (g,) for g in (1, 2, 4, 8)}, {str(b): (b,) for b in (1, 16, 256)}))
 def test_chunks_after_cached_history_match_float64(block_size, group, head_dim):
     dtype = torch.bfloat16 if group % 2 == 0 else torch.float32
     assert_matches_reference(make_case(HISTORIES, CHUNKS, 2, group, head_dim, block_size, dtype,

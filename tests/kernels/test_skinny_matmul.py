@@ -11,15 +11,16 @@ import torch
 import torch.nn.functional as F
 
 from fastgen.kernels.skinny_matmul import SKINNY_ROWS, SkinnyTiling, default_skinny_tiling, skinny_matmul
+from tests.pairwise import all_pairs_in_make_test
 
 pytestmark = pytest.mark.triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 8])
-@pytest.mark.parametrize("n,k", [(70, 96), (64, 1024), (33, 40)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype,n,k,rows", all_pairs_in_make_test(
+    {"fp32": (torch.float32,), "bf16": (torch.bfloat16,)},
+    {f"{n}x{k}": (n, k) for n, k in [(70, 96), (64, 1024), (33, 40)]}, {f"rows{r}": (r,) for r in (1, 2, 3, 8)}))
 def test_skinny_matmul_equals_linear(rows, n, k, dtype):
     """Ragged N (a last program with fewer rows), K in one step, in several, and a K shorter than
     a step; with and without bias."""

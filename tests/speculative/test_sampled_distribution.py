@@ -45,7 +45,8 @@ def homogeneity(a: Counter, b: Counter) -> tuple[float, int]:
     return stat, len(rows) - 1
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+# Both drafters' tokens go through one verification, which this tests: test-slow adds the draft model.
+@pytest.mark.parametrize("method", ["ngram", pytest.param("draft_model", marks=pytest.mark.slow)])
 def test_sampling_with_drafts_keeps_the_distribution(tiny_models, method):
     """ngram: drafts from the predicted output; draft_model: the model itself drafts its greedy
     tokens."""
