@@ -50,7 +50,8 @@ sm90-compile-check:
 # no server stack: those tests skip). Commands of under 10 minutes each on an H100:
 #   make gpu-preflight gpu-test   # ~1 min, then every cuda- and triton-marked test, ~9 min cold
 #                                 # or in two commands: GPU_TESTS=tests/kernels GPU_TESTS_TAG=-kernels,
-#                                 # then GPU_TESTS="tests --ignore=tests/kernels" GPU_TESTS_TAG=-rest
+#                                 # then GPU_TESTS="tests --ignore=tests/kernels" GPU_TESTS_TAG=-rest;
+#                                 # GPU_TESTS_MARK="(cuda or triton) and not slow": the default path only
 #   make gpu-bench                # benchmarks/gpu_decode.py, ~6 min, within GPU_BENCH_BUDGET_S
 #   make gpu-switches             # early cache reads at each batch, two product switches, ~5 min
 # The preflight stops with a report when the machine cannot run the rest (compiler, Triton,
@@ -62,6 +63,10 @@ GPU_RESULTS ?= benchmarks/results
 GPU_BENCH_BUDGET_S ?= 420
 GPU_TESTS ?= tests
 GPU_TESTS_TAG ?=
+# Which tests: every cuda- and triton-marked one; "(cuda or triton) and not slow" leaves out the
+# switches that are off by default (a layer in one launch, the in-split combine) and the long
+# sweeps, for a first pass over the default path in a short device session.
+GPU_TESTS_MARK ?= cuda or triton
 GPU_ENV := HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/.gpu-cache/inductor \
 	TRITON_CACHE_DIR=$(CURDIR)/.gpu-cache/triton
 gpu-check: gpu-preflight gpu-test gpu-bench
@@ -71,7 +76,7 @@ gpu-preflight:
 
 gpu-test:
 	mkdir -p $(GPU_RESULTS)
-	$(GPU_ENV) FASTGEN_NO_SERVER_STACK=1 $(GPU_PYTHON) -m pytest -q -m "cuda or triton" -p no:cacheprovider -rfEs \
+	$(GPU_ENV) FASTGEN_NO_SERVER_STACK=1 $(GPU_PYTHON) -m pytest -q -m "$(GPU_TESTS_MARK)" -p no:cacheprovider -rfEs \
 		--junitxml=$(GPU_RESULTS)/gpu-tests-$$($(GPU_PYTHON) -c "import re, torch; \
 		print(re.sub('[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))")$(GPU_TESTS_TAG).xml $(GPU_TESTS)
 
