@@ -11,7 +11,7 @@ import torch
 
 from fastgen import LLM, SamplingParams
 from tests.conftest import FAMILIES, random_prompts
-from tests.kernels.paged_cases import record_split_launches
+from tests.kernels.paged_cases import record_decode_launches
 from tests.tiny_models import hf_greedy
 
 pytestmark = pytest.mark.cuda
@@ -51,7 +51,7 @@ def test_early_cache_reads_under_programmatic_launch_match_transformers(tiny_mod
     monkeypatch.setattr(decode_attention, "EARLY_CACHE_READS_MAX_BATCH", None)
     monkeypatch.setattr(importlib.import_module("fastgen.kernels.decode_split_policy"), "MIN_TOKENS_PER_SPLIT",
                         min_tokens)
-    early = record_split_launches(monkeypatch, "EARLY_CACHE_READS")
+    early = record_decode_launches(monkeypatch, "EARLY_CACHE_READS")
     model = tiny_models[family]
     prompts = random_prompts([70, 131, 200, 257], seed=34)
     llm = LLM(model, device="cuda", dtype="float32", block_size=16, num_kv_blocks=256, max_num_seqs=4,

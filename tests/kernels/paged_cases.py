@@ -41,8 +41,8 @@ def int32(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device=DEVICE)
 
 
-def record_split_launches(monkeypatch, keyword: str, kernels: tuple[str, ...] = ("decode_split_kernel",),
-                          run: bool = True) -> list:
+def record_decode_launches(monkeypatch, keyword: str, kernels: tuple[str, ...] = ("decode_split_kernel",),
+                           run: bool = True) -> list:
     """The value of `keyword` each launch of decode attention's `kernels` is given from now on,
     in launch order: what reached the kernel, where the result alone cannot tell. With `run`
     False the launches are only recorded (a launch the interpreter cannot run)."""

@@ -12,7 +12,7 @@ import torch
 from fastgen.kernels import paged_decode_attention, qk_norm_rope_store
 from fastgen.kernels.paged_decode_attention import NewToken
 from fastgen.layers.rotary import RotaryEmbedding
-from tests.kernels.paged_cases import DEVICE, int32, paged_cache, record_split_launches
+from tests.kernels.paged_cases import DEVICE, int32, paged_cache, record_decode_launches
 from tests.pairwise import all_pairs_in_make_test
 
 pytestmark = pytest.mark.triton
@@ -115,7 +115,7 @@ def test_reading_the_cache_before_q_equals_the_separate_launches(min_tokens, max
     qk_norm_rope_store(q_ref, k.clone(), v, positions, cos_sin, qw, kw, EPS, k_ref, v_ref, slots)
     want = paged_decode_attention(q_ref, k_ref, v_ref, tables, lens, 128**-0.5, max_splits=max_splits)
 
-    first_tiles = record_split_launches(monkeypatch, "FIRST_N")
+    first_tiles = record_decode_launches(monkeypatch, "FIRST_N")
     got = paged_decode_attention(q, k_cache, v_cache, tables, lens, 128**-0.5, max_splits=max_splits,
                                  new_token=NewToken(k, v, positions, cos_sin, qw, kw, EPS, slots),
                                  early_cache_reads=True)  # (no programmatic launch under the interpreter)
@@ -133,7 +133,7 @@ def test_only_small_batches_read_the_cache_early_by_default(monkeypatch):
     batch when `EARLY_CACHE_READS` is off; a launch that is no programmatic dependent never does.
     The launches are recorded, not run: the interpreter has no programmatic launch."""
     launcher = importlib.import_module("fastgen.kernels.paged_decode_attention")
-    seen = record_split_launches(monkeypatch, "EARLY_CACHE_READS", ("decode_split_kernel", "decode_combine_kernel"),
+    seen = record_decode_launches(monkeypatch, "EARLY_CACHE_READS", ("decode_split_kernel", "decode_combine_kernel"),
                                  run=False)
 
     def early_by_batch(pdl: bool) -> list[bool]:

@@ -19,7 +19,7 @@ from fastgen.kernels.decode_split_policy import (  # noqa: E402
     splits_for_lengths,
 )
 
-from tests.kernels.paged_cases import DEVICE, TOLERANCE, int32, paged_cache, record_split_launches  # noqa: E402
+from tests.kernels.paged_cases import DEVICE, TOLERANCE, int32, paged_cache, record_decode_launches  # noqa: E402
 
 # The module (the package exports its function under the same name).
 launcher = importlib.import_module("fastgen.kernels.paged_decode_attention")
@@ -109,7 +109,7 @@ def test_shorter_splits_match_the_reference(min_tokens, monkeypatch):
     """Splits shorter than a KV tile (`MIN_TOKENS_PER_SPLIT`, read at each launch: the GPU
     benchmark's --min-tokens-per-split) attend over exactly their own tokens."""
     monkeypatch.setattr(decode_split_policy, "MIN_TOKENS_PER_SPLIT", min_tokens)
-    seen = record_split_launches(monkeypatch, "MIN_TOKENS")
+    seen = record_decode_launches(monkeypatch, "MIN_TOKENS")
     for shape in (SHAPES["gqa4-d128-bs16-fp16"], SHAPES["mha-d64-bs16-fp32"]):
         assert_matches_reference(make_case(*shape, seed=len(shape[0])), None)
     assert seen == [min_tokens, min_tokens]
