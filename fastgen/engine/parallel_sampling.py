@@ -56,7 +56,12 @@ class ParentRequest:
         progressed = set()
         for output in child_outputs:
             index = output.request_id.index
-            self.latest[index] = dataclasses.replace(output.outputs[0], index=index)
+            completion = dataclasses.replace(output.outputs[0], index=index)
+            if index in progressed:
+                # Two steps of this child read in one call (overlap scheduling reads the step in
+                # flight and the one after it together): one output adds both steps' deltas.
+                completion = _joined_deltas(self.latest[index], completion)
+            self.latest[index] = completion
             progressed.add(index)
             if index == 0:
                 self.prompt_logprobs = output.prompt_logprobs
@@ -135,3 +140,11 @@ def merged_metrics(metrics: list[RequestMetrics]) -> RequestMetrics:
 def _without_delta(completion: CompletionOutput) -> CompletionOutput:
     return dataclasses.replace(completion, new_text="", new_token_ids=[],
                                new_logprobs=None if completion.logprobs is None else [])
+
+
+def _joined_deltas(earlier: CompletionOutput, later: CompletionOutput) -> CompletionOutput:
+    """`later` (the child's state after its second output of a call) with the deltas of both."""
+    new_logprobs = None if later.new_logprobs is None else (earlier.new_logprobs or []) + later.new_logprobs
+    return dataclasses.replace(later, new_text=earlier.new_text + later.new_text,
+                               new_token_ids=earlier.new_token_ids + later.new_token_ids,
+                               new_logprobs=new_logprobs)

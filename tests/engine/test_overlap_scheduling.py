@@ -174,6 +174,38 @@ def test_forks_and_logprobs_equal_transformers(tiny_models, reference, overlap):
     check_books(engine)
 
 
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_forks_deltas_add_up_when_two_steps_are_read_in_one_call(tiny_models, reference, overlap):
+    """A grammar request arriving mid-stream makes its step one that cannot stay in flight, so
+    the step before it and it are read in one call: each completion's output of that call adds
+    both steps' tokens, text and logprobs, and the deltas add up to the final completion."""
+    model = tiny_models["qwen3"]
+    _, engine = engine_for(model, overlap)
+    prompt = random_prompts([17], seed=31)[0]
+    request = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, n=2,
+                                                        logprobs=1))
+    deltas = {index: ([], "", []) for index in range(2)}
+    final, steps = None, 0
+    while engine.has_unfinished_requests():
+        steps += 1
+        if steps == 4:
+            engine.add_request("x", SamplingParams(temperature=0.0, max_tokens=4,
+                                                   structured_outputs={"choice": ["yes", "no"]}))
+        for output in engine.step():
+            if output.request_id != request:
+                continue
+            for c in output.outputs:
+                tokens, text, logprobs = deltas[c.index]
+                deltas[c.index] = (tokens + c.new_token_ids, text + c.new_text, logprobs + c.new_logprobs)
+            if output.finished:
+                final = output
+    ref = reference(model, [prompt], 12)[0]
+    for c in final.outputs:
+        assert c.token_ids == ref
+        assert deltas[c.index] == (c.token_ids, c.text, c.logprobs)
+    check_books(engine)
+
+
 def test_sampled_outputs_are_the_same_with_and_without_overlap(tiny_models):
     """Seeds draw per output position, penalties count on the device and min_tokens bans by the
     position being sampled: none of them may see the pending token as missing."""
