@@ -464,6 +464,10 @@ class LLMEngine:
                     continue
                 if verdict is Verdict.COMPLETE and not state.seq.is_finished:
                     self.scheduler.finish(state.seq, FinishReason.STOP)
+                elif verdict is Verdict.COMPLETE and state.seq.finish_reason is FinishReason.LENGTH:
+                    # The last allowed token completed the grammar (EOS under ignore_eos): the
+                    # output is whole, as a stop string completed by that token is.
+                    state.seq.finish_reason = FinishReason.STOP
             if state.quiet and state.seq.status is not finished:
                 state.note_token(t)
                 continue

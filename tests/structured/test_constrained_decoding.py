@@ -94,6 +94,12 @@ def test_the_grammar_decides_where_the_output_ends(tiny_models):
     out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, min_tokens=15,
                                               structured_outputs=choice))[0]
     assert out.finish_reason == "stop" and out.outputs[0].text in choice.choice
+    # The same output with max_tokens its length: the last allowed token (EOS, ignore_eos or
+    # not) completes the grammar, so the output is whole, not cut.
+    for ignore_eos in (False, True):
+        exact = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=len(out.outputs[0].token_ids),
+                                                    ignore_eos=ignore_eos, structured_outputs=choice))[0]
+        assert (exact.outputs[0].token_ids, exact.finish_reason) == (out.outputs[0].token_ids, "stop")
     long = StructuredOutputsParams(regex=r"a{40}")
     out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=5, structured_outputs=long))[0]
     assert out.finish_reason == "length" and set(out.outputs[0].text) <= {"a"}
