@@ -7,6 +7,11 @@ Keywords xgrammar would silently not enforce are refused (`UNENFORCED`, each sho
 xgrammar in tests/structured): an output that passes the grammar must be valid against the
 schema. `oneOf` is enforced as `anyOf` (the branches of the
 schemas that use it, pydantic's tagged unions among them, rarely overlap).
+
+String lengths go to xgrammar as a `pattern` (`enforceable_schema`): its own rule for
+`minLength`/`maxLength` admits raw control characters, which JSON strings cannot hold, so a
+length-limited string could end an output `json.loads` refuses. With a `pattern` or `format` it
+ignores the lengths, so those pairs are refused.
 """
 
 from __future__ import annotations
@@ -50,6 +55,41 @@ def unenforced_keyword(schema: object, path: str = "structured_outputs.json") ->
         for i, sub in enumerate(schema.get(keyword) or ()) if isinstance(schema.get(keyword), list) else ():
             found = found or unenforced_keyword(sub, f"{path}.{keyword}[{i}]")
     return found
+
+
+def enforceable_schema(schema: object, path: str = "structured_outputs.json") -> object:
+    """`schema` with every string length limit written as a pattern xgrammar enforces whole: a
+    JSON string's characters other than control characters, quotes and backslashes, between
+    `minLength` and `maxLength` of them (escapes were not admitted by its length rule either).
+    ValueError, naming the path, where a limit sits with a `pattern` or `format`, which xgrammar
+    would enforce without the limit."""
+    if isinstance(schema, list):
+        return [enforceable_schema(sub, f"{path}[{i}]") for i, sub in enumerate(schema)]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for keyword, value in schema.items():
+        if keyword in _SCHEMA_MAPS and isinstance(value, dict):
+            out[keyword] = {name: enforceable_schema(sub, f"{path}.{keyword}.{name}") for name, sub in value.items()}
+        elif keyword in _SCHEMA_VALUES or keyword in _SCHEMA_LISTS:
+            out[keyword] = enforceable_schema(value, f"{path}.{keyword}")
+        else:
+            out[keyword] = value
+    limits = [keyword for keyword in ("minLength", "maxLength") if keyword in out]
+    if not limits:
+        return out
+    for other in ("pattern", "format"):
+        if other in out:
+            raise ValueError(f"{path}.{limits[0]} together with {other} is not supported: xgrammar enforces the "
+                             f"{other} alone, so outputs could break the length limit")
+    low, high = out.pop("minLength", 0), out.pop("maxLength", "")
+    for name, limit in (("minLength", low), ("maxLength", high)):
+        if limit != "" and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"{path}.{name}={limit!r} must be an integer >= 0")
+    if high != "" and low > high:
+        raise ValueError(f"{path}.minLength={low} must be <= maxLength={high}")
+    out["pattern"] = '^[^\\x00-\\x1f"\\\\]{%d,%s}$' % (low, high)
+    return out
 
 
 def _hf_tokenizer(tokenizer):
@@ -112,6 +152,7 @@ class XGrammarBackend:
             if where is not None:
                 raise ValueError(f"{where} is not supported: xgrammar cannot enforce it, so outputs could break "
                                  f"the schema (unsupported: {', '.join(UNENFORCED)}, allOf of several schemas)")
+            enforceable_schema(spec.json)  # its refusals, before compiling
         try:
             compiled = self._compile(spec)
         except RuntimeError as exc:
@@ -122,7 +163,7 @@ class XGrammarBackend:
     def _compile(self, spec: StructuredOutputsParams):
         compiler, kind = self._compiler, spec.kind
         if kind in ("json", "json_object"):
-            schema = spec.json if kind == "json" else {"type": "object"}
+            schema = enforceable_schema(spec.json) if kind == "json" else {"type": "object"}
             return compiler.compile_json_schema(json.dumps(schema), any_whitespace=True, strict_mode=True,
                                                 max_whitespace_cnt=MAX_WHITESPACE)
         if kind == "regex":

@@ -8,14 +8,15 @@ import json
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from fastgen.structured.xgrammar_backend import MAX_WHITESPACE
+from fastgen.structured.xgrammar_backend import MAX_WHITESPACE, enforceable_schema
 from fastgen.structured_outputs_params import StructuredOutputsParams
 
 
 def compile_reference(compiler, spec: StructuredOutputsParams):
-    """The spec compiled by xgrammar directly, with the settings fastgen documents."""
+    """The spec compiled by xgrammar directly, with the settings fastgen documents (string
+    lengths as patterns)."""
     if spec.kind in ("json", "json_object"):
-        schema = spec.json if spec.kind == "json" else {"type": "object"}
+        schema = enforceable_schema(spec.json) if spec.kind == "json" else {"type": "object"}
         return compiler.compile_json_schema(json.dumps(schema), strict_mode=True, max_whitespace_cnt=MAX_WHITESPACE)
     if spec.kind == "regex":
         return compiler.compile_regex(spec.regex)

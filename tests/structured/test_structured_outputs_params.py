@@ -1,13 +1,14 @@
 """StructuredOutputsParams: exactly one kind, each of the right shape; dicts accepted where a
 request body gives one; one key per distinct spec; keywords the grammar would not enforce found
-wherever they sit in a schema."""
+wherever they sit in a schema; string lengths enforced as patterns that admit only what a JSON
+string can hold."""
 
 from __future__ import annotations
 
 import pytest
 
 from fastgen import SamplingParams
-from fastgen.structured.xgrammar_backend import unenforced_keyword
+from fastgen.structured.xgrammar_backend import enforceable_schema, unenforced_keyword
 from fastgen.structured_outputs_params import StructuredOutputsParams
 
 
@@ -81,6 +82,67 @@ def test_each_refused_keyword_is_one_xgrammar_does_not_enforce(schema, accepted)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft7Validator(schema).validate(json.loads(accepted))  # draft 7 still has `dependencies`
     assert unenforced_keyword(schema) is not None
+
+
+def _xgrammar_matcher(schema: dict):
+    """A matcher of xgrammar's grammar for `schema` over a vocabulary of one token per ASCII
+    character, control characters included."""
+    import json
+
+    xgr = pytest.importorskip("xgrammar")
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(c): c for c in range(1, 127)}
+    vocab["<eos>"] = 0
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<eos>")))
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(vocab), stop_token_ids=[0])
+    return xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), strict_mode=True))
+
+
+def _accepts(schema: dict, text: str) -> bool:
+    matcher = _xgrammar_matcher(schema)
+    return matcher.accept_string(text) and matcher.is_completed()
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "maxLength": 5},
+    {"type": "object", "properties": {"city": {"type": "string", "minLength": 1}}, "required": ["city"]},
+])
+def test_length_limited_strings_admit_no_control_characters(schema):
+    """Why string lengths become patterns: xgrammar's own length rule lets a raw control
+    character into a JSON string, which json.loads then refuses."""
+    import json
+
+    raw = '"a\x02b"' if schema["type"] == "string" else '{"city": "a\x02b"}'  # a raw control character
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(raw)
+    assert _accepts(schema, raw)
+    rewritten = enforceable_schema(schema)
+    assert not _accepts(rewritten, raw)
+    assert _accepts(rewritten, raw.replace("\x02", "-"))
+
+
+def test_string_lengths_hold_in_characters_and_bad_ones_are_named():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "string", "minLength": 2, "maxLength": 3}
+    rewritten = enforceable_schema(schema)
+    for text, valid in [('""', False), ('"a"', False), ('"ab"', True), ('"abc"', True), ('"abcd"', False)]:
+        assert _accepts(rewritten, text) == valid, text
+        assert jsonschema.Draft7Validator(schema).is_valid(__import__("json").loads(text)) == valid
+    with pytest.raises(ValueError, match=r"structured_outputs.json.minLength=4 must be <= maxLength=3"):
+        enforceable_schema({"minLength": 4, "maxLength": 3})
+    with pytest.raises(ValueError, match=r"structured_outputs.json.items.maxLength=-1 must be an integer >= 0"):
+        enforceable_schema({"type": "array", "items": {"type": "string", "maxLength": -1}})
+
+
+@pytest.mark.parametrize("other", [{"pattern": "^a+$"}, {"format": "email"}])
+def test_a_length_limit_beside_a_pattern_or_format_is_refused(other):
+    """Why: xgrammar enforces the pattern or format and drops the limit."""
+    schema = {"type": "object", "properties": {"x": {"type": "string", "maxLength": 2, **other}}}
+    assert _accepts(schema, '{"x": "aaa"}' if "pattern" in other else '{"x": "a@b.cd"}')
+    with pytest.raises(ValueError, match=r"structured_outputs.json.properties.x.maxLength together with "):
+        enforceable_schema(schema)
 
 
 def test_without_xgrammar_a_structured_request_is_a_clear_value_error(monkeypatch):
