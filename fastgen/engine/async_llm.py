@@ -184,6 +184,11 @@ class AsyncLLM:
         """Abort a request (no-op for an unknown or finished one); its stream ends with "abort"."""
         self.background.abort(request_id)
 
+    def abort_all(self) -> None:
+        """Abort every unfinished request (without waiting: callable from the event loop); each
+        stream ends with "abort"."""
+        self.background.abort_all()
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the loop thread; unfinished requests end with "abort" (blocking: from a
         coroutine, run it with asyncio.to_thread)."""

@@ -136,6 +136,13 @@ class BackgroundEngine:
             if not self._stopped.is_set():
                 self._commands.put(("abort", request_id))
 
+    def abort_all(self) -> None:
+        """Abort every request the loop holds now (without waiting); each stream then yields a
+        final output with finish_reason "abort". The loop keeps running."""
+        with self._accepting:
+            if not self._stopped.is_set():
+                self._commands.put(("abort_all",))
+
     def _abandon(self, request_id: str) -> None:
         # A stream's finalizer, run by whatever thread collects it: SimpleQueue.put is reentrant,
         # a lock is not (that thread may hold _accepting).
@@ -239,6 +246,9 @@ class BackgroundEngine:
                     continue
                 self._streams[request_id] = outputs
                 accepted.set_result(request_id)
+            elif kind == "abort_all":
+                for request_id in list(self._streams):
+                    self.engine.abort(request_id)  # their finals come out of the next step
             elif kind == "abort":
                 try:
                     self.engine.abort(command[1])  # its final output comes out of the next step

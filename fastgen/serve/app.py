@@ -4,8 +4,10 @@
     serve(llm, settings)                      run until SIGINT / SIGTERM, then shut down cleanly
 
 Shutdown: on the signal the server stops admitting (new requests get 503), uvicorn stops
-accepting connections and lets in-flight requests finish for up to `shutdown_timeout_s`, then
-the engine loop aborts whatever is left (each request's stream ends with "abort").
+accepting connections and lets in-flight requests finish for up to `shutdown_timeout_s`; then
+the engine aborts whatever is left, so that each request still gets its answer, a stream its
+final chunk, with finish_reason "abort" (uvicorn's own timeout, which cancels the handlers
+mid-response, comes `FINAL_OUTPUTS_S` later, as a last resort).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from fastgen.serve.results import ResultStore
 from fastgen.serve.state import ServerState
 
 logger = logging.getLogger(__name__)
+
+# After the shutdown timeout aborts the unfinished requests: how long their handlers have to
+# send the final outputs before uvicorn cancels them.
+FINAL_OUTPUTS_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -114,9 +120,25 @@ class Server(uvicorn.Server):
 
     def __init__(self, app: FastAPI, settings: ServerSettings):
         super().__init__(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                        timeout_graceful_shutdown=settings.shutdown_timeout_s,
+                                        timeout_graceful_shutdown=settings.shutdown_timeout_s + FINAL_OUTPUTS_S,
                                         limit_concurrency=settings.max_connections))
         self._app = app
+        self._shutdown_timeout_s = settings.shutdown_timeout_s
+
+    async def shutdown(self, sockets=None) -> None:
+        """uvicorn's shutdown, with the unfinished requests aborted once `shutdown_timeout_s` has
+        passed: their handlers then answer them (finish_reason "abort") and return."""
+        abort = asyncio.get_running_loop().call_later(self._shutdown_timeout_s, self._abort_unfinished)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            abort.cancel()
+
+    def _abort_unfinished(self) -> None:
+        state = getattr(self._app.state, "server", None)
+        if state is not None:
+            logger.warning("shutdown timeout (%.1fs) passed: aborting the unfinished requests", self._shutdown_timeout_s)
+            state.llm.abort_all()
 
     def handle_exit(self, sig, frame) -> None:
         state = getattr(self._app.state, "server", None)

@@ -108,3 +108,14 @@ def test_shutdown_ends_every_stream_with_its_final_output(llm):
     bg.shutdown()
     assert [s.result().finish_reason for s in streams] == ["abort"] * 3
     assert_clean(llm)
+
+
+def test_abort_all_ends_every_stream_with_abort_and_the_loop_serves_on(llm):
+    with llm.background() as bg:
+        streams = [bg.submit([i + 1, 2, 3], LONG) for i in range(3)]
+        next(streams[0])
+        bg.abort_all()
+        assert [s.result().finish_reason for s in streams] == ["abort"] * 3
+        assert bg.running
+        assert bg.submit([1, 2], SHORT).result().finish_reason == "length"
+    assert_clean(llm)

@@ -1,0 +1,47 @@
+"""Shutting down with requests in flight: once the shutdown timeout has passed, each unfinished
+request is aborted and still answered (a whole response, a stream's final chunk and [DONE]),
+with finish_reason "abort", not cut off by the server's own cancellation."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+
+from fastgen import LLM
+from tests.serve.conftest import ENGINE_ARGS, MODEL_NAME, metric_values, running_server, wait_for
+
+
+def test_requests_unfinished_at_the_shutdown_timeout_end_with_abort(chat_model):
+    body = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 240, "ignore_eos": True, "temperature": 0.0}
+    answers = {}
+
+    def plain(base_url):
+        answers["plain"] = httpx.post(f"{base_url}/v1/completions", json=body, timeout=60)
+
+    def streamed(base_url):
+        with httpx.stream("POST", f"{base_url}/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            answers["stream"] = [line for line in r.iter_lines() if line]
+
+    start = None
+    with running_server(LLM(chat_model, **ENGINE_ARGS), shutdown_timeout_s=0.0) as base_url:
+        threads = [threading.Thread(target=target, args=(base_url,)) for target in (plain, streamed)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: metric_values(base_url)["fastgen_num_requests_running"] == 2)
+        start = time.monotonic()  # leaving the block shuts the server down
+    for thread in threads:
+        thread.join(30)
+    assert time.monotonic() - start < 5
+
+    plain_answer = answers["plain"]
+    assert plain_answer.status_code == 200, plain_answer.text
+    choice = plain_answer.json()["choices"][0]
+    assert choice["finish_reason"] == "abort"
+    assert plain_answer.json()["usage"]["completion_tokens"] < 240
+
+    lines = answers["stream"]
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "abort"
