@@ -27,11 +27,14 @@ class ResultRecord:
         out = self.output
         if out is None:
             return doc
-        doc["num_output_tokens"] = len(out.token_ids)
+        doc["num_output_tokens"] = sum(len(c.token_ids) for c in out.outputs)
         if self.finished_at is not None:
             m = out.metrics
+            # text / token_ids / finish_reason: the first completion's; `outputs`: all n of them.
             doc.update(text=out.text, token_ids=out.token_ids, prompt_token_ids=out.prompt_token_ids,
                        finish_reason=out.finish_reason, error=out.error,
+                       outputs=[{"index": c.index, "text": c.text, "token_ids": c.token_ids,
+                                 "finish_reason": c.finish_reason} for c in out.outputs],
                        metrics={"time_to_first_token_s": m.time_to_first_token,
                                 "time_per_output_token_s": m.time_per_output_token,
                                 "e2e_latency_s": m.e2e_latency, "num_cached_tokens": m.num_cached_tokens})

@@ -15,8 +15,7 @@ PROMPT = [5, 17, 42, 99, 7]
 MAX_TOKENS = 10
 
 
-def test_generate_returns_an_id_and_result_gives_the_greedy_tokens(server, chat_model, reference):
-    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+def finished_result(server: str, body: dict) -> dict:
     seq_id = httpx.post(f"{server}/generate", json=body, timeout=30).json()["seq_id"]
 
     def finished():
@@ -24,10 +23,25 @@ def test_generate_returns_an_id_and_result_gives_the_greedy_tokens(server, chat_
         assert doc["status"] in ("waiting", "running", "finished")
         return doc if doc["status"] == "finished" else None
 
-    doc = wait_for(finished)
+    return wait_for(finished)
+
+
+def test_generate_returns_an_id_and_result_gives_the_greedy_tokens(server, chat_model, reference):
+    doc = finished_result(server, {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+                                   "ignore_eos": True})
     assert doc["token_ids"] == reference(chat_model, [PROMPT], MAX_TOKENS)[0]
     assert doc["finish_reason"] == "length" and doc["prompt_token_ids"] == PROMPT
     assert doc["metrics"]["e2e_latency_s"] > 0 and isinstance(doc["text"], str)
+
+
+def test_a_result_of_n_completions_holds_every_one(server, chat_model, reference):
+    doc = finished_result(server, {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+                                   "ignore_eos": True, "n": 3})
+    greedy = reference(chat_model, [PROMPT], MAX_TOKENS)[0]
+    assert [c["index"] for c in doc["outputs"]] == [0, 1, 2]
+    assert [c["token_ids"] for c in doc["outputs"]] == [greedy] * 3
+    assert [c["finish_reason"] for c in doc["outputs"]] == ["length"] * 3
+    assert doc["token_ids"] == greedy and doc["num_output_tokens"] == 3 * MAX_TOKENS
 
 
 def test_an_unknown_result_id_is_a_404(server):
