@@ -5,7 +5,8 @@
 ValueError (the engine's and SamplingParams' checks, which name the field, the value and the
 limit) and pydantic's validation errors (bad JSON, wrong types) are 400s; EngineOverloaded is a
 503 with Retry-After; EngineDeadError (the engine is down for good) a 503 without one; an unknown
-model or result id is a 404. A handler answers one request: the server and the other requests go
+model or result id is a 404, and so are unknown paths (a known path with the wrong method is a
+405). A handler answers one request: the server and the other requests go
 on.
 """
 
@@ -17,6 +18,7 @@ import re
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from fastgen.engine.requests import EngineOverloaded
 from fastgen.errors import EngineDeadError
@@ -70,6 +72,13 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
     async def on_validation(request: Request, exc: RequestValidationError):
         message, field = _describe_validation(exc)
         return error_response(400, message, "invalid_request_error", field)
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, exc: HTTPException):
+        # Starlette's own: no such path (404), a path without this method (405, with Allow).
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind,
+                              headers=exc.headers)
 
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, exc: RequestError):

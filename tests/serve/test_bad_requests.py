@@ -54,6 +54,15 @@ def test_an_unknown_model_is_a_404(server):
     assert response.status_code == 404 and response.json()["error"]["param"] == "model"
 
 
+def test_an_unknown_path_or_method_is_an_openai_shaped_error(server):
+    response = httpx.get(f"{server}/v1/nothing", timeout=30)
+    assert response.status_code == 404
+    assert response.json()["error"]["message"] == "GET /v1/nothing: Not Found"
+    response = httpx.get(f"{server}/v1/completions", timeout=30)
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_fields_outside_the_schema_are_ignored_with_a_warning(server, caplog):
     with caplog.at_level("WARNING", logger="fastgen.serve.sampling"):
         response = httpx.post(f"{server}/v1/completions", json={**OK, "frobnicate": 3}, timeout=30)
