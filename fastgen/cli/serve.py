@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastgen.serve.app import ServerSettings, serve
+    from fastgen.serve.app import ServerSettings, bind, serve
 
     choice = engine_args.resolve_model(args, args.parser, need_tokenizer=True)
     settings = ServerSettings(host=args.host, port=args.port, model_name=args.served_model_name,
@@ -65,20 +65,25 @@ def run(args: argparse.Namespace) -> int:
                               api_key=args.api_key if args.api_key is not None else os.environ.get("FASTGEN_API_KEY"),
                               metrics_require_key=args.metrics_require_key, max_request_bytes=args.max_request_bytes,
                               max_connections=args.max_connections, stream_idle_timeout_s=args.stream_idle_timeout)
-    llm = engine_args.build_llm(choice, args, need_tokenizer=True)
-    compiled = llm.engine.runner.compiled_decode
-    background = getattr(compiled, "background", None)
-    if compiled is not None and not (background is not None and background.running):
-        # Load (or, in blocking mode, compile) the CPU step graphs now: otherwise the first
-        # requests to need each would wait for it (a few seconds when saved, tens of seconds or more
-        # without). While a background compile runs there is nothing to load yet: the server
-        # answers at once, eagerly, and loads the graphs at the first step after the child has ended.
-        from fastgen.bench.runner import warm_up
+    sock = bind(settings)  # before the model loads: a taken port fails at once; port 0 is resolved
+    try:
+        llm = engine_args.build_llm(choice, args, need_tokenizer=True)
+        compiled = llm.engine.runner.compiled_decode
+        background = getattr(compiled, "background", None)
+        if compiled is not None and not (background is not None and background.running):
+            # Load (or, in blocking mode, compile) the CPU step graphs now: otherwise the first
+            # requests to need each would wait for it (a few seconds when saved, tens of seconds or more
+            # without). While a background compile runs there is nothing to load yet: the server
+            # answers at once, eagerly, and loads the graphs at the first step after the child has ended.
+            from fastgen.bench.runner import warm_up
 
-        print("fastgen: loading or compiling the CPU decode step", file=sys.stderr, flush=True)
-        warm_up(llm.engine, llm.config.max_model_len)
-    access = "an API key is required" if settings.api_key is not None else "no API key (anyone who can connect)"
-    print(f"fastgen: serving {llm.config.model} on http://{args.host}:{args.port}; {access}", file=sys.stderr,
-          flush=True)
-    serve(llm, settings)
+            print("fastgen: loading or compiling the CPU decode step", file=sys.stderr, flush=True)
+            warm_up(llm.engine, llm.config.max_model_len)
+        access = "an API key is required" if settings.api_key is not None else "no API key (anyone who can connect)"
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"fastgen: serving {llm.config.model} on http://{host}:{sock.getsockname()[1]}; {access}",
+              file=sys.stderr, flush=True)
+        serve(llm, settings, sock)
+    finally:
+        sock.close()  # (uvicorn closes it at shutdown: this is for an engine that failed to start)
     return 0

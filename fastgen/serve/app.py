@@ -148,8 +148,23 @@ class Server(uvicorn.Server):
         getattr(self, "_captured_signals", []).clear()  # handled: do not re-raise it after shutdown
 
 
+def bind(settings: ServerSettings) -> socket.socket:
+    """A socket bound to settings' host and port (port 0: a free one, which `getsockname` then
+    gives), for `serve`; ValueError naming the address when it cannot be bound."""
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on host={settings.host!r} port={settings.port}: "
+                         f"{exc.strerror or exc}") from None
+    return sock
+
+
 def serve(llm, settings: ServerSettings, sock: socket.socket | None = None) -> None:
     """Serve until SIGINT / SIGTERM (or `should_exit`); sock: an already bound socket."""
     server = Server(build_app(llm, settings), settings)
-    logger.info("serving %s on http://%s:%d", llm.config.model, settings.host, settings.port)
+    port = sock.getsockname()[1] if sock is not None else settings.port
+    logger.info("serving %s on http://%s:%d", llm.config.model, settings.host, port)
     server.run(sockets=[sock] if sock is not None else None)
