@@ -137,7 +137,8 @@ class Server(uvicorn.Server):
     def _abort_unfinished(self) -> None:
         state = getattr(self._app.state, "server", None)
         if state is not None:
-            logger.warning("shutdown timeout (%.1fs) passed: aborting the unfinished requests", self._shutdown_timeout_s)
+            logger.warning("shutdown timeout (%.1fs) passed: aborting the unfinished requests",
+                           self._shutdown_timeout_s)
             state.llm.abort_all()
 
     def handle_exit(self, sig, frame) -> None:
