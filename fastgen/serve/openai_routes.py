@@ -16,7 +16,7 @@ from fastgen.serve.errors import RequestError
 from fastgen.serve.openai_logprobs import CHAT_TOP_LOGPROBS_MAX, checked_count
 from fastgen.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from fastgen.serve.responses import Echo, ResponseShape
-from fastgen.serve.sampling import chat_max_tokens, check_fields, sampling_params
+from fastgen.serve.sampling import chat_max_tokens, check_fields, completion_max_tokens, sampling_params
 from fastgen.serve.sse import sse_response
 from fastgen.serve.state import ServerState
 from fastgen.serve.tool_calls import ToolPlan, plan_tools, template_renders_tools, with_tools_in_system
@@ -55,11 +55,21 @@ async def completions(body: CompletionRequest, request: Request):
     prompt_only = bool(body.echo) and body.max_tokens == 0
     if prompt_only:  # the engine generates at least one token; it is not shown
         body.max_tokens = 1
+    elif body.max_tokens is None:
+        body.max_tokens = completion_max_tokens(_prompt_length(state, prompt), state.max_model_len)
     params = sampling_params(body, logprobs=logprobs, prompt_logprobs=logprobs if body.echo else None)
     stream = await _submit(state, prompt, params, body)
     echo = _echo(state, prompt, prompt_only) if body.echo else None
     return await _respond(state, request, stream, ResponseShape("text_completion", state.model_name, echo=echo),
                           body, getattr(params, "n", 1))
+
+
+def _prompt_length(state: ServerState, prompt) -> int:
+    """The prompt's token count, as the engine will count it (a text prompt is encoded the same
+    way); a prompt the engine will refuse counts 0 here, and the engine then says why."""
+    if isinstance(prompt, str):
+        return len(state.tokenizer.encode(prompt)) if state.tokenizer is not None and prompt else 0
+    return len(prompt) if isinstance(prompt, list) else 0
 
 
 def _echo(state: ServerState, prompt, prompt_only: bool) -> Echo:
@@ -131,8 +141,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         raise RequestError(f"tool_choice={body.tool_choice!r} constrains the output, and so does "
                            "response_format / structured_outputs; send one", param="tool_choice")
     prompt = _chat_prompt(state, body, tools)
-    limit = chat_max_tokens(body)
-    body.max_tokens = limit if limit is not None else max(1, state.max_model_len - len(prompt))
+    body.max_tokens = chat_max_tokens(body, len(prompt), state.max_model_len)
     params = sampling_params(body, logprobs=top_logprobs, structured_outputs=tools.constraint)
     stream = await _submit(state, prompt, params, body, "tools" if tools.constraint is not None else None)
     shape = ResponseShape("chat.completion", state.model_name, chat_top_logprobs=top_logprobs or 0, tools=tools)

@@ -86,9 +86,30 @@ def sampling_params(request: SamplingFields, max_tokens: int | None = None, **ex
     return SamplingParams(**kwargs)
 
 
-def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
-    """Chat's token limit: max_completion_tokens (OpenAI's newer name) wins over max_tokens."""
-    return request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+# Completions' max_tokens when the request has none: OpenAI's default, cut to what the context
+# leaves (as vLLM does), so that a long prompt alone is not refused for tokens nobody asked for.
+COMPLETION_MAX_TOKENS_DEFAULT = 16
+
+
+def chat_max_tokens(request: ChatCompletionRequest, prompt_len: int, max_model_len: int) -> int:
+    """Chat's token limit: max_completion_tokens (OpenAI's newer name) wins over max_tokens; with
+    neither, what max_model_len leaves. A 400 naming the field the request sent when it is below
+    1 or does not fit beside the prompt."""
+    field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+    limit = getattr(request, field)
+    if limit is None:
+        return max(1, max_model_len - prompt_len)
+    if limit < 1:
+        raise RequestError(f"{field}={limit} must be >= 1", param=field)
+    if prompt_len + limit > max_model_len:
+        raise RequestError(f"prompt length {prompt_len} + {field} {limit} = {prompt_len + limit} exceeds "
+                           f"max_model_len={max_model_len}", param=field)
+    return limit
+
+
+def completion_max_tokens(prompt_len: int, max_model_len: int) -> int:
+    """Completions' max_tokens for a request without one."""
+    return max(1, min(COMPLETION_MAX_TOKENS_DEFAULT, max_model_len - prompt_len))
 
 
 def predicted_text(prediction: dict) -> str:

@@ -26,6 +26,11 @@ BAD = [
     ("/v1/completions", {"model": MODEL_NAME}, "prompt", "Field required"),
     ("/v1/chat/completions", {**CHAT_OK, "functions": [{"name": "f"}]}, "functions", "not supported"),
     ("/v1/chat/completions", {**CHAT_OK, "messages": []}, "messages", "at least 1"),
+    ("/v1/chat/completions", {**CHAT_OK, "max_completion_tokens": -3}, "max_completion_tokens",
+     "max_completion_tokens=-3 must be >= 1"),
+    ("/v1/chat/completions", {**CHAT_OK, "max_completion_tokens": 10**6}, "max_completion_tokens",
+     "max_completion_tokens 1000000 = "),
+    ("/v1/chat/completions", {**CHAT_OK, "max_tokens": 0}, "max_tokens", "max_tokens=0 must be >= 1"),
     ("/v1/chat/completions", {**CHAT_OK, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages.0.content", "text only"),
     ("/generate", {"prompt": "hi", "stop": [""]}, "stop", "non-empty"),
@@ -74,3 +79,10 @@ def test_harmless_values_of_unsupported_fields_are_accepted(server):
     body = {**OK, "echo": False, "best_of": 1, "logit_bias": {}, "response_format": {"type": "text"}}
     assert httpx.post(f"{server}/v1/completions", json=body, timeout=30).status_code == 200
 
+
+@pytest.mark.parametrize("prompt_len, expected", [(10, 16), (250, 6)])
+def test_a_completion_without_max_tokens_gets_16_or_what_the_context_leaves(server, prompt_len, expected):
+    body = {"model": MODEL_NAME, "prompt": [5] * prompt_len, "ignore_eos": True, "temperature": 0.0}
+    response = httpx.post(f"{server}/v1/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == expected
