@@ -52,3 +52,14 @@ def real(name: str, value: object, limit_text: str, low: float, high: float = FL
 def positive_real(name: str, value: object) -> float:
     """A finite number > 0 (an epsilon, a timeout, a RoPE factor)."""
     return real(name, value, "a finite number > 0", low=0.0, high=math.inf, low_open=True)
+
+
+def known_fields(cls: type, given: dict, what: str) -> None:
+    """ValueError naming the keywords of `given` that dataclass `cls` has no field for (Python
+    would raise a TypeError from inside the generated __init__)."""
+    import dataclasses
+
+    known = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"{what} has no field(s) {unknown}; known: {known}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from fastgen.checks import FLOAT32_MAX, boolean, integer, real
+from fastgen.checks import FLOAT32_MAX, boolean, integer, known_fields, real
 from fastgen.structured_outputs_params import StructuredOutputsParams
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
@@ -85,6 +85,10 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     prediction: str | list[int] | None = None
+
+    def __new__(cls, *args, **kwargs):
+        known_fields(cls, kwargs, "SamplingParams")  # a misspelt or unsupported field is a ValueError too
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         self.validate()

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from fastgen.checks import known_fields
+
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
@@ -37,6 +39,10 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | tuple[str, ...] | None = None
     grammar: str | None = None
+
+    def __new__(cls, *args, **kwargs):
+        known_fields(cls, kwargs, "StructuredOutputsParams")
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         given = [name for name in KINDS if getattr(self, name) is not None]

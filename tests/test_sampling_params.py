@@ -1,12 +1,12 @@
 """SamplingParams: every field checked against what the sampler can represent, booleans that
-are booleans, and plain Python values in what passes."""
+are booleans, plain Python values in what passes, and unknown fields named."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fastgen import SamplingParams
+from fastgen import SamplingParams, StructuredOutputsParams
 
 
 @pytest.mark.parametrize("temperature", [10**400, 1e39, -(10**400), float("inf")],
@@ -61,3 +61,11 @@ def test_a_validated_copy_checks_fields_changed_after_construction():
     params.ignore_eos = "yes"
     with pytest.raises(ValueError, match=r"ignore_eos='yes' must be True or False"):
         params.validated_copy()
+
+
+@pytest.mark.parametrize("cls, field", [(SamplingParams, "best_of"), (SamplingParams, "include_stop_str_in_output"),
+                                        (StructuredOutputsParams, "guided_json")])
+def test_an_unknown_field_is_a_value_error_listing_the_known_ones(cls, field):
+    with pytest.raises(ValueError, match=rf"{cls.__name__} has no field\(s\) \['{field}'\]; known: \[.*'max_tokens'"
+                       if cls is SamplingParams else rf"has no field\(s\) \['{field}'\]; known: \['json'"):
+        cls(**{field: 1})
