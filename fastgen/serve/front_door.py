@@ -3,9 +3,9 @@
 An ASGI middleware (under FastAPI, before routing and before the body is parsed):
 
 - **API key**: with a key set, every path but `/health` (and `/metrics`, unless
-  `metrics_require_key`) needs `Authorization: Bearer <key>`; otherwise 401. The comparison
-  takes the same time whatever the key sent (`hmac.compare_digest`), and the key is never logged
-  or echoed.
+  `metrics_require_key`) needs `Authorization: Bearer <key>` (the scheme in any case); otherwise
+  401. The comparison takes the same time whatever the key sent (`hmac.compare_digest`), and the
+  key is never logged or echoed.
 - **Body size**: a body over `max_request_bytes` is a 413: at once when its Content-Length says
   so, else as soon as the bytes read pass the limit (a chunked upload); the route then sees a
   disconnect and answers nothing more.
@@ -22,10 +22,17 @@ OPEN_PATHS = ("/health",)
 _HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 413: {"Connection": "close"}}
 
 
+def _bearer_token(authorization: bytes) -> bytes:
+    """The credentials of an `Authorization: Bearer <token>` header (the scheme's name in any
+    case, as RFC 9110 has it), or b"" for any other header."""
+    scheme, _, token = authorization.partition(b" ")
+    return token.lstrip(b" ") if scheme.lower() == b"bearer" else b""
+
+
 class FrontDoor:
     def __init__(self, app, api_key: str | None, max_request_bytes: int, metrics_require_key: bool = False):
         self.app = app
-        self._key = None if api_key is None else f"Bearer {api_key}".encode()
+        self._key = None if api_key is None else api_key.encode()
         self.max_request_bytes = max_request_bytes
         self.open_paths = OPEN_PATHS if metrics_require_key else (*OPEN_PATHS, "/metrics")
 
@@ -35,7 +42,7 @@ class FrontDoor:
         headers = dict(scope.get("headers") or ())
         if self._key is not None and scope["path"] not in self.open_paths:
             # compare_digest on bytes of any length: its time does not depend on where they differ
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self._key):
+            if not hmac.compare_digest(_bearer_token(headers.get(b"authorization", b"")), self._key):
                 return await self._refuse(scope, receive, send, 401,
                                           "a valid API key is required: Authorization: Bearer <key>",
                                           "authentication_error")

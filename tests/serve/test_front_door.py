@@ -28,12 +28,15 @@ def test_an_api_key_guards_every_route_but_health_and_metrics(llm, caplog):
     import openai
 
     with caplog.at_level(logging.DEBUG), running_server(llm, api_key=KEY) as url:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
+                        {"Authorization": f"Basic {KEY}"}, {"Authorization": f"Bearer {KEY}x"}):
             response = httpx.post(f"{url}/v1/completions", json=OK, headers=headers)
             assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
             assert KEY not in response.text
         for path in ("/v1/models", "/result/0"):
             assert httpx.get(f"{url}{path}").status_code == 401
+        for scheme in ("Bearer", "bearer", "BEARER"):  # the scheme's name is case-insensitive
+            assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"{scheme} {KEY}"}).status_code == 200
         assert httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/metrics").status_code == 200
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
         assert client.completions.create(**OK).choices[0].finish_reason == "length"
