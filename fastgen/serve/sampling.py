@@ -42,6 +42,8 @@ def check_fields(request: SamplingFields, endpoint: str) -> None:
         value = getattr(request, name, None)
         if value not in harmless:
             raise RequestError(f"{name}={value!r} is not supported by fastgen", param=name)
+    if getattr(request, "stream_options", None) is not None and not getattr(request, "stream", False):
+        raise RequestError("stream_options is only allowed with stream=true (OpenAI's rule)", param="stream_options")
     if request.n is not None and request.n > LIST_LIMITS["n"]:
         raise RequestError(f"n={request.n} must be <= {LIST_LIMITS['n']} on this server", param="n")
     stops = [request.stop] if isinstance(request.stop, str) else request.stop or []

@@ -24,6 +24,7 @@ BAD = [
     ("/v1/completions", {**OK, "suffix": "!"}, "suffix", "not supported"),
     ("/v1/completions", {**OK, "best_of": 2}, "best_of", "not supported"),
     ("/v1/completions", {"model": MODEL_NAME}, "prompt", "Field required"),
+    ("/v1/completions", {**OK, "stream_options": {"include_usage": True}}, "stream_options", "stream=true"),
     ("/v1/chat/completions", {**CHAT_OK, "functions": [{"name": "f"}]}, "functions", "not supported"),
     ("/v1/chat/completions", {**CHAT_OK, "messages": []}, "messages", "at least 1"),
     ("/v1/chat/completions", {**CHAT_OK, "max_completion_tokens": -3}, "max_completion_tokens",
