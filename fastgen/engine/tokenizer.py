@@ -9,6 +9,9 @@ model, load through transformers' `AutoTokenizer` instead (seconds): same ids ei
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 from fastgen.engine.chat_template import render_chat
@@ -121,6 +124,63 @@ def load_tokenizer(model: str):
         return AutoTokenizer.from_pretrained(model)
     except (OSError, ValueError, TypeError) as exc:
         raise ValueError(f"model={model!r}: could not load its tokenizer ({exc})") from exc
+
+
+def token_bytes_reader(tokenizer) -> Callable[[int], bytes | None]:
+    """token id -> the bytes the token stands for, or None where the tokenizer's decoder is not one
+    this reads (a caller then encodes the token's text). A token that holds part of a character
+    (a byte-level piece, or `<0xE2>` under byte fallback) decodes alone to U+FFFD; its bytes are
+    what lets a reader rebuild the character (OpenAI's logprobs `bytes`). Byte-level BPE (GPT-2,
+    Llama 3, Qwen, SmolLM) maps each byte to a printable character; SentencePiece-style folders
+    write a space as "▁" and a byte as `<0xHH>`."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return lambda token_id: None
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    kinds = {step.get("type") for step in decoder.get("decoders", [])} if decoder.get("type") == "Sequence" \
+        else {decoder.get("type")}
+    added = {token_id: token.content for token_id, token in backend.get_added_tokens_decoder().items()}
+    byte_of = {char: byte for byte, char in _printable_bytes().items()}
+
+    def byte_level(piece: str) -> bytes | None:
+        if all(char in byte_of for char in piece):
+            return bytes(byte_of[char] for char in piece)
+        return None
+
+    def sentencepiece(piece: str) -> bytes:
+        if "ByteFallback" in kinds and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    if "ByteLevel" in kinds:
+        read = byte_level
+    elif kinds & {"Metaspace", "ByteFallback", "Replace"}:
+        read = sentencepiece
+    else:
+        return lambda token_id: None
+
+    def token_bytes(token_id: int) -> bytes | None:
+        if token_id in added:
+            return added[token_id].encode("utf-8")
+        piece = backend.id_to_token(token_id)
+        return None if piece is None else read(piece)
+
+    return token_bytes
+
+
+@functools.cache
+def _printable_bytes() -> dict[int, str]:
+    """Byte-level BPE's byte -> character map (GPT-2's `bytes_to_unicode`): printable bytes stand
+    for themselves, the others for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    table = {byte: chr(byte) for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in table:
+            table[byte] = chr(256 + extra)
+            extra += 1
+    return table
 
 
 def eos_token_ids(model: str, model_config: ModelConfig, tokenizer) -> set[int]:

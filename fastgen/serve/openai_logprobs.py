@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastgen.outputs import Logprob, PositionLogprobs
 from fastgen.serve.errors import RequestError
 
@@ -85,18 +87,23 @@ def _by_text(token_id: int, position: PositionLogprobs) -> dict[str, float]:
     return top
 
 
-def _chat_entry(token_id: int, logprob: Logprob) -> dict:
+def _chat_entry(token_id: int, logprob: Logprob, token_bytes: Callable[[int], bytes | None]) -> dict:
     text = _text(token_id, logprob)
-    return {"token": text, "logprob": _value(logprob), "bytes": list(text.encode("utf-8"))}
+    raw = token_bytes(token_id)
+    return {"token": text, "logprob": _value(logprob),
+            "bytes": list(raw if raw is not None else text.encode("utf-8"))}
 
 
-def chat_logprobs(token_ids: list[int], positions: list[PositionLogprobs] | None, top: int) -> dict | None:
-    """The chat shape for `token_ids` (their dicts in `positions`), `top` alternatives each."""
+def chat_logprobs(token_ids: list[int], positions: list[PositionLogprobs] | None, top: int,
+                  token_bytes: Callable[[int], bytes | None] = lambda token_id: None) -> dict | None:
+    """The chat shape for `token_ids` (their dicts in `positions`), `top` alternatives each.
+    token_bytes(id): the bytes a token stands for (`token_bytes_reader`), so that a character
+    split over tokens joins back from their `bytes`; None: its text's UTF-8."""
     if positions is None:
         return None
     content = []
     for token_id, position in zip(token_ids, positions):
         best = sorted(position.items(), key=lambda item: -item[1].logprob)[:top]
-        content.append({**_chat_entry(token_id, position[token_id]),
-                        "top_logprobs": [_chat_entry(t, lp) for t, lp in best]})
+        content.append({**_chat_entry(token_id, position[token_id], token_bytes),
+                        "top_logprobs": [_chat_entry(t, lp, token_bytes) for t, lp in best]})
     return {"content": content}

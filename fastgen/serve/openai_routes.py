@@ -144,7 +144,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     body.max_tokens = chat_max_tokens(body, len(prompt), state.max_model_len)
     params = sampling_params(body, logprobs=top_logprobs, structured_outputs=tools.constraint)
     stream = await _submit(state, prompt, params, body, "tools" if tools.constraint is not None else None)
-    shape = ResponseShape("chat.completion", state.model_name, chat_top_logprobs=top_logprobs or 0, tools=tools)
+    shape = ResponseShape("chat.completion", state.model_name, chat_top_logprobs=top_logprobs or 0, tools=tools,
+                          token_bytes=state.token_bytes)
     return await _respond(state, request, stream, shape, body, getattr(params, "n", 1))
 
 

@@ -53,12 +53,14 @@ class ResponseShape:
     """One response's id, model and creation time, shared by all its chunks. chat_top_logprobs:
     how many alternatives each chat logprobs entry lists (completions list what the engine gave).
     tools: how a chat answer's tool calls are read (its text is held back until it ends, then
-    sent as content or as tool calls). echo: the prompt that leads each completion."""
+    sent as content or as tool calls). echo: the prompt that leads each completion.
+    token_bytes(id): a token's bytes for chat logprobs (None: its text's UTF-8)."""
 
     def __init__(self, kind: str, model: str, chat_top_logprobs: int = 0, tools: ToolPlan | None = None,
-                 echo: Echo | None = None):
+                 echo: Echo | None = None, token_bytes: Callable[[int], bytes | None] = lambda token_id: None):
         self.kind = kind  # "text_completion" or "chat.completion"
         self.chat_top_logprobs = chat_top_logprobs
+        self.token_bytes = token_bytes
         self.tools = tools if tools is not None and tools.mode != "text" else None
         self.echo = echo
         self._echoed: set[int] = set()  # choices whose stream has sent the prompt
@@ -76,7 +78,7 @@ class ResponseShape:
         none). text_offset counts the characters of the choice's earlier tokens' own texts, as
         in vLLM (the streamed text may hold back a partial character)."""
         if self.kind != "text_completion":
-            return chat_logprobs(token_ids, positions, self.chat_top_logprobs)
+            return chat_logprobs(token_ids, positions, self.chat_top_logprobs, self.token_bytes)
         logprobs = completion_logprobs(token_ids, positions, self._text_offsets.get(index, 0))
         if logprobs is not None:
             self._text_offsets[index] = self._text_offsets.get(index, 0) + sum(map(len, logprobs["tokens"]))

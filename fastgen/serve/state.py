@@ -4,12 +4,13 @@ metrics, the /generate results, and whether the server still admits requests."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from fastgen.engine.async_llm import AsyncLLM, AsyncRequestStream
 from fastgen.engine.prompts import Prompt
 from fastgen.engine.requests import EngineOverloaded
+from fastgen.engine.tokenizer import token_bytes_reader
 from fastgen.outputs import RequestOutput
 from fastgen.sampling_params import SamplingParams
 from fastgen.serve.errors import RequestError
@@ -28,11 +29,13 @@ class ServerState:
     results: ResultStore
     stream_idle_timeout_s: float = 60.0  # a stream whose client reads nothing this long is aborted
     metrics: ServerMetrics = field(init=False)
+    token_bytes: Callable[[int], bytes | None] = field(init=False)  # chat logprobs' `bytes`
     accepting: bool = True
     background_tasks: set[asyncio.Task] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(lambda: self.llm.stats)
+        self.token_bytes = token_bytes_reader(self.tokenizer)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

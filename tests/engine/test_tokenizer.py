@@ -79,3 +79,51 @@ def test_a_fast_folder_loads_and_chats_without_importing_transformers(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "False"]
+
+
+def _sentencepiece_style_tokenizer():
+    """A Llama-2-style tokenizer: "▁" for a space, `<0xHH>` byte tokens for characters outside
+    the vocabulary (byte fallback)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "</s>": 1, **{f"<0x{b:02X}>": 2 + b for b in range(256)}}
+    for piece in ["▁", "a", "b", "c", "▁a"]:
+        vocab[piece] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("▁", "a")], byte_fallback=True, unk_token="<unk>"))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "fast byte-level", "sentencepiece"])
+def test_token_bytes_join_back_into_the_text_where_tokens_split_characters(kind, tmp_path):
+    """Each piece of a split character decodes alone to U+FFFD; their bytes join into it."""
+    from fastgen.engine.tokenizer import token_bytes_reader
+
+    if kind == "sentencepiece":
+        tokenizer, text = _sentencepiece_style_tokenizer(), "ab café 東京 🚀"
+    else:
+        tokenizer, text = build_tokenizer(), "Grüße aus Köln! 東京は晴れ。 🚀✨ café<|endoftext|>"
+        if kind == "fast byte-level":
+            tokenizer.save_pretrained(tmp_path)
+            tokenizer = load_tokenizer(str(tmp_path))
+            assert isinstance(tokenizer, FastTokenizer)
+    token_bytes = token_bytes_reader(tokenizer)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert any(tokenizer.decode([i]) == "\ufffd" for i in ids)
+    joined = b"".join(token_bytes(i) for i in ids).decode("utf-8")
+    assert joined == (" " + text if kind == "sentencepiece" else text)  # (SentencePiece's leading "▁")
+
+
+def test_token_bytes_are_unknown_for_a_decoder_it_does_not_read():
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from fastgen.engine.tokenizer import token_bytes_reader
+
+    backend = Tokenizer(models.WordPiece({"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    backend.decoder = decoders.WordPiece()
+    assert token_bytes_reader(PreTrainedTokenizerFast(tokenizer_object=backend))(1) is None
+    assert token_bytes_reader(object())(1) is None
