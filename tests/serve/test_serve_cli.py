@@ -5,13 +5,12 @@ model loads."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-
-import re
 
 import httpx
 import pytest

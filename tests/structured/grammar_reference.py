@@ -8,16 +8,18 @@ import json
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from fastgen.structured.xgrammar_backend import MAX_WHITESPACE, enforceable_schema
+from fastgen.structured.xgrammar_backend import compile_json_schema
 from fastgen.structured_outputs_params import StructuredOutputsParams
 
 
 def compile_reference(compiler, spec: StructuredOutputsParams):
-    """The spec compiled by xgrammar directly, with the settings fastgen documents (string
-    lengths as patterns)."""
+    """The spec compiled by xgrammar directly, with the settings fastgen documents (a schema as
+    `compile_json_schema` compiles it: strict, whitespace capped, string lengths held to JSON's
+    characters)."""
+    import xgrammar as xgr
+
     if spec.kind in ("json", "json_object"):
-        schema = enforceable_schema(spec.json) if spec.kind == "json" else {"type": "object"}
-        return compiler.compile_json_schema(json.dumps(schema), strict_mode=True, max_whitespace_cnt=MAX_WHITESPACE)
+        return compile_json_schema(compiler, xgr, spec.json if spec.kind == "json" else {"type": "object"})
     if spec.kind == "regex":
         return compiler.compile_regex(spec.regex)
     if spec.kind == "choice":

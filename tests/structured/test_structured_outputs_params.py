@@ -5,10 +5,12 @@ string can hold."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fastgen import SamplingParams
-from fastgen.structured.xgrammar_backend import enforceable_schema, unenforced_keyword
+from fastgen.structured.json_schema import check_lengths, json_grammar, lengths_as_patterns, unenforced_keyword
 from fastgen.structured_outputs_params import StructuredOutputsParams
 
 
@@ -55,6 +57,9 @@ def test_unenforced_keywords_are_found_where_they_sit():
     assert unenforced_keyword({"allOf": [{"type": "integer"}, {"minimum": 3}]}).endswith("allOf (with more than one "
                                                                                          "schema)")
     assert unenforced_keyword({"allOf": [{"type": "integer"}]}) is None
+    assert unenforced_keyword({"properties": {"a": {"$ref": "#/components/A"}}, "components": {"A": {"not": {}}}}) \
+        == "structured_outputs.json.properties.a.$ref.not"
+    assert unenforced_keyword({"$defs": {"A": {"$ref": "#/$defs/A"}}}) is None  # a cycle ends
 
 
 @pytest.mark.parametrize("schema, accepted", [
@@ -67,8 +72,6 @@ def test_unenforced_keywords_are_found_where_they_sit():
 ])
 def test_each_refused_keyword_is_one_xgrammar_does_not_enforce(schema, accepted):
     """Why each keyword is refused: xgrammar's own grammar lets through an output that breaks it."""
-    import json
-
     xgr = pytest.importorskip("xgrammar")
     jsonschema = pytest.importorskip("jsonschema")
     from tokenizers import Tokenizer, models
@@ -84,65 +87,88 @@ def test_each_refused_keyword_is_one_xgrammar_does_not_enforce(schema, accepted)
     assert unenforced_keyword(schema) is not None
 
 
-def _xgrammar_matcher(schema: dict):
-    """A matcher of xgrammar's grammar for `schema` over a vocabulary of one token per ASCII
-    character, control characters included."""
-    import json
-
+def _matcher(schema: dict, compile_with: str = "fastgen"):
+    """A matcher over a vocabulary of one token per ASCII character, control characters included,
+    of `schema` compiled by fastgen (`compile_json_schema`), by xgrammar alone ("xgrammar"), or by
+    xgrammar from the schema with lengths as patterns ("patterns": fastgen's fallback)."""
     xgr = pytest.importorskip("xgrammar")
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
+
+    from fastgen.structured.xgrammar_backend import compile_json_schema
 
     vocab = {chr(c): c for c in range(1, 127)}
     vocab["<eos>"] = 0
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<eos>")))
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(vocab), stop_token_ids=[0])
-    return xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), strict_mode=True))
+    compiler = xgr.GrammarCompiler(info)
+    if compile_with == "fastgen":
+        return xgr.GrammarMatcher(compile_json_schema(compiler, xgr, schema))
+    if compile_with == "patterns":
+        schema = lengths_as_patterns(schema)
+    return xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(schema), strict_mode=True))
 
 
-def _accepts(schema: dict, text: str) -> bool:
-    matcher = _xgrammar_matcher(schema)
+def _accepts(schema: dict, text: str, compile_with: str = "fastgen") -> bool:
+    matcher = _matcher(schema, compile_with)
     return matcher.accept_string(text) and matcher.is_completed()
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "string", "maxLength": 5},
-    {"type": "object", "properties": {"city": {"type": "string", "minLength": 1}}, "required": ["city"]},
-])
-def test_length_limited_strings_admit_no_control_characters(schema):
-    """Why string lengths become patterns: xgrammar's own length rule lets a raw control
-    character into a JSON string, which json.loads then refuses."""
-    import json
+LIMITED = {
+    "string": ({"type": "string", "maxLength": 5}, '"a\x02b"'),
+    "property": ({"type": "object", "properties": {"city": {"type": "string", "minLength": 1}},
+                  "required": ["city"]}, '{"city": "a\x02b"}'),
+    # a reference to a place no keyword names: xgrammar resolves it, and so must the checks
+    "reference": ({"type": "object", "properties": {"a": {"$ref": "#/components/S"}}, "required": ["a"],
+                   "components": {"S": {"type": "string", "maxLength": 8000}}}, '{"a": "a\x02b"}'),
+}
 
-    raw = '"a\x02b"' if schema["type"] == "string" else '{"city": "a\x02b"}'  # a raw control character
+
+@pytest.mark.parametrize("case", LIMITED)
+def test_length_limited_strings_admit_no_control_characters(case):
+    """xgrammar's own length rule lets a raw control character into a JSON string, which
+    json.loads then refuses (this asserts xgrammar's flaw, so that a release without it is
+    noticed); fastgen's grammar, and its fallback of patterns, refuse it."""
+    schema, raw = LIMITED[case]
     with pytest.raises(json.JSONDecodeError):
         json.loads(raw)
-    assert _accepts(schema, raw)
-    rewritten = enforceable_schema(schema)
-    assert not _accepts(rewritten, raw)
-    assert _accepts(rewritten, raw.replace("\x02", "-"))
+    assert _accepts(schema, raw, "xgrammar")
+    # fastgen's own route, not the fallback: xgrammar's grammar text, its character class narrowed
+    assert json_grammar(json.dumps(schema), pytest.importorskip("xgrammar")) is not None
+    # (xgrammar expands a pattern's {0,8000} into states for minutes: the fallback is for short limits)
+    for compile_with in ("fastgen",) if case == "reference" else ("fastgen", "patterns"):
+        assert not _accepts(schema, raw, compile_with)
+        assert _accepts(schema, raw.replace("\x02", "-"), compile_with)
 
 
-def test_string_lengths_hold_in_characters_and_bad_ones_are_named():
+@pytest.mark.parametrize("compile_with", ["fastgen", "patterns"])
+def test_string_lengths_hold_in_characters(compile_with):
     jsonschema = pytest.importorskip("jsonschema")
     schema = {"type": "string", "minLength": 2, "maxLength": 3}
-    rewritten = enforceable_schema(schema)
     for text, valid in [('""', False), ('"a"', False), ('"ab"', True), ('"abc"', True), ('"abcd"', False)]:
-        assert _accepts(rewritten, text) == valid, text
-        assert jsonschema.Draft7Validator(schema).is_valid(__import__("json").loads(text)) == valid
-    with pytest.raises(ValueError, match=r"structured_outputs.json.minLength=4 must be <= maxLength=3"):
-        enforceable_schema({"minLength": 4, "maxLength": 3})
-    with pytest.raises(ValueError, match=r"structured_outputs.json.items.maxLength=-1 must be an integer >= 0"):
-        enforceable_schema({"type": "array", "items": {"type": "string", "maxLength": -1}})
+        assert _accepts(schema, text, compile_with) == valid, text
+        assert jsonschema.Draft7Validator(schema).is_valid(json.loads(text)) == valid
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"minLength": 4, "maxLength": 3}, r"structured_outputs.json.minLength=4 must be <= maxLength=3"),
+    ({"type": "array", "items": {"type": "string", "maxLength": -1}},
+     r"structured_outputs.json.items.maxLength=-1 must be an integer >= 0"),
+    ({"properties": {"a": {"$ref": "#/x"}}, "x": {"maxLength": 2, "pattern": "a+"}},
+     r"structured_outputs.json.properties.a.\$ref.maxLength together with pattern"),
+])
+def test_bad_string_lengths_are_named(schema, message):
+    with pytest.raises(ValueError, match=message):
+        check_lengths(schema)
 
 
 @pytest.mark.parametrize("other", [{"pattern": "^a+$"}, {"format": "email"}])
 def test_a_length_limit_beside_a_pattern_or_format_is_refused(other):
     """Why: xgrammar enforces the pattern or format and drops the limit."""
     schema = {"type": "object", "properties": {"x": {"type": "string", "maxLength": 2, **other}}}
-    assert _accepts(schema, '{"x": "aaa"}' if "pattern" in other else '{"x": "a@b.cd"}')
+    assert _accepts(schema, '{"x": "aaa"}' if "pattern" in other else '{"x": "a@b.cd"}', "xgrammar")
     with pytest.raises(ValueError, match=r"structured_outputs.json.properties.x.maxLength together with "):
-        enforceable_schema(schema)
+        check_lengths(schema)
 
 
 def test_without_xgrammar_a_structured_request_is_a_clear_value_error(monkeypatch):
