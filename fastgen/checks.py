@@ -7,6 +7,9 @@ numpy scalar or an int subclass never travels further in).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import math
 import numbers
 
@@ -57,9 +60,19 @@ def positive_real(name: str, value: object) -> float:
 def known_fields(cls: type, given: dict, what: str) -> None:
     """ValueError naming the keywords of `given` that dataclass `cls` has no field for (Python
     would raise a TypeError from inside the generated __init__)."""
-    import dataclasses
+    known = _init_fields(cls)
+    if not known.keys() >= given.keys():
+        raise ValueError(f"{what} has no field(s) {sorted(given.keys() - known.keys())}; known: {list(known)}")
 
-    known = [f.name for f in dataclasses.fields(cls) if f.init]
-    unknown = sorted(set(given) - set(known))
-    if unknown:
-        raise ValueError(f"{what} has no field(s) {unknown}; known: {known}")
+
+@functools.cache
+def _init_fields(cls: type) -> dict[str, None]:
+    return {f.name: None for f in dataclasses.fields(cls) if f.init}
+
+
+def keep_signature(cls: type) -> type:
+    """For a dataclass whose `__new__` checks its keywords: its signature is its __init__'s
+    fields again (help() and signature-reading tools would otherwise see `*args, **kwargs`)."""
+    init = inspect.signature(cls.__init__)
+    cls.__signature__ = init.replace(parameters=list(init.parameters.values())[1:])
+    return cls

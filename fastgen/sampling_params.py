@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from fastgen.checks import FLOAT32_MAX, boolean, integer, known_fields, real
+from fastgen.checks import FLOAT32_MAX, boolean, integer, keep_signature, known_fields, real
 from fastgen.structured_outputs_params import StructuredOutputsParams
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
@@ -19,6 +19,7 @@ MIN_SAMPLING_TEMPERATURE = 1e-5
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes seeds in [0, 2**64)
 
 
+@keep_signature
 @dataclass
 class SamplingParams:
     """How one request is decoded.

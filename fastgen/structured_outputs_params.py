@@ -13,11 +13,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from fastgen.checks import known_fields
+from fastgen.checks import keep_signature, known_fields
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
+@keep_signature
 @dataclass(frozen=True)
 class StructuredOutputsParams:
     """Exactly one of:

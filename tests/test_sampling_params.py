@@ -3,6 +3,8 @@ are booleans, plain Python values in what passes, and unknown fields named."""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,4 @@ def test_an_unknown_field_is_a_value_error_listing_the_known_ones(cls, field):
     with pytest.raises(ValueError, match=rf"{cls.__name__} has no field\(s\) \['{field}'\]; known: \[.*'max_tokens'"
                        if cls is SamplingParams else rf"has no field\(s\) \['{field}'\]; known: \['json'"):
         cls(**{field: 1})
+    assert "max_tokens" in str(inspect.signature(SamplingParams))  # the check hides no field

@@ -248,9 +248,12 @@ class BackgroundEngine:
                 accepted.set_result(request_id)
             elif kind == "abort_all":
                 for request_id in list(self._streams):
-                    self.engine.abort(request_id)  # their finals come out of the next step
+                    self._abort_one(request_id)  # their finals come out of the next step
             elif kind == "abort":
-                try:
-                    self.engine.abort(command[1])  # its final output comes out of the next step
-                except Exception:  # noqa: BLE001 - one request's abort must not stop the loop
-                    logger.exception("aborting request %r failed", command[1])
+                self._abort_one(command[1])  # its final output comes out of the next step
+
+    def _abort_one(self, request_id: str) -> None:
+        try:
+            self.engine.abort(request_id)
+        except Exception:  # noqa: BLE001 - one request's abort must not stop the loop
+            logger.exception("aborting request %r failed", request_id)

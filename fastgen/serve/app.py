@@ -139,7 +139,7 @@ class Server(uvicorn.Server):
         if state is not None:
             logger.warning("shutdown timeout (%.1fs) passed: aborting the unfinished requests",
                            self._shutdown_timeout_s)
-            state.llm.abort_all()
+            state.abort_unfinished()
 
     def handle_exit(self, sig, frame) -> None:
         state = getattr(self._app.state, "server", None)
@@ -156,6 +156,9 @@ def bind(settings: ServerSettings) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((settings.host, settings.port))
+        # Listening now makes a second server on the port fail here, before its model loads (two
+        # sockets may bind one port under SO_REUSEADDR); connections meanwhile wait in the backlog.
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise ValueError(f"cannot listen on host={settings.host!r} port={settings.port}: "

@@ -110,8 +110,12 @@ def chat_max_tokens(request: ChatCompletionRequest, prompt_len: int, max_model_l
 
 
 def completion_max_tokens(prompt_len: int, max_model_len: int) -> int:
-    """Completions' max_tokens for a request without one."""
-    return max(1, min(COMPLETION_MAX_TOKENS_DEFAULT, max_model_len - prompt_len))
+    """Completions' max_tokens for a request without one; a 400 naming the prompt when it leaves
+    no room for a token."""
+    if prompt_len >= max_model_len:
+        raise RequestError(f"prompt length {prompt_len} leaves no room for a token within "
+                           f"max_model_len={max_model_len}", param="prompt")
+    return min(COMPLETION_MAX_TOKENS_DEFAULT, max_model_len - prompt_len)
 
 
 def predicted_text(prediction: dict) -> str:

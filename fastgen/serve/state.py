@@ -31,6 +31,7 @@ class ServerState:
     metrics: ServerMetrics = field(init=False)
     token_bytes: Callable[[int], bytes | None] = field(init=False)  # chat logprobs' `bytes`
     accepting: bool = True
+    aborting: bool = False  # past the shutdown timeout: what is still unfinished is aborted
     background_tasks: set[asyncio.Task] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -49,13 +50,22 @@ class ServerState:
             self.metrics.rejected.labels("503").inc()
             raise RequestError("the server is shutting down", status=503, kind="service_unavailable")
         try:
-            return await self.llm.submit(prompt, params, final_only)
+            stream = await self.llm.submit(prompt, params, final_only)
         except EngineOverloaded:
             self.metrics.rejected.labels("503").inc()
             raise
         except ValueError:
             self.metrics.rejected.labels("400").inc()
             raise
+        if self.aborting:  # admitted before the shutdown, queued after its abort (a long grammar compile)
+            await self.llm.abort(stream.request_id)
+        return stream
+
+    def abort_unfinished(self) -> None:
+        """Past the shutdown timeout: abort every unfinished request, and any admitted request
+        that reaches the engine later; each is still answered, with finish_reason "abort"."""
+        self.aborting = True
+        self.llm.abort_all()
 
     async def tracked(self, stream: AsyncRequestStream) -> AsyncIterator[RequestOutput]:
         """The stream's outputs, counted in the metrics; the stream is closed (its request

@@ -19,6 +19,7 @@ BAD = [
     ("/v1/completions", {**OK, "max_tokens": 0}, "max_tokens", ">= 1"),
     ("/v1/completions", {**OK, "max_tokens": 1000}, "prompt", "max_model_len=256"),
     ("/v1/completions", {**OK, "prompt": "x " * 300}, "prompt", "max_model_len=256"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": [5] * 256}, "prompt", "leaves no room for a token"),
     ("/v1/completions", {**OK, "prompt": [1, 2, 999999]}, "prompt", "vocabulary"),
     ("/v1/completions", {**OK, "prompt": ["a", "b"]}, "prompt", "one prompt"),
     ("/v1/completions", {**OK, "suffix": "!"}, "suffix", "not supported"),

@@ -45,3 +45,28 @@ def test_requests_unfinished_at_the_shutdown_timeout_end_with_abort(chat_model):
     lines = answers["stream"]
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "abort"
+
+
+def test_a_request_that_reaches_the_engine_after_the_abort_is_aborted_too(chat_model):
+    """A request admitted before the shutdown may reach the engine after the abort (its grammar
+    took long to compile): it is aborted there, and still answered."""
+    import asyncio
+
+    from fastgen import SamplingParams
+    from fastgen.engine.async_llm import AsyncLLM
+    from fastgen.serve.results import ResultStore
+    from fastgen.serve.state import ServerState
+
+    async def main():
+        llm = AsyncLLM(LLM(chat_model, **ENGINE_ARGS))
+        state = ServerState(llm, MODEL_NAME, None, 256, 384, 20, ResultStore())
+        try:
+            state.abort_unfinished()
+            stream = await state.submit([5, 6, 7], SamplingParams(max_tokens=200, ignore_eos=True))
+            outputs = [output async for output in stream]
+            return outputs[-1]
+        finally:
+            await asyncio.to_thread(llm.shutdown)
+
+    final = asyncio.run(main())
+    assert final.finish_reason == "abort" and len(final.token_ids) < 200
