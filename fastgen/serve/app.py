@@ -89,9 +89,13 @@ def build_app(llm, settings: ServerSettings) -> FastAPI:
             yield
         finally:
             state.accepting = False
+            if state.background_tasks:
+                # /generate's requests, which no connection holds open: the same time to finish as
+                # the others (the server aborts what is left at the shutdown timeout).
+                await asyncio.wait(state.background_tasks, timeout=settings.shutdown_timeout_s + FINAL_OUTPUTS_S)
             await asyncio.to_thread(state.llm.shutdown)  # aborts the unfinished: their streams end
             if state.background_tasks:
-                await asyncio.wait(state.background_tasks, timeout=settings.shutdown_timeout_s)
+                await asyncio.wait(state.background_tasks, timeout=FINAL_OUTPUTS_S)
 
     app = FastAPI(title="fastgen", lifespan=lifespan)
     app.add_middleware(FrontDoor, api_key=settings.api_key, max_request_bytes=settings.max_request_bytes,

@@ -1,6 +1,7 @@
-"""Shutting down with requests in flight: once the shutdown timeout has passed, each unfinished
-request is aborted and still answered (a whole response, a stream's final chunk and [DONE]),
-with finish_reason "abort", not cut off by the server's own cancellation."""
+"""Shutting down with requests in flight: they may finish until the shutdown timeout, /generate's
+too; then each unfinished request is aborted and still answered (a whole response, a stream's
+final chunk and [DONE]), with finish_reason "abort", not cut off by the server's own
+cancellation."""
 
 from __future__ import annotations
 
@@ -70,3 +71,14 @@ def test_a_request_that_reaches_the_engine_after_the_abort_is_aborted_too(chat_m
 
     final = asyncio.run(main())
     assert final.finish_reason == "abort" and len(final.token_ids) < 200
+
+
+def test_a_generate_request_in_flight_at_shutdown_gets_the_same_time_to_finish(chat_model):
+    """/generate's requests hold no connection open, yet the shutdown waits for them as for the
+    others, instead of aborting them at once."""
+    llm = LLM(chat_model, **ENGINE_ARGS)
+    body = {"prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True, "temperature": 0.0}
+    with running_server(llm, shutdown_timeout_s=60.0) as base_url:
+        assert httpx.post(f"{base_url}/generate", json=body, timeout=30).status_code == 200
+        wait_for(lambda: metric_values(base_url)["fastgen_num_requests_running"] == 1)
+    assert llm.engine.stats().decode_tokens == 199  # its first token came from the prompt's step
