@@ -39,6 +39,7 @@ from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.block_manager import BlockManager
 from fastgen.engine.driving_thread import Driver
+from fastgen.engine.interrupts import interrupts_held_back
 from fastgen.engine.live_requests import LiveRequests
 from fastgen.engine.outbox import Outbox
 from fastgen.engine.parallel_sampling import ParentRequest
@@ -276,7 +277,8 @@ class LLMEngine:
         outputs = self.outbox.take_between_steps()
         out, handed_over, after_a_step_in_flight = None, False, False
         try:
-            out = self.scheduler.schedule()
+            with interrupts_held_back():
+                out = self.scheduler.schedule()
             if out is None:
                 if self.in_flight is None:
                     self.runner.forget(*self.scheduler.pop_facts())

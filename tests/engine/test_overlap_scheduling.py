@@ -1,8 +1,8 @@
 """Overlap scheduling: each step is launched before the previous one's tokens are read, the
 pending tokens fed to it on the device. Greedy output equals transformers' with the overlap on
 and off, through mixed steps, preemptions, aborts, stop tokens and strings that a late token
-completes, n > 1 forks and logprobs; sampled output (seeds, penalties, min_tokens) is the same
-both ways."""
+completes, n > 1 forks and logprobs, and interrupts (Ctrl-C) at any point of a step; sampled
+output (seeds, penalties, min_tokens) is the same both ways."""
 
 from __future__ import annotations
 
@@ -43,10 +43,14 @@ class LaunchCounter:
         runner.launch, runner.collect = counted_launch, counted_collect
 
 
-def drain(engine, ids, finals: dict) -> dict:
-    """Step until nothing is left; `finals` (request id -> final output) completed."""
-    while engine.has_unfinished_requests():
+def drain(engine, ids, finals: dict, max_steps: int = 1000) -> dict:
+    """Step until nothing is left; `finals` (request id -> final output) completed. A request
+    that never ends (books left wrong) fails after max_steps."""
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            break
         finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert not engine.has_unfinished_requests(), f"requests still unfinished after {max_steps} steps"
     assert set(ids) <= set(finals)
     return finals
 
@@ -355,4 +359,35 @@ def test_on_cuda_graphs_with_a_step_in_flight_equal_transformers(tiny_models, re
              zip(expected, (2, 5, 0, 9, 4))]
     for out, ref in zip(llm.generate(prompts, stops), expected):
         assert out.token_ids == ref[: ref.index(out.token_ids[-1]) + 1]
+    check_books(engine)
+
+
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_ctrl_c_while_a_step_is_formed_is_raised_once_it_is_formed(tiny_models, reference, overlap):
+    """SIGINT (Ctrl-C) arriving while the scheduler forms a step (blocks taken, tokens marked in
+    flight) is held back until the step is formed, so the engine can give the step up: the
+    requests open across the interrupt still equal transformers'."""
+    import signal
+
+    model = tiny_models["qwen3"]
+    _, engine = engine_for(model, overlap)
+    prompts = random_prompts([6, 9], seed=13)
+    ids = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)) for p in prompts]
+    finals: dict = {}
+    for _ in range(3):
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    scheduler = engine.scheduler
+    take_up = scheduler._take_up
+
+    def interrupted(out):
+        take_up(out)
+        scheduler._take_up = take_up
+        signal.raise_signal(signal.SIGINT)
+
+    scheduler._take_up = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    drain(engine, ids, finals)
+    assert [finals[i].token_ids for i in ids] == [reference(model, [p], 10)[0] for p in prompts]
     check_books(engine)
