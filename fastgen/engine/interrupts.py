@@ -12,20 +12,31 @@ from __future__ import annotations
 
 import signal
 import threading
-from contextlib import contextmanager
 
 
-@contextmanager
-def interrupts_held_back():
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    received = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
+class interrupts_held_back:  # noqa: N801 - used as a context manager, named like one
+    """`with interrupts_held_back(): ...`: a SIGINT arriving inside is raised as KeyboardInterrupt
+    when the block ends (its cost: two sigaction calls)."""
+
+    __slots__ = ("_received", "_holding")
+
+    def __enter__(self) -> None:
+        self._holding = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._received = False
+        previous = signal.signal(signal.SIGINT, self._hold)
+        if previous is not signal.default_int_handler:  # the application's own handler: left alone
+            signal.signal(signal.SIGINT, previous)
+            return
+        self._holding = True
+
+    def _hold(self, signum, frame) -> None:
+        self._received = True
+
+    def __exit__(self, *exc) -> None:
+        if not self._holding:
+            return
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        if received:
+        if self._received:
             raise KeyboardInterrupt
