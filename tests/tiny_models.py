@@ -1,8 +1,10 @@
 """Tiny random-weight Qwen3, Qwen2, Llama and GPT-2 models built with transformers, plus a small
-byte-level BPE tokenizer trained on the spot, so tests need no model hub."""
+byte-level BPE tokenizer trained on the spot (and a SentencePiece-like one with byte fallback),
+so tests need no model hub."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -116,3 +118,26 @@ def hf_greedy(
             out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
             results.append(out[0, len(ids) :].tolist())
     return results
+
+
+BYTE_TOKENS = [f"<0x{i:02X}>" for i in range(256)]
+
+
+def sentencepiece_like_tokenizer() -> PreTrainedTokenizerFast:
+    """Llama-2's kind: words marked by a leading "▁" that decodes to a space (dropped at the start
+    of a text), and each byte of a character outside the vocabulary a token of its own, which
+    decode together once they make a character (byte fallback)."""
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.pre_tokenizer = pre_tokenizers.Metaspace()
+    trained.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "</s>"],
+                                                            show_progress=False))
+    model = json.loads(trained.to_str())["model"]
+    vocab = dict(model["vocab"])
+    vocab.update({byte: len(vocab) + i for i, byte in enumerate(BYTE_TOKENS)})
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens(["<unk>", "</s>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")

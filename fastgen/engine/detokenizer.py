@@ -68,6 +68,11 @@ class IncrementalDetokenizer:
                 self._stream = _decode_stream(self._streams_with, self.ids, self.skip_special_tokens)
             if self._stream is not None:
                 return self._add_streamed(token_ids)
+        if len(token_ids) > 1 and "\ufffd" in self._decode(self.ids[self.prefix_offset:] + list(token_ids)):
+            # A byte-fallback tokenizer decodes a run of byte tokens as a whole: one invalid byte
+            # in it turns the run's complete characters into U+FFFD too, which token by token
+            # they are not. Stepping keeps the text what a stream of the same tokens gives.
+            return "".join(self._add_decoded([token]) for token in token_ids)
         return self._add_decoded(token_ids)
 
     def _add_decoded(self, token_ids: list[int]) -> str:
@@ -78,7 +83,7 @@ class IncrementalDetokenizer:
         full = self._decode(self.ids[self.prefix_offset :])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
-        new = full[len(prefix) :]
+        new = self._text_after(prefix, full)
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
         return new
@@ -108,9 +113,17 @@ class IncrementalDetokenizer:
             return ""
         self._streams_with = self._stream = None
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        new = self._decode(self.ids[self.prefix_offset :])[len(prefix) :]
+        new = self._text_after(prefix, self._decode(self.ids[self.prefix_offset :]))
         self.read_offset = len(self.ids)
         return new
+
+    def _text_after(self, prefix: str, full: str) -> str:
+        """The text of the tokens past read_offset: `full` (the window's) past `prefix` (its read
+        part's), or, where decoding the window whole rewrote the read part (a byte-fallback run
+        that a stray byte made invalid turns all its bytes into U+FFFD), those tokens alone."""
+        if full.startswith(prefix):
+            return full[len(prefix) :]
+        return self._decode(self.ids[self.read_offset :])
 
 
 def _decode_stream(backend, context: list[int], skip_special_tokens: bool) -> DecodeStream | None:

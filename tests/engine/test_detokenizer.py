@@ -5,38 +5,12 @@ and its stop strings do not depend on which one ran."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from fastgen.engine.detokenizer import MOST_TOKENS_STREAMED, IncrementalDetokenizer
-from tests.tiny_models import CORPUS, build_tokenizer
-
-BYTE_TOKENS = [f"<0x{i:02X}>" for i in range(256)]
-
-
-def sentencepiece_like_tokenizer() -> PreTrainedTokenizerFast:
-    """Llama-2's kind: words marked by a leading "▁" that decodes to a space (dropped at the start
-    of a text), and each byte of a character outside the vocabulary a token of its own, which
-    decode together once they make a character (byte fallback)."""
-    trained = Tokenizer(models.BPE(unk_token="<unk>"))
-    trained.pre_tokenizer = pre_tokenizers.Metaspace()
-    trained.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "</s>"],
-                                                            show_progress=False))
-    model = json.loads(trained.to_str())["model"]
-    vocab = dict(model["vocab"])
-    vocab.update({byte: len(vocab) + i for i, byte in enumerate(BYTE_TOKENS)})
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    tok.add_special_tokens(["<unk>", "</s>"])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
-
+from tests.tiny_models import BYTE_TOKENS, CORPUS, build_tokenizer, sentencepiece_like_tokenizer
 
 TOKENIZERS = {"byte-level": build_tokenizer, "sentencepiece-like": sentencepiece_like_tokenizer}
 
@@ -91,11 +65,10 @@ def test_the_rust_stream_gives_the_python_steps_pieces_token_for_token(kind):
 def test_several_tokens_at_once_give_the_same_text(kind):
     """Several tokens in one step (accepted drafts; a whole output decoded at its end) may come
     out a token sooner through the stream, never differently; past MOST_TOKENS_STREAMED the
-    Python steps take over for good. (Stray byte-fallback bytes are the exception, and the next
-    test's: the text of an invalid run of bytes depends on where the runs were cut, in the two
-    decodes too.)"""
+    Python steps take over for good. Stray byte-fallback bytes included: a whole output with one
+    is stepped through, so its text is the stream's (see the next test)."""
     tok = TOKENIZERS[kind]()
-    rng, tail = random.Random(1), random_ids(tok, bytes_too=False)
+    rng, tail = random.Random(1), random_ids(tok, bytes_too=True)
     for _ in range(150):
         prompt, adds = random_case(tok, rng, most_at_once=2 * MOST_TOKENS_STREAMED, tail=tail)
         rust, _ = pieces_of(tok, prompt, adds, streamed=True)
@@ -106,9 +79,10 @@ def test_several_tokens_at_once_give_the_same_text(kind):
 def test_a_stray_byte_that_the_stream_refuses_hands_over_to_the_python_steps():
     """Byte fallback: the bytes of "ø" decode to it, a stray continuation byte after them turns
     the run back into U+FFFD, so the window's text no longer begins with what the stream gave;
-    the stream refuses it (tokenizers raises), and the two decodes run that token and the rest.
-    Several tokens at once give the text that one at a time gives ("ø" already out), where the
-    two decodes over all three bytes at once would give three U+FFFD."""
+    the stream refuses it (tokenizers raises), and the two decodes run that token and the rest:
+    one U+FFFD for the one stray byte. Several tokens at once give the text that one at a time
+    gives ("ø" already out), where the two decodes over all three bytes at once would give three
+    U+FFFD, and the whole output decoded at its end (the Python steps, not streamed) too."""
     tok = sentencepiece_like_tokenizer()
     vocab = tok.get_vocab()
     assert tok.encode("ø", add_special_tokens=False)[-2:] == [vocab["<0xC3>"], vocab["<0xB8>"]]
@@ -120,7 +94,10 @@ def test_a_stray_byte_that_the_stream_refuses_hands_over_to_the_python_steps():
         rust, used = pieces_of(tok, prompt, adds, streamed=True)
         assert not used
         assert rust == one_at_a_time if at_once == 1 else "".join(rust) == "".join(one_at_a_time)
-    assert "".join(rust) == "ø\ufffd\ufffd jumps"
+    assert "".join(rust) == "ø\ufffd jumps"
+    whole, _ = pieces_of(tok, prompt, [outputs], streamed=False)
+    assert "".join(whole) == "ø\ufffd jumps"
+    assert tok.decode(outputs) == "\ufffd\ufffd\ufffd jumps"  # what decoding them at once gives
 
 
 def test_a_prompt_that_ends_inside_a_character_takes_the_python_steps():

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from fastgen.engine.tokenizer import FastTokenizer, load_tokenizer
 from tests.engine.tokenizer_parity import assert_same_as_transformers
-from tests.tiny_models import build_tokenizer
+from tests.tiny_models import build_tokenizer, sentencepiece_like_tokenizer
 
 SMOLLM_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -81,29 +81,13 @@ def test_a_fast_folder_loads_and_chats_without_importing_transformers(tmp_path):
     assert out.split() == ["True", "False"]
 
 
-def _sentencepiece_style_tokenizer():
-    """A Llama-2-style tokenizer: "▁" for a space, `<0xHH>` byte tokens for characters outside
-    the vocabulary (byte fallback)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "</s>": 1, **{f"<0x{b:02X}>": 2 + b for b in range(256)}}
-    for piece in ["▁", "a", "b", "c", "▁a"]:
-        vocab[piece] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("▁", "a")], byte_fallback=True, unk_token="<unk>"))
-    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
-    return PreTrainedTokenizerFast(tokenizer_object=backend)
-
-
 @pytest.mark.parametrize("kind", ["byte-level", "fast byte-level", "sentencepiece"])
 def test_token_bytes_join_back_into_the_text_where_tokens_split_characters(kind, tmp_path):
     """Each piece of a split character decodes alone to U+FFFD; their bytes join into it."""
     from fastgen.engine.tokenizer import token_bytes_reader
 
     if kind == "sentencepiece":
-        tokenizer, text = _sentencepiece_style_tokenizer(), "ab café 東京 🚀"
+        tokenizer, text = sentencepiece_like_tokenizer(), "The quick fox ø ☃ 龍"
     else:
         tokenizer, text = build_tokenizer(), "Grüße aus Köln! 東京は晴れ。 🚀✨ café<|endoftext|>"
         if kind == "fast byte-level":
