@@ -22,6 +22,12 @@ METRICS = {
         ("decode_step_ms.p50", -1), ("decode_step_ms.p99", -1), ("prefill_step_ms.p50", -1),
         ("ttft_ms.p50", -1), ("tpot_ms.p50", -1),
     ],
+    "serve": [
+        ("output_tokens_per_s", +1), ("total_tokens_per_s", +1), ("requests_per_s", +1),
+        ("ttft_ms.p50", -1), ("ttft_ms.p99", -1), ("tpot_ms.p50", -1), ("tpot_ms.p99", -1),
+        ("itl_ms.p50", -1), ("itl_ms.p99", -1), ("e2e_latency_ms.p50", -1), ("e2e_latency_ms.p99", -1),
+        ("goodput_requests_per_s", +1),
+    ],
 }
 # Settings that make two runs measure different things when they differ.
 _SETUP = [("environment", "device_name"), ("engine", "model"), ("engine", "dtype"), ("engine", "device"),
@@ -39,9 +45,15 @@ class Delta:
     new: float | None
     worse_pct: float | None
 
+    @property
+    def missing(self) -> bool:
+        """The baseline has the metric and the new run does not (it failed to measure it)."""
+        return self.old is not None and self.new is None
+
     def worse_than(self, pct: float | None) -> bool:
-        """Whether the new run is worse by more than pct percent (never when pct is None)."""
-        return pct is not None and self.worse_pct is not None and self.worse_pct > pct
+        """Whether the new run is worse by more than pct percent, or lost the metric (never when
+        pct is None)."""
+        return pct is not None and (self.missing or (self.worse_pct is not None and self.worse_pct > pct))
 
 
 def load_report(path: str | Path) -> dict:
@@ -89,7 +101,7 @@ def setup_differences(old: dict, new: dict) -> list[str]:
              and old[section].get(key) != new[section].get(key)]
     # A report from before `bench serve` recorded `stream` sent streamed requests.
     if _workload(old) != _workload(new):
-        notes.append("workload differs")
+        notes.append("the workload")
     return notes
 
 
@@ -102,11 +114,11 @@ def _workload(doc: dict) -> dict | None:
 
 def format_comparison(deltas: list[Delta], fail_above: float | None) -> str:
     def number(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:12.2f}"
+        return f"{'n/a':>12s}" if x is None else f"{x:12.2f}"
 
     lines = [f"{'metric':26s} {'old':>12s} {'new':>12s} {'change':>9s}"]
     for d in deltas:
-        change = "n/a" if d.worse_pct is None else f"{-d.worse_pct:+8.1f}%"
+        change = "n/a" if d.worse_pct is None else f"{0.0 - d.worse_pct:+8.1f}%"  # (0.0 -: no "-0.0%")
         flag = "  REGRESSION" if d.worse_than(fail_above) else ""
         lines.append(f"{d.metric:26s} {number(d.old)} {number(d.new)} {change:>9s}{flag}")
     return "\n".join(lines)

@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_comparison(deltas, args.fail_above))
     worse = [d for d in deltas if d.worse_than(args.fail_above)]
     if worse:
-        names = ", ".join(f"{d.metric} ({d.worse_pct:+.1f}% worse)" for d in worse)
+        names = ", ".join(f"{d.metric} (missing from the new run)" if d.missing else
+                          f"{d.metric} ({d.worse_pct:+.1f}% worse)" for d in worse)
         print(f"fastgen: regression beyond {args.fail_above:g}%: {names}", file=sys.stderr)
         return EXIT_REGRESSION
     return 0

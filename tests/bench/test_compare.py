@@ -39,7 +39,7 @@ def test_setup_differences_are_named():
     new = copy.deepcopy(report(1.0, 1.0))
     new["engine"]["dtype"] = "bfloat16"
     new["workload"]["num_prompts"] = 16
-    assert setup_differences(report(1.0, 1.0), new) == ["engine.dtype: 'float32' -> 'bfloat16'", "workload differs"]
+    assert setup_differences(report(1.0, 1.0), new) == ["engine.dtype: 'float32' -> 'bfloat16'", "the workload"]
 
 
 def test_a_serve_report_from_before_stream_was_recorded_counts_as_streamed():
@@ -47,7 +47,7 @@ def test_a_serve_report_from_before_stream_was_recorded_counts_as_streamed():
     new["workload"]["stream"] = True
     assert setup_differences(old, new) == []
     new["workload"]["stream"] = False
-    assert setup_differences(old, new) == ["workload differs"]
+    assert setup_differences(old, new) == ["the workload"]
 
 
 def write(tmp_path, name: str, doc: dict) -> str:
@@ -72,3 +72,23 @@ def test_compare_of_a_file_that_is_no_report_exits_2(tmp_path, capsys):
     assert main(["bench", "compare", old, bad]) == 2
     assert "bad.json: not a fastgen bench report" in capsys.readouterr().err
     assert main(["bench", "compare", old, str(tmp_path / "missing.json")]) == 2
+
+
+@pytest.mark.parametrize("kind", ["throughput", "latency", "serve"])
+def test_every_report_kind_compares(kind, tmp_path, capsys):
+    from fastgen.bench.compare import METRICS
+    from fastgen.bench.report import SCHEMAS
+
+    assert set(METRICS) == set(SCHEMAS)
+    path = write(tmp_path, "run.json", report(100.0, 10.0, kind=kind))
+    assert main(["bench", "compare", path, path, "--fail-above", "0"]) == 0
+    assert "-0.0%" not in capsys.readouterr().out
+
+
+def test_a_metric_the_new_run_lost_fails_the_gate(tmp_path, capsys):
+    old, new = report(100.0, 10.0), report(100.0, 10.0)
+    del new["results"]["ttft_ms"]
+    old, new = write(tmp_path, "old.json", old), write(tmp_path, "new.json", new)
+    assert main(["bench", "compare", old, new]) == 0
+    assert main(["bench", "compare", old, new, "--fail-above", "50"]) == 1
+    assert "ttft_ms.p50 (missing from the new run)" in capsys.readouterr().err
