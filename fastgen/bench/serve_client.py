@@ -64,7 +64,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, model: str, pro
     timing = RequestTiming(prompt_len=len(prompt))
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    chunks = 0
+    chunks, done = 0, False
     timing.sent_at = time.perf_counter()
     try:
         async with client.stream("POST", url, json=body) as response:
@@ -76,18 +76,34 @@ async def stream_completion(client: httpx.AsyncClient, url: str, model: str, pro
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    done = True
                     break
                 event = json.loads(data)
+                if event.get("error"):  # the server failed the request mid-stream
+                    timing.error = f"error event: {json.dumps(event['error'])[:200]}"
+                    return timing
                 if event.get("choices"):
                     timing.chunk_times.append(time.perf_counter())
                     chunks += 1
+                    timing.error = _unfinished(event["choices"][0].get("finish_reason"))
+                    if timing.error is not None:
+                        return timing
                 if event.get("usage"):
                     timing.output_tokens = event["usage"]["completion_tokens"]
+        if not done:
+            timing.error = "the stream ended without [DONE]"
+            return timing
         timing.done_at = time.perf_counter()
         timing.output_tokens = timing.output_tokens or chunks
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError) as exc:
         timing.error = f"{type(exc).__name__}: {exc}"
     return timing
+
+
+def _unfinished(finish_reason: str | None) -> str | None:
+    """Why a request ended without its answer: fastgen's "abort" (the server shut down, say) and
+    "error" (the request's step failed) are not completions."""
+    return f"finish_reason {finish_reason!r}" if finish_reason in ("abort", "error") else None
 
 
 async def plain_completion(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
@@ -104,13 +120,16 @@ async def plain_completion(client: httpx.AsyncClient, url: str, model: str, prom
             timing.error = f"HTTP {response.status_code}: {response.text[:200]}"
             return timing
         answer = response.json()
+        timing.error = _unfinished(answer["choices"][0].get("finish_reason"))
+        if timing.error is not None:
+            return timing
         tokens = answer["usage"]["completion_tokens"]
         if not isinstance(tokens, int):
             timing.error = f"usage.completion_tokens={tokens!r} is not a count"
             return timing
         timing.done_at = time.perf_counter()
         timing.output_tokens = tokens
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
         timing.done_at = None
         timing.error = f"{type(exc).__name__}: {exc}"
     return timing

@@ -79,6 +79,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def rate(text: str) -> float:
+    """Events per second: a finite number > 0, or inf (no waiting at all)."""
+    value = number(text)
+    if not value > 0.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number > 0, or inf")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number in (0, 1], such as a share of GPU memory or a top-p mass."""
     value = _parse(float, text, "a number in (0, 1]")

@@ -45,11 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--model", default=None, help="model name to request (default: the first /v1/models lists)")
     target.add_argument("--vocab-size", metavar="N", type=arg_types.positive_int, default=None,
                         help="vocabulary prompts are drawn from (default: what fastgen's /v1/models reports)")
-    target.add_argument("--timeout", metavar="S", type=arg_types.non_negative_float, default=600.0,
+    target.add_argument("--timeout", metavar="S", type=arg_types.positive_float, default=600.0,
                         help="seconds one request may take")
     group = add_workload_args(parser, num_prompts=64, input_len=128, output_len=64)
-    group.add_argument("--request-rate", metavar="R", type=arg_types.non_negative_float, default=math.inf,
-                       help="requests per second, Poisson arrivals (inf: all at once)")
+    group.add_argument("--request-rate", metavar="R", type=arg_types.rate, default=math.inf,
+                       help="requests per second, Poisson arrivals (inf, the default: all at once)")
     group.add_argument("--max-concurrency", metavar="N", type=arg_types.positive_int, default=None,
                        help="most requests in flight (default: no limit)")
     group.add_argument("--seed", metavar="N", type=arg_types.non_negative_int, default=0,
@@ -70,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     from fastgen.bench.serve_load import measure_serve, served_model
     from fastgen.bench.workload import build_workload
 
+    if not args.stream and set(args.slo or {}) - {"e2e"}:
+        args.parser.error(f"argument --slo: {sorted(set(args.slo) - {'e2e'})} are not measured by plain requests "
+                          "(--no-stream): bound e2e only")
     base_url = args.base_url.rstrip("/")
     try:
         model, vocab = served_model(base_url, args.model, args.vocab_size)

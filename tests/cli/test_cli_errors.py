@@ -46,3 +46,21 @@ def test_a_temperature_beyond_float32_exits_2(capsys, tiny_models):
     assert main(["generate", "--model", tiny_models["qwen3"], *FLAGS, "--kv-cache-memory-bytes", "16MiB",
                  "--temperature", "1e39", "hi"]) == 2
     assert "temperature=1e+39 must be a finite number" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--request-rate", "0"], "argument --request-rate: invalid value '0': must be a number > 0, or inf"),
+    (["--timeout", "0"], "argument --timeout: invalid value '0'"),
+    (["--no-stream", "--slo", "ttft=500"], "argument --slo: ['ttft'] are not measured by plain requests"),
+])
+def test_bench_serve_refuses_what_it_cannot_measure_before_contacting_the_server(capsys, flags, says):
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "serve", "--base-url", "http://127.0.0.1:1", *flags])
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_bench_serve_takes_inf_as_all_at_once():
+    from fastgen.cli.main import build_parser
+
+    assert build_parser().parse_args(["bench", "serve", "--request-rate", "inf"]).request_rate == float("inf")

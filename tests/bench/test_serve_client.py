@@ -1,0 +1,57 @@
+"""`fastgen bench serve`'s client counts a request as completed only when the server answered it
+whole: a stream that ends in an error event, without [DONE], or with fastgen's "abort" / "error"
+finish reason is a failure, and so is such a plain answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from fastgen.bench.serve_client import plain_completion, stream_completion
+
+
+def chunk(text: str, finish_reason: str | None = None) -> dict:
+    return {"choices": [{"index": 0, "text": text, "finish_reason": finish_reason}]}
+
+
+def sse(*events) -> bytes:
+    return "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events).encode()
+
+
+def timed(body: bytes, stream: bool = True):
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+
+    async def run():
+        async with httpx.AsyncClient(transport=transport) as client:
+            send = stream_completion if stream else plain_completion
+            return await send(client, "http://server/v1/completions", "m", [1, 2, 3], 2, 0.0)
+
+    return asyncio.run(run())
+
+
+def test_a_whole_stream_is_completed_with_the_servers_token_count():
+    timing = timed(sse(chunk("a"), chunk("b", "length"), {"choices": [], "usage": {"completion_tokens": 2}},
+                       "[DONE]"))
+    assert timing.ok and timing.output_tokens == 2 and len(timing.chunk_times) == 2
+
+
+@pytest.mark.parametrize("body, says", [
+    (sse(chunk("a"), {"error": {"message": "the engine is down"}}, "[DONE]"), "error event"),
+    (sse(chunk("a"), chunk("b")), "without [DONE]"),
+    (sse(chunk("a"), chunk("", "abort"), "[DONE]"), "finish_reason 'abort'"),
+    (sse(chunk("a", "error"), "[DONE]"), "finish_reason 'error'"),
+], ids=["error event", "cut off", "abort", "error"])
+def test_a_stream_the_server_did_not_answer_whole_is_a_failure(body, says):
+    timing = timed(body)
+    assert not timing.ok and says in timing.error
+
+
+def test_a_plain_answer_that_ended_in_error_is_a_failure():
+    answer = {**chunk("a", "error"), "usage": {"completion_tokens": 1}}
+    timing = timed(json.dumps(answer).encode(), stream=False)
+    assert not timing.ok and "finish_reason 'error'" in timing.error
+    answer = {**chunk("ab", "length"), "usage": {"completion_tokens": 2}}
+    assert timed(json.dumps(answer).encode(), stream=False).ok
