@@ -92,6 +92,9 @@ class LLM:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
+        elif not isinstance(sampling_params, (list, tuple)):
+            raise ValueError(f"sampling_params must be a SamplingParams or a list of them, got "
+                             f"{type(sampling_params).__name__}")
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):

@@ -91,6 +91,16 @@ def test_one_bad_request_rejects_batch_before_anything_runs(llm, reference, tiny
 def test_mismatched_params_list(llm):
     with pytest.raises(ValueError, match="sampling_params has 1 entries but there are 2 prompts"):
         llm.generate([[1], [2]], [GREEDY])
+    with pytest.raises(ValueError, match="sampling_params must be a SamplingParams or a list of them, got dict"):
+        llm.generate([1, 2], {"max_tokens": 3})
+
+
+def test_stop_strings_without_a_tokenizer_are_refused(tiny_models):
+    """They are looked for in the text, which an engine without a tokenizer never has."""
+    no_tokenizer = LLM(tiny_models["qwen3"], dtype="float32", num_kv_blocks=8, skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match=r"stop=\['a'\] needs the text, .*skip_tokenizer_init=True"):
+        no_tokenizer.generate([1, 2], SamplingParams(stop=["a"]))
+    assert len(no_tokenizer.generate([1, 2], SamplingParams(max_tokens=2, stop_token_ids=[5]))[0].token_ids) <= 2
 
 
 def test_kv_budget_too_small_for_one_sequence(tiny_models):

@@ -44,6 +44,9 @@ def prompt_token_ids(prompt: Prompt, params: SamplingParams, tokenizer,
         token_ids = token_ids_of(prompt)
     if not token_ids:
         raise ValueError(f"prompt={prompt!r} is empty: a request needs at least 1 token")
+    if params.stop and tokenizer is None:  # stop strings are looked for in the text
+        raise ValueError(f"stop={params.stop!r} needs the text, but the engine was started with "
+                         "skip_tokenizer_init=True (use stop_token_ids)")
     vocab = config.model_config.vocab_size
     for t in params.stop_token_ids:
         if t >= vocab:
