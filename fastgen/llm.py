@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
@@ -92,7 +93,8 @@ class LLM:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
-        elif not isinstance(sampling_params, (list, tuple)):
+        elif isinstance(sampling_params, (dict, str, bytes)) or not isinstance(sampling_params, Iterable):
+            # (a dict would be read as its keys)
             raise ValueError(f"sampling_params must be a SamplingParams or a list of them, got "
                              f"{type(sampling_params).__name__}")
         else:

@@ -43,6 +43,9 @@ class IncrementalDetokenizer:
         # Runs every step for every request: call the Rust tokenizer directly when transformers'
         # wrapper would add nothing (it costs ~3x the decode itself in argument conversion).
         backend = getattr(tokenizer, "backend_tokenizer", None)
+        # Where byte tokens decode as runs (byte fallback), a whole output is decoded token by
+        # token if it holds a U+FFFD (see `add`); no other tokenizer needs that.
+        self._byte_fallback = backend is None or _decodes_byte_runs(backend)
         if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
             self._decode = lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
             if streamed:
@@ -68,7 +71,8 @@ class IncrementalDetokenizer:
                 self._stream = _decode_stream(self._streams_with, self.ids, self.skip_special_tokens)
             if self._stream is not None:
                 return self._add_streamed(token_ids)
-        if len(token_ids) > 1 and "\ufffd" in self._decode(self.ids[self.prefix_offset:] + list(token_ids)):
+        if (self._byte_fallback and len(token_ids) > 1
+                and "\ufffd" in self._decode(self.ids[self.prefix_offset:] + list(token_ids))):
             # A byte-fallback tokenizer decodes a run of byte tokens as a whole: one invalid byte
             # in it turns the run's complete characters into U+FFFD too, which token by token
             # they are not. Stepping keeps the text what a stream of the same tokens gives.
@@ -124,6 +128,17 @@ class IncrementalDetokenizer:
         if full.startswith(prefix):
             return full[len(prefix) :]
         return self._decode(self.ids[self.read_offset :])
+
+
+def _decodes_byte_runs(backend) -> bool:
+    """Whether the tokenizer's decoder has a ByteFallback step (or is one we cannot read)."""
+    decoder = backend.decoder
+    if decoder is None:
+        return False
+    try:
+        return b'"ByteFallback"' in decoder.__getstate__()
+    except Exception:  # noqa: BLE001 - an unreadable decoder: take the careful path
+        return True
 
 
 def _decode_stream(backend, context: list[int], skip_special_tokens: bool) -> DecodeStream | None:

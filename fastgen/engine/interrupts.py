@@ -16,7 +16,7 @@ import threading
 
 class interrupts_held_back:  # noqa: N801 - used as a context manager, named like one
     """`with interrupts_held_back(): ...`: a SIGINT arriving inside is raised as KeyboardInterrupt
-    when the block ends (its cost: two sigaction calls)."""
+    when the block ends (its cost: two sigaction calls and a lookup)."""
 
     __slots__ = ("_received", "_holding")
 
@@ -24,11 +24,12 @@ class interrupts_held_back:  # noqa: N801 - used as a context manager, named lik
         self._holding = False
         if threading.current_thread() is not threading.main_thread():
             return
-        self._received = False
-        previous = signal.signal(signal.SIGINT, self._hold)
-        if previous is not signal.default_int_handler:  # the application's own handler: left alone
-            signal.signal(signal.SIGINT, previous)
+        # The application's own handler is left alone, and so is one installed outside Python
+        # (None here); one a C library installed over Python's without telling it cannot be seen.
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             return
+        self._received = False
+        signal.signal(signal.SIGINT, self._hold)
         self._holding = True
 
     def _hold(self, signum, frame) -> None:

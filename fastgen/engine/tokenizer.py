@@ -136,7 +136,7 @@ def token_bytes_reader(tokenizer) -> Callable[[int], bytes | None]:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return lambda token_id: None
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    decoder = json.loads(backend.decoder.__getstate__()) if backend.decoder is not None else {}
     kinds = {step.get("type") for step in decoder.get("decoders", [])} if decoder.get("type") == "Sequence" \
         else {decoder.get("type")}
     added = {token_id: token.content for token_id, token in backend.get_added_tokens_decoder().items()}

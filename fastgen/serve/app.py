@@ -159,10 +159,11 @@ def bind(settings: ServerSettings) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        # Bound, not listening: a port a running server holds fails here, before the model loads,
+        # while clients that connect during the load are refused at once rather than left waiting
+        # on a server that cannot answer yet. (Two servers started together may both bind under
+        # SO_REUSEADDR; the second then fails when uvicorn listens.)
         sock.bind((settings.host, settings.port))
-        # Listening now makes a second server on the port fail here, before its model loads (two
-        # sockets may bind one port under SO_REUSEADDR); connections meanwhile wait in the backlog.
-        sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise ValueError(f"cannot listen on host={settings.host!r} port={settings.port}: "

@@ -3,7 +3,8 @@
 Refused (a ValueError naming the keyword's path): keywords xgrammar would silently not enforce
 (`UNENFORCED`, each shown let through by xgrammar in tests/structured), an `allOf` of several
 schemas, and `minLength`/`maxLength` beside a `pattern` or `format` (xgrammar enforces the
-pattern or format and drops the lengths). An output that passes the grammar must be valid
+pattern or format and drops the lengths) or on a schema without a `type` (xgrammar lets any
+value through). An output that passes the grammar must be valid
 against the schema.
 
 Adjusted: xgrammar's rule for a length-limited string admits raw control characters, which a
@@ -89,16 +90,16 @@ def unenforced_keyword(schema: object, path: str = "structured_outputs.json") ->
     return None
 
 
-def check_lengths(schema: object) -> bool:
-    """Whether `schema` limits a string's length anywhere; ValueError naming the path of a limit
-    that is not an integer >= 0, a minLength above its maxLength, or a limit beside a pattern or
-    format."""
-    limited = False
+def check_lengths(schema: object) -> int:
+    """How many string schemas in `schema` limit their length (each a length rule in xgrammar's
+    grammar); ValueError naming the path of a limit that is not an integer >= 0, a minLength above
+    its maxLength, a limit beside a pattern or format, or one on a schema that does not say it is
+    a string (xgrammar lets any value through there, strings of any length included)."""
+    limited = 0
     for node, where in subschemas(schema):
         limits = [keyword for keyword in _LENGTHS if keyword in node]
-        if not limits:
+        if not limits or "enum" in node or "const" in node:  # (the listed values are the output)
             continue
-        limited = True
         for other in ("pattern", "format"):
             if other in node:
                 raise ValueError(f"{where}.{limits[0]} together with {other} is not supported: xgrammar enforces "
@@ -109,15 +110,20 @@ def check_lengths(schema: object) -> bool:
                 raise ValueError(f"{where}.{keyword}={value!r} must be an integer >= 0")
         if len(limits) == 2 and node["minLength"] > node["maxLength"]:
             raise ValueError(f"{where}.minLength={node['minLength']} must be <= maxLength={node['maxLength']}")
+        types = node.get("type")
+        if "type" not in node:
+            raise ValueError(f"{where}.{limits[0]} needs \"type\": \"string\" beside it: xgrammar limits the length "
+                             "of string schemas only")
+        limited += types == "string" or (isinstance(types, list) and "string" in types)
     return limited
 
 
-def json_grammar(schema_text: str, xgr, **options) -> str | None:
-    """xgrammar's grammar text for a schema that limits string lengths, with the limited strings'
-    characters narrowed to a JSON string's; None where xgrammar no longer writes them as this
-    expects (`lengths_as_patterns` then)."""
+def json_grammar(schema_text: str, xgr, num_limited: int, **options) -> str | None:
+    """xgrammar's grammar text for a schema with `num_limited` length-limited string schemas,
+    with the limited strings' characters narrowed to a JSON string's; None where xgrammar no
+    longer writes a length rule for each as this expects (`lengths_as_patterns` then)."""
     text = str(xgr.Grammar.from_json_schema(schema_text, **options))
-    if _XGRAMMAR_LENGTH_CHARACTER not in text:
+    if text.count(_XGRAMMAR_LENGTH_CHARACTER) < num_limited:
         return None
     return text.replace(_XGRAMMAR_LENGTH_CHARACTER, _JSON_CHARACTER)
 

@@ -39,9 +39,10 @@ def compile_json_schema(compiler, xgr, schema: object):
     if where is not None:
         raise ValueError(f"{where} is not supported: xgrammar cannot enforce it, so outputs could break "
                          f"the schema (unsupported: {', '.join(UNENFORCED)}, allOf of several schemas)")
-    if not check_lengths(schema):
+    num_limited = check_lengths(schema)
+    if not num_limited:
         return compiler.compile_json_schema(json.dumps(schema), **options)
-    grammar = json_grammar(json.dumps(schema), xgr, **options)
+    grammar = json_grammar(json.dumps(schema), xgr, num_limited, **options)
     if grammar is not None:
         return compiler.compile_grammar(grammar)
     return compiler.compile_json_schema(json.dumps(lengths_as_patterns(schema)), **options)

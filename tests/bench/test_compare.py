@@ -92,3 +92,14 @@ def test_a_metric_the_new_run_lost_fails_the_gate(tmp_path, capsys):
     assert main(["bench", "compare", old, new]) == 0
     assert main(["bench", "compare", old, new, "--fail-above", "50"]) == 1
     assert "ttft_ms.p50 (missing from the new run)" in capsys.readouterr().err
+
+
+def test_goodput_is_compared_only_under_the_same_latency_bounds(tmp_path):
+    old, new = report(100.0, 10.0, kind="serve"), report(100.0, 10.0, kind="serve")
+    old["results"].update(slo_ms={"e2e": 500.0}, goodput_requests_per_s=2.0)
+    new["results"].update(slo_ms=None, goodput_requests_per_s=None)
+    assert "goodput_requests_per_s" not in {d.metric for d in compare_reports(old, new)}
+    assert setup_differences(old, new)[-1].startswith("the latency bounds of goodput")
+    new["results"].update(slo_ms={"e2e": 500.0}, goodput_requests_per_s=1.0)
+    goodput = {d.metric: d for d in compare_reports(old, new)}["goodput_requests_per_s"]
+    assert goodput.worse_pct == pytest.approx(50.0) and setup_differences(old, new) == []

@@ -118,6 +118,7 @@ LIMITED = {
     "string": ({"type": "string", "maxLength": 5}, '"a\x02b"'),
     "property": ({"type": "object", "properties": {"city": {"type": "string", "minLength": 1}},
                   "required": ["city"]}, '{"city": "a\x02b"}'),
+    "nullable": ({"type": ["string", "null"], "maxLength": 5}, '"a\x02b"'),
     # a reference to a place no keyword names: xgrammar resolves it, and so must the checks
     "reference": ({"type": "object", "properties": {"a": {"$ref": "#/components/S"}}, "required": ["a"],
                    "components": {"S": {"type": "string", "maxLength": 8000}}}, '{"a": "a\x02b"}'),
@@ -134,7 +135,7 @@ def test_length_limited_strings_admit_no_control_characters(case):
         json.loads(raw)
     assert _accepts(schema, raw, "xgrammar")
     # fastgen's own route, not the fallback: xgrammar's grammar text, its character class narrowed
-    assert json_grammar(json.dumps(schema), pytest.importorskip("xgrammar")) is not None
+    assert json_grammar(json.dumps(schema), pytest.importorskip("xgrammar"), check_lengths(schema)) is not None
     # (xgrammar expands a pattern's {0,8000} into states for minutes: the fallback is for short limits)
     for compile_with in ("fastgen",) if case == "reference" else ("fastgen", "patterns"):
         assert not _accepts(schema, raw, compile_with)
@@ -151,15 +152,27 @@ def test_string_lengths_hold_in_characters(compile_with):
 
 
 @pytest.mark.parametrize("schema, message", [
-    ({"minLength": 4, "maxLength": 3}, r"structured_outputs.json.minLength=4 must be <= maxLength=3"),
+    ({"type": "string", "minLength": 4, "maxLength": 3},
+     r"structured_outputs.json.minLength=4 must be <= maxLength=3"),
     ({"type": "array", "items": {"type": "string", "maxLength": -1}},
      r"structured_outputs.json.items.maxLength=-1 must be an integer >= 0"),
     ({"properties": {"a": {"$ref": "#/x"}}, "x": {"maxLength": 2, "pattern": "a+"}},
      r"structured_outputs.json.properties.a.\$ref.maxLength together with pattern"),
+    ({"type": "array", "items": {"maxLength": 2}},
+     r"structured_outputs.json.items.maxLength needs \"type\": \"string\" beside it"),
 ])
 def test_bad_string_lengths_are_named(schema, message):
     with pytest.raises(ValueError, match=message):
         check_lengths(schema)
+
+
+def test_a_length_limit_on_a_schema_not_typed_string_is_refused():
+    """Why: xgrammar lets any value through there, a string of any length included."""
+    schema = {"type": "object", "properties": {"a": {"maxLength": 2}}}
+    assert _accepts(schema, '{"a": "abcdef"}', "xgrammar")
+    with pytest.raises(ValueError, match=r"properties.a.maxLength needs \"type\": \"string\""):
+        check_lengths(schema)
+    assert check_lengths({"type": "integer", "maxLength": 2}) == 0  # (a limit on no string: nothing to do)
 
 
 @pytest.mark.parametrize("other", [{"pattern": "^a+$"}, {"format": "email"}])
