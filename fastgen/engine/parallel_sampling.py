@@ -10,6 +10,7 @@ every completion, as vLLM's ParentRequest does.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -119,8 +120,9 @@ def merge_outputs(outputs: list[RequestOutput], parents: dict[str, ParentRequest
 
 def merged_metrics(metrics: list[RequestMetrics]) -> RequestMetrics:
     """One request's metrics over its completions: first token and first scheduling at the
-    earliest, last token and finish at the latest (finish once all have), output tokens
-    summed, cached prompt tokens as the first completion found them."""
+    earliest, last token and finish at the latest (finish once all have), output tokens and
+    speculative decoding's draft counts summed (per draft position too), cached prompt tokens as
+    the first completion found them."""
 
     def times(name: str) -> list[float]:
         return [getattr(m, name) for m in metrics if getattr(m, name) is not None]
@@ -134,6 +136,10 @@ def merged_metrics(metrics: list[RequestMetrics]) -> RequestMetrics:
         finished_time=max(finished) if len(finished) == len(metrics) else None,
         num_output_tokens=sum(m.num_output_tokens for m in metrics),
         num_cached_tokens=metrics[0].num_cached_tokens,
+        num_draft_tokens=sum(m.num_draft_tokens for m in metrics),
+        num_accepted_draft_tokens=sum(m.num_accepted_draft_tokens for m in metrics),
+        accepted_per_position=[sum(counts) for counts in itertools.zip_longest(
+            *(m.accepted_per_position for m in metrics), fillvalue=0)],
     )
 
 

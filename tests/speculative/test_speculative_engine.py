@@ -42,6 +42,20 @@ def test_greedy_with_drafts_equals_transformers(tiny_models, reference, family):
     llm.engine.check_invariants()
 
 
+def test_a_request_of_n_completions_counts_every_completions_drafts(tiny_models, reference):
+    """Its metrics cover all completions, speculative decoding's counters too (the server's
+    usage reports them)."""
+    prompt = random_prompts([5], seed=9)[0] * 5  # repeats: the prompt lookup drafts
+    llm = LLM(tiny_models["qwen3"], dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=96,
+              speculative_config=NGRAM)
+    (out,) = llm.generate([prompt], greedy(n=2))
+    assert [c.token_ids for c in out.outputs] == reference(tiny_models["qwen3"], [prompt], MAX_TOKENS) * 2
+    stats = llm.engine.stats()
+    assert out.metrics.num_accepted_draft_tokens == stats.accepted_draft_tokens > 0
+    assert out.metrics.num_draft_tokens == stats.draft_tokens
+    assert out.metrics.accepted_per_position == list(stats.accepted_per_position)
+
+
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_drafts_beside_prompt_chunks_and_within_a_small_budget(tiny_models, reference, k):
     """Long prompts arrive while drafted sequences decode: mixed steps with drafts, a token budget
