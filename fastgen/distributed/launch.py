@@ -130,15 +130,26 @@ def join_groups(config: EngineConfig, store, rank: int) -> ProcessGroups:
 
     from fastgen.parallel.group import TensorParallelGroup
 
-    if dist.is_initialized():
-        raise RuntimeError("torch.distributed is already initialized in this process; a tensor-parallel "
-                           "engine sets up its own process group (one such engine per process at a time)")
+    check_no_process_group()
     size = config.tensor_parallel_size
     backend = "nccl" if config.device.startswith("cuda") else "gloo"
     dist.init_process_group(backend, store=_prefixed(store, "groups/"), rank=rank, world_size=size,
                             timeout=timedelta(seconds=config.distributed_timeout_s))
+    global _own_group
+    _own_group = True
     step_group = dist.new_group(backend="gloo", timeout=STEP_WAIT)
     return ProcessGroups(TensorParallelGroup(rank, size), step_group)
+
+
+def check_no_process_group() -> None:
+    """RuntimeError where torch.distributed is already initialized in this process (another
+    tensor-parallel engine, or the application's own group): checked before any worker starts,
+    and nothing of the group there is touched."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError("torch.distributed is already initialized in this process; a tensor-parallel "
+                           "engine sets up its own process group (one such engine per process at a time)")
 
 
 def bound_step_collectives(config: EngineConfig, step_group=None) -> None:
@@ -164,11 +175,18 @@ def bound_step_collectives(config: EngineConfig, step_group=None) -> None:
         _set_pg_timeout(bound)
 
 
+# Whether this process's default group is the engine's (join_groups made it): only that one is
+# destroyed when the engine stops, never a group the application set up.
+_own_group = False
+
+
 def leave_groups() -> None:
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    global _own_group
+    if _own_group and dist.is_initialized():
         dist.destroy_process_group()
+    _own_group = False
 
 
 def _prefixed(store, name: str = ""):

@@ -20,7 +20,13 @@ from contextlib import contextmanager
 import torch
 
 from fastgen.config import EngineConfig
-from fastgen.distributed.launch import bound_step_collectives, config_for_rank, join_groups, torchrun_env
+from fastgen.distributed.launch import (
+    bound_step_collectives,
+    check_no_process_group,
+    config_for_rank,
+    join_groups,
+    torchrun_env,
+)
 from fastgen.distributed.step_protocol import StepSender
 from fastgen.distributed.supervisor import (
     EXPLAIN_WAIT_S,
@@ -69,6 +75,7 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
     def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = ()):
         from fastgen.model_runner import ModelRunner
 
+        check_no_process_group()  # before a worker starts: a refusal leaves the other group alone
         env = torchrun_env()
         self._step_timeout_s = config.distributed_step_timeout_s
         saved_threads = None

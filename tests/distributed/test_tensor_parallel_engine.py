@@ -92,3 +92,17 @@ def test_tp2_forks_logprobs_and_prompt_logprobs_equal_tp1(tp2, tp1):
             _assert_same_logprobs(gc.logprobs, wc.logprobs)
         _assert_same_logprobs(g.prompt_logprobs, w.prompt_logprobs)
         assert len(_logprob_table(g.prompt_logprobs)) == len(g.prompt_token_ids) - 1
+
+
+def test_a_second_engine_is_refused_before_it_starts_a_worker_and_the_first_serves_on(tp2, tiny_models,
+                                                                                     monkeypatch):
+    from fastgen.distributed.supervisor import WorkerSupervisor
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a worker was started for an engine that is refused")
+
+    monkeypatch.setattr(WorkerSupervisor, "spawn", no_spawn)
+    with pytest.raises(RuntimeError, match="torch.distributed is already initialized"):
+        LLM(tiny_models["qwen3"], tensor_parallel_size=2, **ENGINE_ARGS)
+    assert len(tp2.generate([[1, 2, 3]], GREEDY)[0].token_ids) == MAX_TOKENS
+
