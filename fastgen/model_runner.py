@@ -373,6 +373,9 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         if self.compiled_decode is not None:
             self.compiled_decode.close()
 
+    def check_alive(self) -> None:
+        """One device: alive while the process is."""
+
     def _with_fork_rows(self, out: SchedulerOutput, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
         """Append each forked child's row: its parent's logits."""
         place = {row: k for k, row in enumerate(rows)}

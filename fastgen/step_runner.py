@@ -40,9 +40,10 @@ class StepRunner(Protocol):
     """A step in two halves, so the host can work while the device computes: `launch(out)` queues
     the step and returns a handle at once; `collect(handle)` waits for its tokens. `forget` and
     `recover` keep per-sequence state in step with the scheduler's facts; `shutdown` releases
-    whatever the runner started. The rest is what start-up built, read by reports and the bench:
-    the device, the model (rank 0's shard under tensor parallelism), the KV cache and its block
-    count, the attention backend, the CUDA graphs and the compiled CPU step (None when unused)."""
+    whatever the runner started; `check_alive` raises once it can run no step any more. The rest
+    is what start-up built, read by reports and the bench: the device, the model (rank 0's shard
+    under tensor parallelism), the KV cache and its block count, the attention backend, the CUDA
+    graphs and the compiled CPU step (None when unused)."""
 
     device: torch.device
     model: torch.nn.Module
@@ -63,3 +64,8 @@ class StepRunner(Protocol):
     def recover(self, out: SchedulerOutput | None) -> None: ...
 
     def shutdown(self) -> None: ...
+
+    def check_alive(self) -> None:
+        """Raise EngineDeadError when no step can run any more (a tensor-parallel rank died while
+        the engine was idle); a no-op on one device."""
+        ...

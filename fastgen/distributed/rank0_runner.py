@@ -146,6 +146,10 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
         self._check_up()  # a worker that died during the step may have cut its collectives short
         return sampled
 
+    def check_alive(self) -> None:
+        """TensorParallelError (an EngineDeadError) once a rank has failed, steps or not."""
+        self._check_up()
+
     def _check_up(self) -> None:
         if self.supervisor.failure is not None:
             self._finalizer()

@@ -34,12 +34,16 @@ from fastgen.engine.llm_engine import LLMEngine, Prompt
 from fastgen.engine.output_stream import OutputStream
 from fastgen.engine.requests import check_request_id
 from fastgen.engine.stats import EngineStats
+from fastgen.errors import EngineDeadError
 from fastgen.outputs import RequestOutput
 from fastgen.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 END = object()  # put into a sink when no final output will come: the loop stopped without one
+# How often an idle loop asks whether the engine can still run (a tensor-parallel rank that died
+# between requests): a server's /health then says so within about this long.
+IDLE_CHECK_S = 0.5
 
 
 class OutputSink(Protocol):
@@ -177,7 +181,10 @@ class BackgroundEngine:
                 self._route(self.engine.step())
                 self.stats = self.engine.stats()
         except BaseException as exc:  # the engine isolates failed steps: this is the loop's own bug
-            logger.exception("background engine loop failed")
+            if isinstance(exc, EngineDeadError):  # (or the engine is down for good: its cause says why)
+                logger.error("the engine is down: %s", exc)
+            else:
+                logger.exception("background engine loop failed")
             self._error = exc
             for outputs in self._streams.values():
                 outputs.put(exc)
@@ -227,11 +234,16 @@ class BackgroundEngine:
                 command[-1].set_exception(stopped)
 
     def _apply_commands(self, block: bool) -> bool:
-        """Run queued commands (waiting for one when idle); False once asked to stop."""
+        """Run queued commands (waiting for one when idle, and asking the engine every
+        IDLE_CHECK_S whether it can still run: a server says so at /health); False once asked to
+        stop."""
         while True:
             try:
-                command = self._commands.get(block=block)
+                command = self._commands.get(block=block, timeout=IDLE_CHECK_S if block else None)
             except queue.Empty:
+                if block:
+                    self.engine.check_alive()  # EngineDeadError ends the loop, as from a step
+                    continue
                 return True
             block = False
             kind = command[0]

@@ -254,6 +254,11 @@ class LLMEngine:
         self._release_abandoned()
         self.driver.attach(thread, len(self.requests) + len(self.outbox.mailboxes) + len(self.outbox.for_step))
 
+    def check_alive(self) -> None:
+        """EngineDeadError when the engine can run no step any more (a tensor-parallel rank died,
+        even while no request ran): what an idle loop asks between commands."""
+        self.runner.check_alive()
+
     def detach_loop(self, thread: threading.Thread) -> None:
         self.driver.detach(thread)
 

@@ -64,6 +64,26 @@ def test_killed_worker_fails_the_running_step_within_seconds(tiny_models):
         llm.generate([[1, 2, 3]], LONG)  # at once: no step is attempted
 
 
+def test_a_worker_killed_while_the_loop_idles_ends_the_loop_within_a_second_or_two(tiny_models):
+    """No request runs, yet the loop (a server's) learns that the engine is down, so /health
+    stops answering ready before a request finds out."""
+    from tests.serve.conftest import wait_for
+
+    llm = LLM(tiny_models["qwen3"], **ENGINE_ARGS)
+    bg = llm.background()
+    try:
+        assert bg.submit([1, 2, 3], SamplingParams(max_tokens=2)).result().finished
+        os.kill(worker(llm).pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(lambda: not bg.running, timeout=20)
+        assert time.monotonic() - killed_at < 5
+        with pytest.raises(RuntimeError, match="shut down|down"):
+            bg.submit([1, 2, 3], SamplingParams(max_tokens=2)).result()
+    finally:
+        bg.shutdown()
+        llm.shutdown()
+
+
 def test_stuck_worker_fails_the_step_within_the_step_timeout(tiny_models, monkeypatch):
     """A worker that stops answering (SIGSTOP: alive, its sockets open, nothing read) while it
     waits for the next step. Rank 0's header goes out (the worker had asked for it), but the
