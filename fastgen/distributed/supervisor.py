@@ -5,7 +5,7 @@ exits while the engine runs is recorded as the failure (its reported error, or h
 the others are terminated, and on CUDA the device group is aborted so that no NCCL wait on rank
 0 outlives it. Rank 0's own collectives fail at once when a peer's connections close (gloo), so
 the engine raises a `TensorParallelError` naming the rank within seconds; an idle engine raises
-it at its next step. Under torchrun there are no processes to watch (torchrun's agent stops the
+it at its next step, or when its background loop next asks (`check_alive`). Under torchrun there are no processes to watch (torchrun's agent stops the
 job when one dies); a worker's reported error is still quoted.
 """
 
