@@ -47,7 +47,13 @@ def test_port_0_binds_a_free_port_and_a_taken_one_is_a_value_error():
             bind(ServerSettings(port=port))
 
 
-def test_serve_on_a_taken_port_exits_2_before_loading_the_model(chat_model, capsys):
+def test_serve_on_a_taken_port_exits_2_before_loading_the_model(chat_model, capsys, monkeypatch):
+    from fastgen.cli import engine_args
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded for a port that cannot be bound")
+
+    monkeypatch.setattr(engine_args, "build_llm", no_load)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
