@@ -100,6 +100,8 @@ def check_lengths(schema: object) -> int:
         limits = [keyword for keyword in _LENGTHS if keyword in node]
         if not limits or "enum" in node or "const" in node:  # (the listed values are the output)
             continue
+        if limits == ["minLength"] and node["minLength"] == 0:  # (pydantic's min_length=0: no limit)
+            continue
         for other in ("pattern", "format"):
             if other in node:
                 raise ValueError(f"{where}.{limits[0]} together with {other} is not supported: xgrammar enforces "

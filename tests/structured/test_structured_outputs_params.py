@@ -173,6 +173,7 @@ def test_a_length_limit_on_a_schema_not_typed_string_is_refused():
     with pytest.raises(ValueError, match=r"properties.a.maxLength needs \"type\": \"string\""):
         check_lengths(schema)
     assert check_lengths({"type": "integer", "maxLength": 2}) == 0  # (a limit on no string: nothing to do)
+    assert check_lengths({"minLength": 0, "pattern": "a+"}) == 0  # (no limit at all)
 
 
 @pytest.mark.parametrize("other", [{"pattern": "^a+$"}, {"format": "email"}])
