@@ -464,7 +464,7 @@ class CompiledDecodeStep:
         ended. The child is asked once a step, so that the graphs load only in a step that has
         every thread."""
         self.child_running = self.background.running
-        STEP_THREADS.update(self, self.child_running)
+        STEP_THREADS.update(self, self.child_running, still_compiling=lambda child=self.background: child.running)
 
     def close(self) -> None:
         """Stop a background compile or helpers that still run, and give the steps back the

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -29,20 +30,25 @@ class StepThreads:
         self._lock = threading.Lock()
         self._full: int | None = None  # the count before the first child; None while none compiles
         self._restored: int | None = None  # the count given back when the last child ended
-        self._compiling: set[int] = set()  # the engines (ids of their owners) whose child runs
+        # The engines (ids of their owners) whose child runs, each with how to ask whether it
+        # still does: an idle engine whose child ended says nothing, and must not keep the other
+        # engines' steps a thread short.
+        self._compiling: dict[int, Callable[[], bool]] = {}
         self._lowered: set[int] = set()  # threads that stepped with a thread fewer and not since
 
-    def update(self, owner: object, compiling: bool) -> None:
-        """Before a step of `owner`'s engine: whether its child still compiles. A thread fewer
-        while any engine's child does; the count from before once none does."""
+    def update(self, owner: object, compiling: bool, still_compiling: Callable[[], bool] = lambda: True) -> None:
+        """Before a step of `owner`'s engine: whether its child still compiles (and how to ask
+        later, without a reference to `owner`). A thread fewer while any engine's child does; the
+        count from before once none does."""
         me = threading.get_ident()
         with self._lock:
+            self._drop_ended_locked()
             if compiling and id(owner) not in self._compiling:
-                self._compiling.add(id(owner))
+                self._compiling[id(owner)] = still_compiling
                 # An engine dropped while its child ran must not keep the others' steps lowered.
                 weakref.finalize(owner, self._forget, id(owner))
             elif not compiling:
-                self._compiling.discard(id(owner))
+                self._compiling.pop(id(owner), None)
             if self._compiling:
                 if self._full is None:
                     self._settle_locked(me)  # a thread still lowered by an earlier compile
@@ -62,7 +68,15 @@ class StepThreads:
         me = threading.get_ident()
         if me in self._lowered:
             with self._lock:
+                self._drop_ended_locked()
+                self._end_lowering_locked()
                 self._settle_locked(me)
+
+    def _drop_ended_locked(self) -> None:
+        """Forget the engines whose child has ended, whether or not they stepped since."""
+        for key, still_compiling in list(self._compiling.items()):
+            if not still_compiling():
+                del self._compiling[key]
 
     def _settle_locked(self, me: int) -> None:
         if self._full is None and me in self._lowered:
@@ -76,13 +90,18 @@ class StepThreads:
 
     def _forget(self, key: int) -> None:
         with self._lock:
-            self._compiling.discard(key)
+            self._compiling.pop(key, None)
             self._end_lowering_locked()  # lowered threads settle at their next step
 
     def full_threads(self) -> int:
-        """The count steps have with no child compiling: what a graph is compiled for."""
+        """The count steps have with no child compiling: what a graph is compiled for (and keyed
+        by), also in a thread still lowered by a compile that has ended."""
         with self._lock:
-            return self._full if self._full is not None else torch.get_num_threads()
+            if self._full is not None:
+                return self._full
+            if threading.get_ident() in self._lowered and self._restored is not None:
+                return self._restored
+            return torch.get_num_threads()
 
     @contextmanager
     def all_threads(self):

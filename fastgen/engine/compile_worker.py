@@ -37,10 +37,15 @@ PROMPT_TOKENS = 8  # enough tokens for the prefill graph (two or more a step)
 def build_every_graph(engine: LLMEngine) -> set[str]:
     """Run requests that use every compiled graph; return the graphs that are not in the cache
     after (failed to build, or built but not saved: the parent finds only what is saved)."""
-    vocab = engine.config.model_config.vocab_size
+    vocab, max_model_len = engine.config.model_config.vocab_size, engine.config.max_model_len
+    # Within the engine's max_model_len (a short one refused these requests, and no graph was
+    # built): a prompt of two tokens or more for the prefill graph, and at least two tokens out
+    # for the decode graph where the length allows.
+    prompt_tokens = max(2, min(PROMPT_TOKENS, max_model_len - 2))
     # Distinct token ids, so no prompt is a prefix-cache hit (a hit's step runs eagerly).
-    prompts = [[(100 * i + t) % vocab for t in range(PROMPT_TOKENS)] for i in range(3)]
-    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    prompts = [[(100 * i + t) % vocab for t in range(prompt_tokens)] for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=max(1, min(3, max_model_len - prompt_tokens)),
+                            ignore_eos=True)
     compiled = engine.runner.compiled_decode
     wanted = compiled.needed if compiled.only is None else compiled.only
 

@@ -218,6 +218,57 @@ def test_steps_run_with_a_thread_fewer_while_any_background_child_compiles():
         torch.set_num_threads(before)
 
 
+def test_an_idle_engine_whose_child_ended_keeps_no_other_engine_a_thread_short():
+    """Engine A's child ends while A is idle (A does not step again): engine B's next step, in
+    the thread A lowered, has every thread back; and a thread lowered by a compile that ended
+    with its engine dropped keys graphs by the full count, not the lowered one."""
+    before = torch.get_num_threads()
+    full = max(2, before)
+    torch.set_num_threads(full)
+    threads, idle, other = StepThreads(), Engine(), Engine()
+    child = {"running": True}
+    try:
+        threads.update(idle, True, still_compiling=lambda: child["running"])
+        assert torch.get_num_threads() == full - 1
+        child["running"] = False
+        threads.settle()  # a blocking engine's step (it has no child)
+        assert torch.get_num_threads() == full
+        threads.update(idle, True, still_compiling=lambda: child["running"])  # (a stale answer)
+        threads.update(other, False)  # a background engine's step whose child has ended
+        assert torch.get_num_threads() == full
+
+        dropped = Engine()
+        threads.update(dropped, True)
+        del dropped
+        gc.collect()
+        assert torch.get_num_threads() == full - 1  # (settles at this thread's next step)
+        assert threads.full_threads() == full
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("max_model_len", [4, 10, 4096])
+def test_the_background_childs_requests_fit_the_engines_max_model_len(max_model_len, tmp_path):
+    """A short max_model_len refused the child's requests, and no graph was ever built."""
+    from types import SimpleNamespace
+
+    from fastgen.engine.compile_worker import build_every_graph
+
+    asked = []
+
+    def add_request(prompt, params):
+        assert len(prompt) + params.max_tokens <= max_model_len
+        asked.append((len(prompt), params.max_tokens))
+
+    compiled = SimpleNamespace(needed={"layers"}, only=None, paths={"layers": tmp_path / "never-saved"})
+    engine = SimpleNamespace(config=SimpleNamespace(max_model_len=max_model_len,
+                                                    model_config=SimpleNamespace(vocab_size=384)),
+                             runner=SimpleNamespace(compiled_decode=compiled), add_request=add_request,
+                             has_unfinished_requests=lambda: False)
+    assert build_every_graph(engine) == {"layers"}
+    assert len(asked) == 3 and all(prompt >= 2 and out >= 2 for prompt, out in asked)  # prefill, then decode
+
+
 def test_a_background_compile_stopped_by_its_engine_is_no_failure(tiny_models, private_cache):
     llm = cpu_llm(tiny_models["qwen3"], "background")
     compiled = llm.engine.runner.compiled_decode
