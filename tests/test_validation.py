@@ -138,6 +138,25 @@ def test_unknown_engine_argument(tiny_models):
         LLM(tiny_models["qwen3"], max_num_sequences=4)
 
 
+@pytest.mark.parametrize("family, key, value, message", [
+    ("llama", "hidden_act", "gelu", r"hidden_act='gelu' is not one of \['silu'\]"),
+    ("llama", "mlp_bias", True, "mlp_bias=true is not supported"),
+    ("qwen2", "use_sliding_window", True, "use_sliding_window=true is not supported"),
+])
+def test_a_config_switch_the_layers_do_not_implement_is_refused(tiny_models, tmp_path, family, key, value,
+                                                                message):
+    """Such a model would run, and be silently wrong."""
+    from fastgen.models.config import ModelConfig
+
+    folder = tmp_path / family
+    shutil.copytree(tiny_models[family], folder)
+    config = json.loads((folder / "config.json").read_text())
+    ModelConfig.from_folder(folder)  # as written: accepted
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_folder(folder)
+
+
 def test_unknown_architecture(tiny_models, tmp_path):
     folder = tmp_path / "mambaish"
     shutil.copytree(tiny_models["qwen3"], folder)

@@ -30,6 +30,13 @@ class LlamaFamilyConfig(ModelConfig):
         if num_heads % num_kv_heads:
             raise ValueError(f"{keys.where}: num_attention_heads={num_heads} must be a multiple of "
                              f"num_key_value_heads={num_kv_heads}")
+        # Switches the layers do not implement: a model that sets them would run, silently wrong.
+        keys.string("hidden_act", ("silu",), "silu")
+        if keys.flag("mlp_bias", False):
+            raise ValueError(f"{keys.where}: mlp_bias=true is not supported (the MLP has no biases here)")
+        if keys.flag("use_sliding_window", False):
+            raise ValueError(f"{keys.where}: use_sliding_window=true is not supported (attention sees the whole "
+                             "context here)")
         rope, rope_type = keys.rope()
         return cls(
             architecture=architecture,
