@@ -123,7 +123,7 @@ def test_both_runners_implement_the_step_runner_interface():
     from fastgen.step_runner import StepRunner
 
     for runner in (ModelRunner, TensorParallelRunner):
-        for name in ("launch", "collect", "forget", "recover", "shutdown", "num_kv_blocks"):
+        for name in ("launch", "collect", "forget", "recover", "shutdown", "check_alive", "num_kv_blocks"):
             assert name in vars(runner), f"{runner.__name__} does not define {name} itself"
     assert not hasattr(TensorParallelRunner, "__getattr__")  # nothing forwarded implicitly
     assert StepRunner.__doc__

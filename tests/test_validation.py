@@ -139,9 +139,8 @@ def test_unknown_engine_argument(tiny_models):
 
 
 @pytest.mark.parametrize("family, key, value, message", [
-    ("llama", "hidden_act", "gelu", r"hidden_act='gelu' is not one of \['silu'\]"),
+    ("llama", "hidden_act", "gelu", r"hidden_act='gelu' is not one of \['silu', 'swish'\]"),
     ("llama", "mlp_bias", True, "mlp_bias=true is not supported"),
-    ("qwen2", "use_sliding_window", True, "use_sliding_window=true is not supported"),
 ])
 def test_a_config_switch_the_layers_do_not_implement_is_refused(tiny_models, tmp_path, family, key, value,
                                                                 message):
@@ -155,6 +154,29 @@ def test_a_config_switch_the_layers_do_not_implement_is_refused(tiny_models, tmp
     (folder / "config.json").write_text(json.dumps({**config, key: value}))
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_folder(folder)
+
+
+@pytest.mark.parametrize("family, settings, window", [
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1}, 64),
+    ("qwen2", {"use_sliding_window": False, "sliding_window": 64}, None),  # Qwen2.5's: no window
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}, None),  # no layer slides
+    ("qwen3", {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 64}, 64),
+    ("qwen3", {"sliding_window": 4096}, None),  # longer than any sequence
+])
+def test_a_sliding_attention_window_holds_sequences_to_it(tiny_models, tmp_path, family, settings, window):
+    """Up to its window, sliding attention is attention over the whole context (what the layers
+    compute): a model whose layers slide serves sequences of at most the window."""
+    folder = tmp_path / family
+    shutil.copytree(tiny_models[family], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("layer_types", None)  # (transformers writes it; where present it decides, as here)
+    (folder / "config.json").write_text(json.dumps({**config, **settings}))
+    if window is None:
+        assert EngineConfig(model=str(folder), max_model_len=128).max_model_len == 128
+        return
+    assert EngineConfig(model=str(folder)).max_model_len == window
+    with pytest.raises(ValueError, match=rf"max_model_len=128 exceeds the model's sliding_window={window} "):
+        EngineConfig(model=str(folder), max_model_len=128)
 
 
 def test_unknown_architecture(tiny_models, tmp_path):

@@ -17,6 +17,7 @@ ended gets its count back then (`settle`).
 
 from __future__ import annotations
 
+import queue
 import threading
 import weakref
 from collections.abc import Callable
@@ -35,6 +36,10 @@ class StepThreads:
         # engines' steps a thread short.
         self._compiling: dict[int, Callable[[], bool]] = {}
         self._lowered: set[int] = set()  # threads that stepped with a thread fewer and not since
+        # Engines dropped while their child ran, forgotten at the next call that takes the lock:
+        # the finalizer that reports them may run inside a garbage collection that an allocation
+        # under the lock set off, in the thread that holds it.
+        self._dropped: queue.SimpleQueue[int] = queue.SimpleQueue()
 
     def update(self, owner: object, compiling: bool, still_compiling: Callable[[], bool] = lambda: True) -> None:
         """Before a step of `owner`'s engine: whether its child still compiles (and how to ask
@@ -43,7 +48,7 @@ class StepThreads:
         me = threading.get_ident()
         with self._lock:
             self._drop_ended_locked()
-            if compiling and id(owner) not in self._compiling:
+            if compiling and id(owner) not in self._compiling and still_compiling():
                 self._compiling[id(owner)] = still_compiling
                 # An engine dropped while its child ran must not keep the others' steps lowered.
                 weakref.finalize(owner, self._forget, id(owner))
@@ -73,10 +78,16 @@ class StepThreads:
                 self._settle_locked(me)
 
     def _drop_ended_locked(self) -> None:
-        """Forget the engines whose child has ended, whether or not they stepped since."""
+        """Forget the engines dropped, and those whose child has ended, whether or not they
+        stepped since."""
+        while True:
+            try:
+                self._compiling.pop(self._dropped.get_nowait(), None)
+            except queue.Empty:
+                break
         for key, still_compiling in list(self._compiling.items()):
             if not still_compiling():
-                del self._compiling[key]
+                self._compiling.pop(key, None)
 
     def _settle_locked(self, me: int) -> None:
         if self._full is None and me in self._lowered:
@@ -89,14 +100,15 @@ class StepThreads:
             self._restored, self._full = self._full, None
 
     def _forget(self, key: int) -> None:
-        with self._lock:
-            self._compiling.pop(key, None)
-            self._end_lowering_locked()  # lowered threads settle at their next step
+        self._dropped.put(key)  # (no lock: see `_dropped`); lowered threads settle at their next step
 
     def full_threads(self) -> int:
         """The count steps have with no child compiling: what a graph is compiled for (and keyed
-        by), also in a thread still lowered by a compile that has ended."""
+        by), also in a thread still lowered by a compile that has ended (its compile runs after
+        the step settled it)."""
         with self._lock:
+            self._drop_ended_locked()
+            self._end_lowering_locked()
             if self._full is not None:
                 return self._full
             if threading.get_ident() in self._lowered and self._restored is not None:

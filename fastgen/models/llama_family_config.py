@@ -19,6 +19,18 @@ class LlamaFamilyConfig(ModelConfig):
     rope_scaling: dict | None
     attention_bias: bool
     qk_norm: bool
+    # The window of a model whose attention slides over a longer context (Mistral-7B-v0.1's
+    # 4,096 tokens; Qwen2's when use_sliding_window): up to it, sliding attention is attention
+    # over the whole context, which is what the layers compute, so sequences are held to it
+    # (max_position_embeddings is the window then). None: no window, or one no sequence outgrows.
+    sliding_window: int | None = None
+
+    @property
+    def max_len_limit(self) -> str:
+        if self.sliding_window is None:
+            return super().max_len_limit
+        return (f"sliding_window={self.sliding_window} (its attention slides past that many tokens, which fastgen "
+                "does not implement)")
 
     @classmethod
     def from_hf(cls, keys: ConfigKeys, architecture: str, *, attention_bias: bool = False,
@@ -31,26 +43,29 @@ class LlamaFamilyConfig(ModelConfig):
             raise ValueError(f"{keys.where}: num_attention_heads={num_heads} must be a multiple of "
                              f"num_key_value_heads={num_kv_heads}")
         # Switches the layers do not implement: a model that sets them would run, silently wrong.
-        keys.string("hidden_act", ("silu",), "silu")
+        keys.string("hidden_act", ("silu", "swish"), "silu")  # (transformers' two names of one function)
         if keys.flag("mlp_bias", False):
             raise ValueError(f"{keys.where}: mlp_bias=true is not supported (the MLP has no biases here)")
-        if keys.flag("use_sliding_window", False):
-            raise ValueError(f"{keys.where}: use_sliding_window=true is not supported (attention sees the whole "
-                             "context here)")
+        num_layers = keys.positive_int("num_hidden_layers")
+        positions = keys.positive_int("max_position_embeddings", 2048)
+        window = _sliding_window(keys, architecture, num_layers)
+        if window is not None and window >= positions:
+            window = None  # a window no sequence can outgrow: attention over the whole context
         rope, rope_type = keys.rope()
         return cls(
             architecture=architecture,
             vocab_size=keys.positive_int("vocab_size"),
             hidden_size=hidden_size,
             intermediate_size=keys.positive_int("intermediate_size"),
-            num_layers=keys.positive_int("num_hidden_layers"),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=keys.positive_int("head_dim", max(1, hidden_size // num_heads)),
             rms_norm_eps=keys.positive_number("rms_norm_eps", 1e-6),
             rope_theta=keys.positive_number("rope_theta", rope.get("rope_theta", 10000.0)),
             rope_scaling=dict(rope) if rope_type != "default" else None,
-            max_position_embeddings=keys.positive_int("max_position_embeddings", 2048),
+            max_position_embeddings=positions if window is None else window,
+            sliding_window=window,
             tie_word_embeddings=keys.flag("tie_word_embeddings", False),
             attention_bias=attention_bias or keys.flag("attention_bias", False),
             qk_norm=qk_norm,
@@ -63,3 +78,24 @@ class LlamaFamilyConfig(ModelConfig):
         layer = attention + 3 * h * self.intermediate_size + 2 * h
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return embeddings + self.num_layers * layer + h
+
+
+def _sliding_window(keys: ConfigKeys, architecture: str, num_layers: int) -> int | None:
+    """The attention window of some layers, as transformers reads the config: `layer_types`
+    naming sliding layers; Qwen2/Qwen3's `use_sliding_window` with layers from
+    `max_window_layers` on; Mistral's `sliding_window` (4,096 where the key is absent)."""
+    raw = keys.raw
+    if "sliding_window" in raw and raw["sliding_window"] is None:
+        return None
+    default = 4096 if architecture == "MistralForCausalLM" else None
+    if "sliding_window" not in raw and default is None:
+        return None
+    window = keys.positive_int("sliding_window", default)
+    layer_types = raw.get("layer_types")
+    if isinstance(layer_types, list):
+        return window if "sliding_attention" in layer_types else None
+    if architecture.startswith("Qwen"):
+        if not keys.flag("use_sliding_window", False):
+            return None
+        return window if keys.positive_int("max_window_layers", num_layers) < num_layers else None
+    return window

@@ -100,7 +100,7 @@ def check_lengths(schema: object) -> int:
         limits = [keyword for keyword in _LENGTHS if keyword in node]
         if not limits or "enum" in node or "const" in node:  # (the listed values are the output)
             continue
-        if limits == ["minLength"] and node["minLength"] == 0:  # (pydantic's min_length=0: no limit)
+        if _no_limit(node):
             continue
         for other in ("pattern", "format"):
             if other in node:
@@ -135,7 +135,14 @@ def lengths_as_patterns(schema: object) -> object:
     string characters other than backslashes (xgrammar's length rule admitted no escapes either)."""
     schema = copy.deepcopy(schema)
     for node, _ in subschemas(schema):
-        if any(keyword in node for keyword in _LENGTHS):
+        if _no_limit(node):
+            node.pop("minLength")  # (beside a pattern that stays)
+        elif any(keyword in node for keyword in _LENGTHS):
             low, high = node.pop("minLength", 0), node.pop("maxLength", "")
             node["pattern"] = '^[^\\x00-\\x1f"\\\\]{%d,%s}$' % (low, high)
     return schema
+
+
+def _no_limit(node: dict) -> bool:
+    """A minLength of 0 alone (pydantic's min_length=0): it limits nothing."""
+    return "maxLength" not in node and type(node.get("minLength")) is int and node["minLength"] == 0

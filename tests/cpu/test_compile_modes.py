@@ -247,6 +247,22 @@ def test_an_idle_engine_whose_child_ended_keeps_no_other_engine_a_thread_short()
         torch.set_num_threads(before)
 
 
+def test_an_engine_dropped_during_a_locked_call_is_forgotten_without_a_deadlock():
+    """The finalizer of an engine dropped while its child ran may run inside a garbage collection
+    that an allocation under StepThreads' lock set off, in the thread that holds the lock."""
+    threads, done = StepThreads(), threading.Event()
+
+    def forget_under_the_lock():
+        with threads._lock:
+            threads._forget(1)
+        done.set()
+
+    worker = threading.Thread(target=forget_under_the_lock, daemon=True)
+    worker.start()
+    worker.join(5)
+    assert done.is_set(), "the finalizer waited on the lock its own thread holds"
+
+
 @pytest.mark.parametrize("max_model_len", [4, 10, 4096])
 def test_the_background_childs_requests_fit_the_engines_max_model_len(max_model_len, tmp_path):
     """A short max_model_len refused the child's requests, and no graph was ever built."""

@@ -174,6 +174,10 @@ def test_a_length_limit_on_a_schema_not_typed_string_is_refused():
         check_lengths(schema)
     assert check_lengths({"type": "integer", "maxLength": 2}) == 0  # (a limit on no string: nothing to do)
     assert check_lengths({"minLength": 0, "pattern": "a+"}) == 0  # (no limit at all)
+    assert lengths_as_patterns({"type": "string", "minLength": 0, "pattern": "a+"}) == {"type": "string",
+                                                                                        "pattern": "a+"}
+    with pytest.raises(ValueError, match="minLength=False must be an integer"):
+        check_lengths({"type": "string", "minLength": False})
 
 
 @pytest.mark.parametrize("other", [{"pattern": "^a+$"}, {"format": "email"}])
