@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -65,7 +66,12 @@ def run(args: argparse.Namespace) -> int:
                               api_key=args.api_key if args.api_key is not None else os.environ.get("FASTGEN_API_KEY"),
                               metrics_require_key=args.metrics_require_key, max_request_bytes=args.max_request_bytes,
                               max_connections=args.max_connections, stream_idle_timeout_s=args.stream_idle_timeout)
-    sock = bind(settings)  # before the model loads: a taken port fails at once; port 0 is resolved
+    # Bound before the model loads, so that a taken port fails at once and port 0 is resolved to
+    # the port printed; held through the load, then handed back for uvicorn to bind its own
+    # listener (one it creates itself: a socket passed in instead made some 413s reach the client
+    # as a reset connection under load).
+    sock = bind(settings)
+    settings = dataclasses.replace(settings, port=sock.getsockname()[1])
     try:
         llm = engine_args.build_llm(choice, args, need_tokenizer=True)
         compiled = llm.engine.runner.compiled_decode
@@ -81,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
             warm_up(llm.engine, llm.config.max_model_len)
         access = "an API key is required" if settings.api_key is not None else "no API key (anyone who can connect)"
         host = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"fastgen: serving {llm.config.model} on http://{host}:{sock.getsockname()[1]}; {access}",
+        print(f"fastgen: serving {llm.config.model} on http://{host}:{settings.port}; {access}",
               file=sys.stderr, flush=True)
-        serve(llm, settings, sock)
     finally:
-        sock.close()  # (uvicorn closes it at shutdown: this is for an engine that failed to start)
+        sock.close()
+    serve(llm, settings)
     return 0

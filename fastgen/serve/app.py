@@ -155,7 +155,8 @@ class Server(uvicorn.Server):
 
 def bind(settings: ServerSettings) -> socket.socket:
     """A socket bound to settings' host and port (port 0: a free one, which `getsockname` then
-    gives), for `serve`; ValueError naming the address when it cannot be bound."""
+    gives): `fastgen serve` holds the port with it while the model loads. ValueError naming the
+    address when it cannot be bound."""
     sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

@@ -46,7 +46,7 @@ def test_serve_answers_at_once_while_its_graphs_compile_in_the_background(monkey
 
     warmed, served = [], []
     monkeypatch.setattr(fastgen.bench.runner, "warm_up", lambda engine, max_model_len: warmed.append(engine))
-    monkeypatch.setattr(fastgen.serve.app, "serve", lambda llm, settings, sock: served.append(llm))
+    monkeypatch.setattr(fastgen.serve.app, "serve", lambda llm, settings: served.append(llm))
     monkeypatch.setattr(fastgen.serve.app, "bind", lambda settings: SimpleNamespace(
         getsockname=lambda: (settings.host, settings.port), close=lambda: None))
     monkeypatch.setattr(engine_args, "resolve_model", lambda *args, **kwargs: None)
