@@ -103,8 +103,10 @@ def test_bench_serve_sends_plain_requests_with_no_stream(server, tmp_path, capsy
     assert r["ttft_ms"]["count"] == r["tpot_ms"]["count"] == r["itl_ms"]["count"] == 0
     assert r["goodput_requests_per_s"] == pytest.approx(r["requests_per_s"])
     assert "5 plain requests" in capsys.readouterr().out
-    assert main(["bench", "serve", "--base-url", server, "--no-stream", "--slo", "ttft=100", "--quiet"]) == 2
-    assert "plain requests (--no-stream) do not measure" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse's refusal, before the server is asked anything
+        main(["bench", "serve", "--base-url", server, "--no-stream", "--slo", "ttft=100", "--quiet"])
+    assert refused.value.code == 2
+    assert "argument --slo: ['ttft'] are not measured by plain requests (--no-stream)" in capsys.readouterr().err
 
 
 def test_bench_serve_goodput_counts_only_requests_within_the_slo(server):
