@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from tokenizers.decoders import DecodeStream
 
+from fastgen.engine.tokenizer import decoder_steps
+
 # Prompt tokens used as left context for the first output tokens (enough for any merge rule
 # that looks back, small enough to stay cheap).
 _CONTEXT_TOKENS = 6
@@ -45,7 +47,8 @@ class IncrementalDetokenizer:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         # Where byte tokens decode as runs (byte fallback), a whole output is decoded token by
         # token if it holds a U+FFFD (see `add`); no other tokenizer needs that.
-        self._byte_fallback = backend is None or _decodes_byte_runs(backend)
+        steps = None if backend is None else decoder_steps(backend)
+        self._byte_fallback = steps is None or "ByteFallback" in steps  # (unreadable: the careful path)
         if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
             self._decode = lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
             if streamed:
@@ -128,17 +131,6 @@ class IncrementalDetokenizer:
         if full.startswith(prefix):
             return full[len(prefix) :]
         return self._decode(self.ids[self.read_offset :])
-
-
-def _decodes_byte_runs(backend) -> bool:
-    """Whether the tokenizer's decoder has a ByteFallback step (or is one we cannot read)."""
-    decoder = backend.decoder
-    if decoder is None:
-        return False
-    try:
-        return b'"ByteFallback"' in decoder.__getstate__()
-    except Exception:  # noqa: BLE001 - an unreadable decoder: take the careful path
-        return True
 
 
 def _decode_stream(backend, context: list[int], skip_special_tokens: bool) -> DecodeStream | None:

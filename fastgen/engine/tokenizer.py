@@ -136,9 +136,9 @@ def token_bytes_reader(tokenizer) -> Callable[[int], bytes | None]:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return lambda token_id: None
-    decoder = json.loads(backend.decoder.__getstate__()) if backend.decoder is not None else {}
-    kinds = {step.get("type") for step in decoder.get("decoders", [])} if decoder.get("type") == "Sequence" \
-        else {decoder.get("type")}
+    kinds = decoder_steps(backend)
+    if kinds is None:
+        return lambda token_id: None
     added = {token_id: token.content for token_id, token in backend.get_added_tokens_decoder().items()}
     byte_of = {char: byte for byte, char in _printable_bytes().items()}
 
@@ -166,6 +166,20 @@ def token_bytes_reader(tokenizer) -> Callable[[int], bytes | None]:
         return None if piece is None else read(piece)
 
     return token_bytes
+
+
+def decoder_steps(backend) -> set[str] | None:
+    """The types of a `tokenizers.Tokenizer`'s decoder steps ("ByteLevel", "ByteFallback",
+    "Metaspace", ...): a Sequence's members, or the one decoder; empty without a decoder; None
+    where it cannot be read."""
+    if backend.decoder is None:
+        return set()
+    try:
+        decoder = json.loads(backend.decoder.__getstate__())
+    except Exception:  # noqa: BLE001 - a decoder this tokenizers version cannot serialise
+        return None
+    steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+    return {step.get("type") for step in steps}
 
 
 @functools.cache
