@@ -88,7 +88,7 @@ gpu-bench:
 # at none (off): batch 1/2/4/8 at 512 tokens and 1/2/4 at 4096, one JSON each
 # (`-early-auto|on|off` in its name), with each kernel's time at batch 1. Where the default's
 # limit should sit: early reads shorten attention's chain of round trips at small batches and
-# cost at larger ones (README, "Decode attention's chain of round trips"). Then two of the
+# cost at larger ones (docs/performance-gpu.md, "Decode attention's chain of round trips"). Then two of the
 # products' switches against the first run's default: batch 1/2 with o_proj's and down_proj's
 # whole weight asked for before their wait (`--skinny-block-k 4096`, `-skinny-block-k-4096`),
 # and batch 2/4 with products of up to four rows in fastgen's kernels, norms fused
@@ -96,7 +96,7 @@ gpu-bench:
 # gains more from the fused norms and programmatic launches than the products alone lose to
 # cuBLAS. (Batch sizes are capture sizes: a batch of 3 would be timed as the graph of 4.) Packed
 # uploads, the in-kernel combine and the split length were decided by earlier forms of this
-# target (README). A failed run does not stop the others; the target fails at the end. ~4-5 min.
+# target (docs/performance-gpu.md). A failed run does not stop the others; the target fails at the end. ~4-5 min.
 gpu-switches:
 	failed=0; for early in auto on off; do \
 		$(GPU_ENV) timeout -k 15 150 $(GPU_PYTHON) benchmarks/gpu_decode.py --output-dir $(GPU_RESULTS) \
@@ -112,7 +112,7 @@ gpu-switches:
 	exit $$failed
 
 # Decode steps of one and two rows with each layer in one launch, against the six launches a
-# layer (`kernels/decode_layer.py`, off: slower on an H200, see the README): one layer alone
+# layer (`kernels/decode_layer.py`, off: slower on an H200, see docs/performance-gpu.md): one layer alone
 # against its six launches at a few tilings (`gpu-decode-layer-sweep-<gpu>.json`, with and
 # without the L2 prefetch, persistent programs, and a launch's timeline phase by phase); the
 # decode step with it off, on, on with the weights of the three products after attention (and

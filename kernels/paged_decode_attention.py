@@ -42,7 +42,7 @@ EARLY_CACHE_READS = True
 # attention is a chain of round trips; 3 to 6 sequences (graphs of 4 and 8 rows) gained 2-3% at
 # 512 tokens, while 4 at 4,096 tokens lost 15%, and 8 and 16 at 512 lost 4-8%: a guess, not
 # measured apart, is that the reads ahead of the wait then compete with q|k|v's weights for the
-# memory (README, "Decode attention's chain of round trips").
+# memory (docs/performance-gpu.md, "Decode attention's chain of round trips").
 EARLY_CACHE_READS_MAX_BATCH: int | None = 2
 # The most keys a split program asks for before q when reading early: a whole split at the
 # default split length, so that nothing of the cache is left to read after the wait.

@@ -4,7 +4,7 @@ stream weights and launches set the pace) with the Triton attention backend, flo
 tensor-parallel rank. Everywhere else the layer runs its parts in turn.
 
 Off: measured on an H200 it is slower than the six launches it replaces (a batch-1 step of
-1.085 ms against 0.898 ms; the README's "A layer in one launch" says where the time goes).
+1.085 ms against 0.898 ms; docs/performance-gpu.md, "A layer in one launch", says where the time goes).
 `benchmarks/gpu_decode.py --one-launch-layers on` turns it on; tests turn it on, on CPU too (where
 the Triton interpreter runs it), through `ONE_LAUNCH_DEVICE_TYPES`.
 """

@@ -46,7 +46,7 @@ def test_quantized_greedy_equals_transformers_on_the_dequantized_weights(tiny_mo
 
 def test_quantized_weights_take_a_half_and_about_a_third(tiny_models):
     """Tiny models have a large vocabulary for their size, so the int8 LM head keeps int4 above
-    a quarter here (SmolLM2-135M's figures are in the README)."""
+    a quarter here (SmolLM2-135M's figures are in docs/performance.md)."""
     sizes = {method: weight_sizes(LLM(tiny_models["llama"], dtype="bfloat16", quantization=method,
                                       num_kv_blocks=8, block_size=16, max_model_len=128).engine.runner.model)[1]
              for method in (None, "int8", "int4")}
