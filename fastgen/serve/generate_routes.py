@@ -24,7 +24,7 @@ async def generate(body: GenerateRequest, request: Request) -> dict:
     state: ServerState = request.app.state.server
     check_fields(body, "/generate")
     stream = await state.submit(body.prompt, sampling_params(body))
-    record = state.results.start(stream.request_id)
+    record = state.results.start()
 
     async def follow() -> None:
         try:

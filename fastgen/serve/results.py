@@ -4,10 +4,14 @@ it has finished, its result.
 Retention is bounded both ways: a finished result is kept for at most `ttl_s` seconds, and
 at most `max_results` finished results are kept (oldest dropped first). Unfinished requests are
 never dropped: their number is bounded by the engine's max_waiting_requests and max_num_seqs.
+
+A result's id is 128 random bits, not the engine's request id: the engine counts its ids up
+from 0, and anyone holding the server's key could read other clients' results by counting too.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -48,8 +52,10 @@ class ResultStore:
     _records: dict[str, ResultRecord] = field(default_factory=dict)
     _finished: OrderedDict[str, None] = field(default_factory=OrderedDict)  # oldest first
 
-    def start(self, seq_id: str) -> ResultRecord:
+    def start(self) -> ResultRecord:
+        """A new record, under an id no client can guess."""
         self._expire()
+        seq_id = "gen-" + secrets.token_hex(16)
         record = self._records[seq_id] = ResultRecord(seq_id)
         return record
 
