@@ -300,6 +300,21 @@ def test_a_request_id_in_use_by_an_n_request(llm):
     with pytest.raises(ValueError, match=r"request_id='twins' is already in use"):
         engine.add_request([1, 2, 3], GREEDY, request_id="twins")
     assert engine.abort(request_id)
+    with pytest.raises(ValueError, match=r"request_id='twins' is still in use: its final output waits for step\(\)"):
+        engine.add_request([1, 2, 3], GREEDY, request_id="twins")
     (final,) = engine.step()
     assert final.request_id == "twins" and [c.finish_reason for c in final.outputs] == ["abort"] * 2
+    assert not engine.has_unfinished_requests()
+    # Once step() has returned it, the id is free again.
+    assert engine.add_request([1, 2, 3], GREEDY, request_id="twins") == "twins"
+    assert engine.abort("twins") and [o.finish_reason for o in engine.step()] == ["abort"]
+
+
+def test_a_finished_request_id_is_not_reused_before_step_returns_its_final_output(llm):
+    engine = llm.engine
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=1), request_id="once")
+    llm.generate([[4, 5, 6]], SamplingParams(max_tokens=3))  # drives the engine: "once" finishes
+    with pytest.raises(ValueError, match=r"request_id='once' is still in use"):
+        engine.add_request([1, 2, 3], GREEDY, request_id="once")
+    assert [(o.request_id, o.finished) for o in engine.step()] == [("once", True)]
     assert not engine.has_unfinished_requests()

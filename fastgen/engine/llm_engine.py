@@ -170,6 +170,10 @@ class LLMEngine:
         self._release_abandoned()
         if self.has_request(state.request_id):
             raise ValueError(f"request_id={state.request_id!r} is already in use")
+        if self.outbox.final_waits(state.request_id):
+            # Its consumer would take the old request's final output for the new one's.
+            raise ValueError(f"request_id={state.request_id!r} is still in use: its final output waits for "
+                             f"step() to return it")
         if boolean("claimed", claimed):
             self.outbox.open(state.request_id)
         self.live.add(state)

@@ -63,6 +63,12 @@ class Outbox:
         """The reader left: drop what waits and whatever comes later."""
         self.mailboxes.pop(request_id, None)
 
+    def final_waits(self, request_id: str) -> bool:
+        """Whether a final output of this id (an abort's, or one a `generate()` made while it
+        drove the engine) still waits for `step()` to return it."""
+        return any(o.finished and o.request_id == request_id for o in self.between_steps) or \
+            any(o.finished and o.request_id == request_id for o in self.for_step)
+
     def take_for_step(self) -> list[RequestOutput]:
         outputs, self.for_step = self.for_step, []
         return outputs
