@@ -9,11 +9,14 @@ imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from fastgen.models.checkpoint_index import find_tensors
 from fastgen.models.config_keys import ConfigKeys
 from fastgen.models.registry import ARCHITECTURES, config_class
 
@@ -29,6 +32,9 @@ DTYPE_NAMES = {
     "half": "float16",
 }
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+HEAD_TENSOR = "lm_head.weight"
+
+logger = logging.getLogger(__name__)
 
 
 def torch_dtype(name: str):
@@ -44,6 +50,8 @@ class ModelConfig:
 
     # The config.json key that holds the length limit, named in errors about max_model_len.
     max_len_key: ClassVar[str] = "max_position_embeddings"
+    # The checkpoint names the family's token embedding is saved under.
+    embedding_tensors: ClassVar[tuple[str, ...]] = ()
 
     architecture: str
     vocab_size: int
@@ -89,7 +97,24 @@ class ModelConfig:
             raise ValueError(f"model={str(path)!r} is not a directory")
         if not config_file.is_file():
             raise ValueError(f"model={str(path)!r} has no config.json")
-        return cls.from_dict(read_json(config_file), where=str(config_file))
+        return cls.from_dict(read_json(config_file), where=str(config_file)).head_as_stored(path)
+
+    def head_as_stored(self, folder: str | Path) -> ModelConfig:
+        """This config, untied where config.json ties the LM head to the embeddings but the
+        checkpoint holds a head of its own with other values: transformers then uses the
+        checkpoint's head, and so does fastgen (tying anyway ran a different model)."""
+        if not self.tie_word_embeddings:
+            return self
+        found = find_tensors(folder, {HEAD_TENSOR, *self.embedding_tensors})
+        head = found.get(HEAD_TENSOR)
+        if head is None:
+            return self
+        embedding = next((found[n] for n in self.embedding_tensors if n in found), None)
+        if embedding is not None and head.same_bytes(embedding):
+            return self
+        logger.warning("%s: config.json ties the LM head to the embeddings, but the checkpoint's %s holds other "
+                       "values; using the checkpoint's head (as transformers does)", folder, HEAD_TENSOR)
+        return dataclasses.replace(self, tie_word_embeddings=False)
 
     def num_parameters(self) -> int:
         """Parameters of the model this config describes (embeddings, layers, final norm, head);

@@ -60,14 +60,28 @@ class ConfigKeys:
         return value.removeprefix("torch.")
 
     def rope(self) -> tuple[dict, str]:
-        """The RoPE parameters (rope_parameters, or the older rope_scaling) and their type."""
-        rope = self.raw.get("rope_parameters") or self.raw.get("rope_scaling") or {}
+        """The RoPE parameters and their type, read as transformers reads them: the older
+        rope_scaling over rope_parameters where both are given; a rope_theta inside them over
+        the top-level one (10,000 where neither is); for llama3, a top-level
+        original_max_position_embeddings over the one inside (Phi-3's placement), and
+        max_position_embeddings where neither is."""
+        raw = self.raw
+        rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
         if not isinstance(rope, dict):
             raise ValueError(f"{self.where}: rope_parameters / rope_scaling={rope!r} must be an object")
+        rope = dict(rope)
         kind = rope.get("rope_type", rope.get("type")) or "default"
-        if kind not in ROPE_TYPES:
+        if not isinstance(kind, str) or kind not in ROPE_TYPES:
             raise ValueError(f"{self.where}: rope type {kind!r} is not supported; supported: {sorted(ROPE_TYPES)}")
-        for key in ROPE_TYPES[kind]:
+        top_level_theta = self.positive_number("rope_theta", 10000.0)  # checked even where unused
+        if rope.get("rope_theta") is None:
+            rope["rope_theta"] = top_level_theta
+        if kind == "llama3":
+            if raw.get("original_max_position_embeddings") is not None:
+                rope["original_max_position_embeddings"] = raw["original_max_position_embeddings"]
+            elif rope.get("original_max_position_embeddings") is None:
+                rope["original_max_position_embeddings"] = self.positive_int("max_position_embeddings", 2048)
+        for key in ("rope_theta", *ROPE_TYPES[kind]):
             if key not in rope:
                 raise ValueError(f"{self.where}: {kind!r} RoPE scaling has no {key!r}")
             self._positive(f"rope {key}", rope[key])

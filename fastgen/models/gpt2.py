@@ -87,7 +87,8 @@ class GPT2LMHeadModel(nn.Module):
     positions must be below n_positions (EngineConfig bounds max_model_len by it).
     """
 
-    checkpoint_format = CheckpointFormat(prefix="transformer.", transposed=frozenset({"c_attn", "c_proj", "c_fc"}))
+    checkpoint_format = CheckpointFormat(prefix="transformer.", transposed=frozenset({"c_attn", "c_proj", "c_fc"}),
+                                         ignored=("h.*.attn.bias", "h.*.attn.masked_bias"))
 
     def __init__(self, cfg: GPT2ModelConfig, backend: AttentionBackend, ops: OpSet, max_positions: int,
                  tp: TensorParallelGroup = SINGLE_RANK):

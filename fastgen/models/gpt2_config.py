@@ -24,6 +24,7 @@ class GPT2ModelConfig(ModelConfig):
     """
 
     max_len_key = "n_positions"
+    embedding_tensors = ("transformer.wte.weight", "wte.weight")
 
     layer_norm_eps: float
     scale_attn_weights: bool

@@ -2,7 +2,8 @@
 
 Llama (SmolLM2, Llama 3), Qwen2 and Qwen3 share the architecture; they differ in two switches
 read from `LlamaFamilyConfig` (set per architecture in `fastgen.models.registry`): Qwen2 adds a
-bias to the q/k/v projections, Qwen3 RMS-normalises q and k per head before RoPE. Tokens of all
+bias to the q/k/v projections (Llama and Qwen3 to all four where config.json's attention_bias
+says so), Qwen3 RMS-normalises q and k per head before RoPE. Tokens of all
 sequences are laid end to end ([T, hidden]); where each sits in the paged cache arrives in
 `AttentionMetadata`, and each layer's cache slice with it. Projections are merged (q|k|v,
 gate|up) so a layer runs two matmuls where transformers runs five.
@@ -48,8 +49,8 @@ class SelfAttention(nn.Module):
         self.num_heads = q_shard.size // cfg.head_dim
         self.num_kv_heads = kv_shard.size // cfg.head_dim
         self.q_size, self.kv_size = q_shard.size, kv_shard.size
-        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_shard, kv_shard, kv_shard], bias=cfg.attention_bias)
-        self.o_proj = RowParallelLinear(q_shard.full, cfg.hidden_size, bias=False, tp=tp)
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_shard, kv_shard, kv_shard], bias=cfg.qkv_bias)
+        self.o_proj = RowParallelLinear(q_shard.full, cfg.hidden_size, bias=cfg.o_proj_bias, tp=tp)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, ops)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, ops)
@@ -118,6 +119,7 @@ class LlamaFamilyForCausalLM(nn.Module):
             "gate_proj": ("gate_up_proj", 0),
             "up_proj": ("gate_up_proj", 1),
         },
+        ignored=("layers.*.self_attn.rotary_emb.inv_freq",),
     )
 
     def __init__(self, cfg: LlamaFamilyConfig, backend: AttentionBackend, ops: OpSet, max_positions: int,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from safetensors import safe_open
@@ -30,13 +31,17 @@ class CheckpointFormat:
         for projections that fastgen stacks into one matmul.
     transposed: module names whose weight is stored [in, out] (GPT-2's Conv1D), transposed into
         nn.Linear's [out, in] on load.
-    Checkpoint tensors that match no parameter (RoPE inv_freq, GPT-2's attn.bias causal-mask
-    buffers, an lm_head saved beside tied embeddings) are skipped.
+    ignored: patterns (fnmatch, on names without the prefix) of tensors that hold no weight
+        (RoPE's inv_freq, GPT-2's causal-mask buffers). They are skipped, as is an lm_head saved
+        beside embeddings it is tied to (`ModelConfig.head_as_stored` unties a different one);
+        any other tensor that matches no parameter is refused: dropping it would run another
+        model than the checkpoint's (a bias the config turns on that fastgen's layer lacks).
     """
 
     prefix: str = ""
     merged: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     transposed: frozenset[str] = frozenset()
+    ignored: tuple[str, ...] = ()
 
 
 def checkpoint_files(folder: str | Path) -> list[Path]:
@@ -62,7 +67,11 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
     for path in tqdm(files, desc="loading weights", unit="file", disable=None if len(files) > 1 else True):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
-                loaded.update(_load_one(fmt, params, modules, name, f.get_slice(name)))
+                filled = _load_one(fmt, params, modules, name, f.get_slice(name))
+                if filled is None:
+                    raise ValueError(f"model={str(folder)!r}: checkpoint tensor {name!r} ({path.name}) matches no "
+                                     f"parameter of {type(model).__name__} as config.json describes it")
+                loaded.update(filled)
     expected = {n for n in params if not (n == "lm_head.weight" and model.config.tie_word_embeddings)}
     for name, module in modules.items():
         if isinstance(module, ColumnParallelLinear) and module.merged:
@@ -75,10 +84,12 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
         raise ValueError(f"model={str(folder)!r}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
 
 
-def _load_one(fmt: CheckpointFormat, params, modules, name: str, source) -> list[str]:
+def _load_one(fmt: CheckpointFormat, params, modules, name: str, source) -> list[str] | None:
     """Load one checkpoint tensor (`source`: its lazy slice); return the keys it filled (none
-    for skipped tensors)."""
+    for skipped tensors), or None when it matches no parameter and is not to be skipped."""
     stripped = name.removeprefix(fmt.prefix)
+    if any(fnmatchcase(stripped, pattern) for pattern in fmt.ignored):
+        return []
     module_path, _, suffix = stripped.rpartition(".")
     parent, _, leaf = module_path.rpartition(".")
     tensor = CheckpointTensor(name, source, transposed=suffix == "weight" and leaf in fmt.transposed)
@@ -87,8 +98,9 @@ def _load_one(fmt: CheckpointFormat, params, modules, name: str, source) -> list
         merged_name, index = fmt.merged[leaf]
         module_path = f"{parent}.{merged_name}"
     key = f"{module_path}.{suffix}"
-    if key not in params:  # e.g. an lm_head saved beside embeddings it is tied to
-        return []
+    if key not in params:
+        # An lm_head saved beside the embeddings it is tied to holds their values.
+        return [] if key == "lm_head.weight" else None
     module = modules[module_path]
     if hasattr(module, "load_checkpoint_tensor"):
         return [f"{module_path}.{filled}" for filled in module.load_checkpoint_tensor(suffix, tensor, index)]

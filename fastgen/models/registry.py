@@ -20,7 +20,7 @@ class Architecture:
 
     model: str
     config: str
-    switches: dict[str, bool] = field(default_factory=dict)
+    switches: dict[str, object] = field(default_factory=dict)
 
 
 _LLAMA_FAMILY = Architecture("fastgen.models.llama_family:LlamaFamilyForCausalLM",
@@ -28,9 +28,9 @@ _LLAMA_FAMILY = Architecture("fastgen.models.llama_family:LlamaFamilyForCausalLM
 
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": _LLAMA_FAMILY,
-    "MistralForCausalLM": _LLAMA_FAMILY,
-    "Qwen2ForCausalLM": replace(_LLAMA_FAMILY, switches={"attention_bias": True}),
-    "Qwen3ForCausalLM": replace(_LLAMA_FAMILY, switches={"qk_norm": True}),
+    "MistralForCausalLM": replace(_LLAMA_FAMILY, switches={"bias": "none"}),
+    "Qwen2ForCausalLM": replace(_LLAMA_FAMILY, switches={"bias": "qkv"}),
+    "Qwen3ForCausalLM": replace(_LLAMA_FAMILY, switches={"qk_norm": True, "head_dim": 128}),
     "GPT2LMHeadModel": Architecture("fastgen.models.gpt2:GPT2LMHeadModel",
                                     "fastgen.models.gpt2_config:GPT2ModelConfig"),
 }

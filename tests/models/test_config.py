@@ -85,7 +85,8 @@ def test_generation_config_eos_is_checked_too(folder):
 def test_nulls_fall_back_to_the_defaults(folder):
     edit(folder, num_key_value_heads=None, head_dim=None, rope_parameters=None, eos_token_id=None)
     config = ModelConfig.from_folder(folder)
-    assert (config.num_kv_heads, config.head_dim, config.rope_scaling, config.eos_token_ids) == (4, 16, None, ())
+    # Qwen3's head_dim defaults to 128, as in transformers' Qwen3Config (not hidden_size / heads).
+    assert (config.num_kv_heads, config.head_dim, config.rope_scaling, config.eos_token_ids) == (4, 128, None, ())
 
 
 def test_parameter_count_matches_transformers(tiny_models):

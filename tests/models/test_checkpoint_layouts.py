@@ -1,0 +1,145 @@
+"""Checkpoints laid out otherwise than the tiny models: greedy output still equals transformers'
+(a bias on every attention projection where config.json says attention_bias, a head saved apart
+from the embeddings config.json ties it to, RoPE settings given in two places, Qwen3 without
+head_dim), and a tensor fastgen has no place for is refused by name, never dropped.
+
+The models here have every bias and norm weight moved away from 0 and 1 (transformers builds
+them so), or a dropped bias would change nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, MistralConfig
+
+from fastgen import LLM, SamplingParams
+from fastgen.models.config import ModelConfig
+from tests.conftest import random_prompts
+from tests.tiny_models import _SHAPES, build_tokenizer, hf_greedy, model_config
+
+MAX_TOKENS = 12
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+PROMPTS = random_prompts([5, 70], seed=3)  # the llama preset's RoPE scaling starts at 64 positions
+
+
+def build(config, path: Path) -> Path:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(path)
+    build_tokenizer().save_pretrained(path)
+    return path
+
+
+def family(name: str, **overrides):
+    config = model_config(name)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def copy_folder(src: str, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def edit_config(path: Path, **changes) -> None:
+    config_file = path / "config.json"
+    config = json.loads(config_file.read_text())
+    for key, value in changes.items():
+        if value is ...:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    config_file.write_text(json.dumps(config))
+
+
+def assert_matches_transformers(path: Path) -> None:
+    llm = LLM(str(path), dtype="float32", block_size=16, num_kv_blocks=64)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == hf_greedy(path, PROMPTS, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_attention_bias_puts_a_bias_on_all_four_projections(name, tmp_path):
+    """transformers' Llama and Qwen3 give q, k, v and o a bias under attention_bias; Qwen2's
+    q/k/v have one always and its o never (its own tests cover that)."""
+    path = build(family(name, attention_bias=True), tmp_path / name)
+    assert any(k.endswith("self_attn.o_proj.bias") for k in load_file(path / "model.safetensors"))
+    assert_matches_transformers(path)
+
+
+def test_mistral_reads_no_attention_bias(tmp_path):
+    """transformers' Mistral has no biases, whatever config.json says of attention_bias."""
+    config = MistralConfig(**_SHAPES, sliding_window=None, eos_token_id=0)
+    path = build(config, tmp_path / "mistral")
+    edit_config(path, attention_bias=True)
+    assert_matches_transformers(path)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_head_saved_apart_from_the_embeddings_it_is_tied_to_is_used(name, tmp_path, caplog):
+    """config.json ties the head, but the checkpoint holds a head of other values:
+    transformers uses that head, and so does fastgen (with a warning)."""
+    path = build(family(name, tie_word_embeddings=False), tmp_path / name)
+    edit_config(path, tie_word_embeddings=True)
+    with caplog.at_level(logging.WARNING, logger="fastgen.models.config"):
+        assert ModelConfig.from_folder(path).tie_word_embeddings is False
+    assert "holds other values; using the checkpoint's head" in caplog.text
+    assert_matches_transformers(path)
+
+
+def test_a_head_saved_with_the_embeddings_values_stays_tied(tiny_models, tmp_path):
+    path = copy_folder(tiny_models["llama"], tmp_path / "llama")
+    tensors = load_file(path / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, str(path / "model.safetensors"))
+    assert ModelConfig.from_folder(path).tie_word_embeddings is True
+    assert_matches_transformers(path)
+
+
+def test_a_checkpoint_tensor_with_no_place_in_the_model_is_refused(tiny_models, tmp_path):
+    path = copy_folder(tiny_models["qwen3"], tmp_path / "qwen3")
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.layers.0.mlp.down_proj.bias"] = torch.ones(_SHAPES["hidden_size"])
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"checkpoint tensor 'model.layers.0.mlp.down_proj.bias' \(model.safetensors\) "
+                                         r"matches no parameter of LlamaFamilyForCausalLM"):
+        LLM(str(path), dtype="float32", num_kv_blocks=16)
+
+
+@pytest.mark.parametrize("changes", [
+    # rope_parameters' own rope_theta over the top-level one
+    dict(rope_parameters={"rope_type": "default", "rope_theta": 100.0}, rope_theta=1e6),
+    # the older rope_scaling over rope_parameters where both are given
+    dict(rope_scaling={"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+         rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+    # a top-level original_max_position_embeddings over the one inside (Phi-3's placement)
+    dict(original_max_position_embeddings=16),
+], ids=["theta-inside-wins", "rope-scaling-wins", "top-level-original-max"])
+def test_rope_settings_given_twice_are_read_as_transformers_reads_them(changes, tmp_path):
+    path = build(family("llama"), tmp_path / "llama")
+    edit_config(path, **changes)
+    assert_matches_transformers(path)
+
+
+def test_qwen3_without_head_dim_takes_transformers_default_of_128(tmp_path):
+    path = build(family("qwen3", head_dim=128), tmp_path / "qwen3")
+    edit_config(path, head_dim=...)
+    assert ModelConfig.from_folder(path).head_dim == 128
+    assert_matches_transformers(path)
+
+
+def test_a_rope_type_that_is_not_a_string_is_named(tiny_models, tmp_path):
+    path = copy_folder(tiny_models["llama"], tmp_path / "llama")
+    edit_config(path, rope_parameters={"rope_type": ["llama3"], "factor": 8.0})
+    with pytest.raises(ValueError, match=r"rope type \['llama3'\] is not supported"):
+        ModelConfig.from_folder(path)
