@@ -453,11 +453,6 @@ class LLMEngine:
         step.settled = True  # before: whatever happens inside, it must not be given up as well
         self.scheduler.postprocess(out, sampled, result.num_accepted)
         grown = 0
-        if drafts:
-            # Tokens the step added (a sequence that ended inside its kept drafts dropped the rest).
-            per_seq = [len(state.seq) - n for state, n in zip(states, lengths)]
-            self._record_drafts(out, states, result.num_accepted, per_seq)
-            grown = sum(per_seq)
         self.live.take_logprobs(states, result, live)
         t = now()
         outputs = []
@@ -489,6 +484,12 @@ class LLMEngine:
                 output = self.live.finish_now(state, FinishReason.ERROR, _describe(exc))
             if output is not None:
                 outputs.append(output)
+        if drafts:
+            # Tokens the step added: a sequence that ended inside its kept drafts (at a stop
+            # token, or a stop string its text matched just now) dropped the rest.
+            per_seq = [len(state.seq) - n for state, n in zip(states, lengths)]
+            self._record_drafts(out, states, result.num_accepted, per_seq)
+            grown = sum(per_seq)
         return outputs, grown
 
     def _record_drafts(self, out: SchedulerOutput, states: list[RequestState], num_accepted: list[int],

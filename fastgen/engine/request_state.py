@@ -132,8 +132,9 @@ class RequestState:
     def _cut_stop_string(self, searched_up_to: int) -> bool:
         if not self.stop or self.seq.num_output_tokens <= self.seq.params.min_tokens:
             return False
-        start = max(0, searched_up_to - self.hold_back)
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        # Each string is looked for where an occurrence would end in the new text: one wholly in
+        # text searched before was skipped then on purpose (before min_tokens), and stays skipped.
+        hits = [i for i in (self.text.find(s, max(0, searched_up_to - len(s) + 1)) for s in self.stop) if i >= 0]
         if not hits:
             return False
         self.text = self.text[: min(hits)]

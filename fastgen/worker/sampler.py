@@ -49,7 +49,7 @@ class Sampler:
         self.device = device
         self.sample_fn = sample_fn
         self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
+        self.generator.manual_seed(generator_seed(seed, device))
         self.request_generators: dict[int, torch.Generator] = {}
         self.penalty_fn = penalty_fn
         self.eos_token_ids = tuple(sorted(eos_token_ids))
@@ -183,7 +183,7 @@ class Sampler:
             if generator is None:
                 generator = self.request_generators[seq.seq_id] = torch.Generator(device=self.device)
             position = output_position(seq) + (offsets[row] if offsets is not None else 0)
-            generator.manual_seed(position_seed(seq.params.seed, position))
+            generator.manual_seed(generator_seed(position_seed(seq.params.seed, position), self.device))
             noise[row].exponential_(generator=generator)
         return noise
 
@@ -200,3 +200,18 @@ def position_seed(seed: int, position: int) -> int:
     (in [0, 2**64), as SamplingParams checks) mixed with the position by a 64-bit odd multiplier,
     so neighbouring positions and seeds get unrelated streams."""
     return (seed ^ ((position + 1) * 0x9E3779B97F4A7C15)) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+_MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def generator_seed(seed: int, device: torch.device) -> int:
+    """`seed` (in [0, 2**64)) as a torch.Generator on `device` should take it. The CPU's
+    generator (mt19937) keeps only a seed's low 32 bits, so seeds that differ above bit 31 would
+    sample alike: there the 64 bits are mixed (splitmix64's finalizer) and folded into 32."""
+    if device.type != "cpu":
+        return seed
+    z = ((seed ^ (seed >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return (z ^ (z >> 32)) & 0xFFFF_FFFF

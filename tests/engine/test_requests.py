@@ -84,3 +84,38 @@ def test_a_stop_string_completed_by_the_last_allowed_token_is_a_stop(llm):
     assert cut.finish_reason == "stop" and cut.text == full.text[: len(full.text) - len(stop)]
     deltas = list(llm.stream(prompt, params))
     assert deltas[-1].finish_reason == "stop" and "".join(d.new_text for d in deltas) == cut.text
+
+
+def test_a_stop_string_wholly_before_min_tokens_is_never_matched_whatever_else_is_looked_for(llm):
+    """Before min_tokens no stop string matches; an occurrence that lies wholly in that text
+    stays unmatched later, also beside a longer stop string (whose search window reaches back
+    further: vLLM looks for each string only where it would end in the new text)."""
+    tokenizer = llm.engine.tokenizer
+    checked = 0
+    for prompt in random_prompts([9] * 8, seed=4):
+        (full,) = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+        for m in range(2, 20):
+            before = tokenizer.decode(full.token_ids[:m])
+            c = before[-1:]
+            if not c.strip() or c in before[:-1] or c not in full.text[len(before):]:
+                continue  # wanted: a character first completed by the token min_tokens allows, seen again later
+            cut = full.text.index(c, len(before))
+            if "\ufffd" in full.text[: cut + 1]:
+                continue  # a stray byte: the stream holds it back where the whole text does not
+            alone, beside = (llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
+                                                                 min_tokens=m, stop=stop))[0]
+                             for stop in ([c], [c, "~never~occurs~"]))
+            assert (alone.text, alone.finish_reason) == (full.text[:cut], "stop")
+            assert (beside.text, beside.token_ids) == (alone.text, alone.token_ids)
+            checked += 1
+    assert checked, "no character of the outputs fits the case"
+
+
+def test_seeds_that_differ_only_above_bit_31_sample_differently(llm):
+    """SamplingParams takes seeds in [0, 2**64); the CPU's generator keeps 32 bits of a seed, so
+    the sampler folds the rest in rather than dropping it."""
+    prompt = random_prompts([6], seed=8)[0]
+    outputs = [llm.generate([prompt], SamplingParams(temperature=1.5, max_tokens=16, ignore_eos=True, seed=seed))[0]
+               for seed in (5, 5 + 2**32, 5 + 2**40, 5 + 2**63, 5)]
+    ids = [tuple(o.token_ids) for o in outputs]
+    assert len(set(ids[:4])) == 4 and ids[4] == ids[0]

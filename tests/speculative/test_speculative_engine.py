@@ -118,6 +118,27 @@ def test_a_stop_string_completed_inside_drafts_ends_where_it_would_without_them(
     assert out.metrics.num_accepted_draft_tokens > 0
 
 
+def test_drafted_tokens_a_stop_string_cuts_off_are_not_counted_as_kept(tiny_models, reference):
+    """A stop string completed early in a long run of accepted drafts: the tokens after it are
+    dropped, and the draft counters count only those the output kept."""
+    model = tiny_models["llama"]
+    prompt = random_prompts([9], seed=4)[0]
+    (want,) = reference(model, [prompt], MAX_TOKENS)
+    spec = LLM(model, dtype="float32", max_model_len=64, block_size=8, num_kv_blocks=32,
+               speculative_config=dict(NGRAM, num_speculative_tokens=8))
+    spec.engine.drafter.row_cost = 0.0  # whole drafts of 8 from the first verify step on
+    tokenizer = spec.engine.tokenizer
+    cut = next(i for i in range(2, 6) if (piece := tokenizer.decode(want[: i + 1])[len(tokenizer.decode(want[:i])):])
+               .strip() and piece not in tokenizer.decode(want[:i]) and "\ufffd" not in piece)
+    stop = tokenizer.decode(want[: cut + 1])[len(tokenizer.decode(want[:cut])):]
+    (out,) = spec.generate([prompt], greedy(stop=[stop], prediction=want))
+    assert out.finish_reason == "stop" and out.token_ids == want[: cut + 1]
+    # The first token is the prompt's; every later one came out of a verify step.
+    assert 0 < out.metrics.num_accepted_draft_tokens <= cut
+    assert sum(out.metrics.accepted_per_position) == out.metrics.num_accepted_draft_tokens
+    assert spec.engine.stats().accepted_draft_tokens == out.metrics.num_accepted_draft_tokens
+
+
 def test_preemption_and_the_prefix_cache_stay_exact(tiny_models, reference):
     """Few blocks: drafted sequences are preempted and recomputed; then prompts that extend the
     first answers reuse their keyed blocks, which must hold only accepted tokens."""
