@@ -8,7 +8,6 @@ them so), or a dropped bias would change nothing."""
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -21,6 +20,7 @@ from transformers import AutoModelForCausalLM, MistralConfig
 from fastgen import LLM, SamplingParams
 from fastgen.models.config import ModelConfig
 from tests.conftest import random_prompts
+from tests.models.test_config import edit as edit_config
 from tests.tiny_models import _SHAPES, build_tokenizer, hf_greedy, model_config
 
 MAX_TOKENS = 12
@@ -50,17 +50,6 @@ def family(name: str, **overrides):
 def copy_folder(src: str, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
-
-
-def edit_config(path: Path, **changes) -> None:
-    config_file = path / "config.json"
-    config = json.loads(config_file.read_text())
-    for key, value in changes.items():
-        if value is ...:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    config_file.write_text(json.dumps(config))
 
 
 def assert_matches_transformers(path: Path) -> None:
