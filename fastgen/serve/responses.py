@@ -64,6 +64,9 @@ class ResponseShape:
         self.tools = tools if tools is not None and tools.mode != "text" else None
         self.echo = echo
         self._echoed: set[int] = set()  # choices whose stream has sent the prompt
+        # Choices whose stream has sent their finish: an n > 1 request's later outputs still list
+        # them (with their finish_reason, no delta), and OpenAI sends a choice's finish once.
+        self._finished: set[int] = set()
         self._text_offsets: dict[int, int] = {}  # choice -> its tokens' text so far (completions' text_offset)
         self.id = completion_id("cmpl" if kind == "text_completion" else "chatcmpl")
         self.model = model
@@ -144,8 +147,10 @@ class ResponseShape:
         """The delta of one output (None when it adds nothing: no text and no finish)."""
         choices = []
         for i, c in enumerate(choices_of(output)):
-            if not c.new_text and not c.new_token_ids and c.finish_reason is None:
+            if i in self._finished or (not c.new_text and not c.new_token_ids and c.finish_reason is None):
                 continue
+            if c.finish_reason is not None:
+                self._finished.add(i)
             if self.kind == "text_completion":
                 if self.echo is not None and self.echo.prompt_only and c.finish_reason is None:
                     continue  # the prompt alone is sent, with the finish
