@@ -63,6 +63,25 @@ def test_empty_prompt(llm):
         llm.generate([[]], GREEDY)
 
 
+def test_an_empty_text_prompt_is_the_bos_a_tokenizer_adds(tmp_path):
+    """transformers' tokenizer("") is [BOS] where the tokenizer adds one: a 1-token prompt."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    from tests.tiny_models import build_tiny_model, build_tokenizer, hf_greedy
+
+    folder = build_tiny_model("llama", tmp_path / "llama", vocab_size=400)
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"bos_token": "<s>"})
+    bos = tokenizer.convert_tokens_to_ids("<s>")
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", bos)])
+    tokenizer.save_pretrained(folder)
+    assert AutoTokenizer.from_pretrained(folder)("").input_ids == [bos]
+    (out,) = LLM(str(folder), dtype="float32", num_kv_blocks=16).generate("", GREEDY)
+    assert out.prompt_token_ids == [bos] and out.token_ids == hf_greedy(folder, [[bos]], GREEDY.max_tokens)[0]
+
+
 def test_token_outside_vocabulary(llm):
     vocab = llm.config.model_config.vocab_size
     with pytest.raises(ValueError, match=rf"token_ids\[1\]={vocab} is outside the vocabulary \[0, {vocab}\)"):

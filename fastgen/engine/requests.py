@@ -38,7 +38,7 @@ def prompt_token_ids(prompt: Prompt, params: SamplingParams, tokenizer,
         if tokenizer is None:
             raise ValueError("prompt is a string but the engine was started with skip_tokenizer_init=True")
         text = prompt
-        token_ids = tokenizer.encode(prompt) if prompt else []
+        token_ids = tokenizer.encode(prompt)  # "" too: a tokenizer that adds BOS makes it a prompt
     else:
         text = None
         token_ids = token_ids_of(prompt)

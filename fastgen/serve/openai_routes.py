@@ -68,7 +68,7 @@ def _prompt_length(state: ServerState, prompt) -> int:
     """The prompt's token count, as the engine will count it (a text prompt is encoded the same
     way); a prompt the engine will refuse counts 0 here, and the engine then says why."""
     if isinstance(prompt, str):
-        return len(state.tokenizer.encode(prompt)) if state.tokenizer is not None and prompt else 0
+        return len(state.tokenizer.encode(prompt)) if state.tokenizer is not None else 0
     return len(prompt) if isinstance(prompt, list) else 0
 
 

@@ -28,7 +28,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     if (body.prompt is None) == (body.messages is None):
         raise RequestError("send exactly one of prompt and messages", param="prompt")
     if body.prompt is not None:
-        tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens) if body.prompt else []
+        tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
         messages = chat_messages(body.messages)
         tokens = chat_token_ids(tokenizer, messages, add_generation_prompt=body.add_generation_prompt)
