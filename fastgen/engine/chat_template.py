@@ -1,10 +1,12 @@
 """Chat templates rendered with jinja2 the way transformers renders them, without importing it.
 
 Same environment as transformers' `apply_chat_template`: a sandbox, `trim_blocks` and
-`lstrip_blocks`, the loop-controls extension, a `tojson` that keeps non-ASCII text and takes an
-indent, and the globals `raise_exception`, `strftime_now`, `dict` and `namespace`; the template
-sees the messages (keys whose value is None dropped), `add_generation_prompt`, and the
-tokenizer's named special tokens (`bos_token`, `eos_token`, ...) as strings.
+`lstrip_blocks`, the loop-controls extension, `{% generation %}` blocks (transformers marks the
+assistant's tokens with them; rendered as their content), a `tojson` that keeps non-ASCII text
+and takes an indent, and the globals `raise_exception`, `strftime_now`, `dict` and `namespace`;
+the template sees the messages (keys whose value is None dropped, OpenAI's text parts joined),
+`add_generation_prompt`, and the tokenizer's named special tokens (`bos_token`, `eos_token`,
+...) as strings.
 """
 
 from __future__ import annotations
@@ -50,27 +52,59 @@ class _Namespace(jinja2.utils.Namespace):
             raise jinja2.exceptions.SecurityError(f"chat templates cannot set underscore names, got {name!r}")
 
 
+class _GenerationBlocks(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: transformers' marks of the assistant's part (for
+    training masks), which a prompt renders as their content."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_content"), [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _content(caller):
+        return caller()
+
+
 @lru_cache(maxsize=16)
 def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols, _GenerationBlocks])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=dict, namespace=_Namespace)
     return env.from_string(source)
+
+
+def message_text(content, where: str):
+    """A message's content as a template reads it: OpenAI's content parts (`[{"type": "text",
+    "text": ...}, ...]`) joined into one string; anything else as it is. ValueError naming
+    `where` for a part that is not text."""
+    if not isinstance(content, list):
+        return content
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != "text":
+            raise ValueError(f"{where} holds a {kind!r} part; fastgen serves text only")
+    return "".join(str(part.get("text", "")) for part in content)
 
 
 def render_chat(source: str, messages: list[dict], add_generation_prompt: bool, special_tokens: dict[str, str],
                 tools: list[dict] | None = None) -> str:
     """The conversation as the template renders it (a string, not yet tokenized); tools: OpenAI
     tool definitions, which the template sees as `tools` (as transformers passes them). Raises
-    ValueError for an empty conversation, a message that is not a dict, or a template error."""
+    ValueError for an empty conversation, a message that is not a dict, a content part that is
+    not text, or a template that fails on the messages (whatever it raises)."""
     if not messages:
         raise ValueError("messages is empty: a conversation needs at least one message")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise ValueError(f"messages[{i}]={message!r} must be a dict with 'role' and 'content'")
-    messages = [{k: v for k, v in message.items() if v is not None} for message in messages]
+    messages = [{k: (message_text(v, f"messages[{i}].content") if k == "content" else v)
+                 for k, v in message.items() if v is not None} for i, message in enumerate(messages)]
     try:
         return compile_template(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
                                                tools=tools, **special_tokens)
-    except jinja2.exceptions.TemplateError as exc:
-        raise ValueError(f"the model's chat template failed on these messages: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - a template's own error (TypeError, ...) is the request's
+        raise ValueError(f"the model's chat template failed on these messages: {type(exc).__name__}: {exc}") from exc

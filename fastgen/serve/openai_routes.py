@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request, Response
 
 from fastgen.engine.async_llm import AsyncRequestStream
+from fastgen.engine.chat_template import message_text
 from fastgen.engine.prompts import chat_token_ids
 from fastgen.errors import EngineDeadError
 from fastgen.serve.disconnect import DISCONNECTED, unless_disconnected
@@ -107,13 +108,10 @@ def chat_messages(body_messages) -> list[dict]:
     other type is a 400), fields beyond role and content passed on (tool_calls, tool_call_id)."""
     messages = []
     for i, message in enumerate(body_messages):
-        content = message.content
-        if isinstance(content, list):  # content parts: only text is served
-            for part in content:
-                if part.get("type") != "text":
-                    raise RequestError(f"messages[{i}].content holds a {part.get('type')!r} part; "
-                                       "fastgen serves text only", param=f"messages.{i}.content")
-            content = "".join(part.get("text", "") for part in content)
+        try:
+            content = message_text(message.content, f"messages[{i}].content")
+        except ValueError as exc:
+            raise RequestError(str(exc), param=f"messages.{i}.content") from None
         messages.append({**(message.model_extra or {}), "role": message.role, "content": content or ""})
     return messages
 

@@ -58,6 +58,26 @@ def test_a_folder_with_only_a_vocab_file_falls_back(tmp_path, tiny_models):
         load_tokenizer(str(folder))
 
 
+def test_a_template_with_generation_blocks_matches_transformers(tmp_path):
+    """transformers' `{% generation %}` marks (for assistant-token masks) render as their content."""
+    template = SMOLLM_TEMPLATE.replace(
+        "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}",
+        "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% generation %}"
+        "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}{% else %}"
+        "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endif %}")
+    assert "{% generation %}" in template
+    assert_same_as_transformers(tokenizer_folder(tmp_path, chat_template=template))
+
+
+def test_content_given_as_text_parts_is_joined(tmp_path):
+    tokenizer = load_tokenizer(str(tokenizer_folder(tmp_path, chat_template=SMOLLM_TEMPLATE)))
+    parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
+    assert tokenizer.apply_chat_template([{"role": "user", "content": parts}]) == \
+        tokenizer.apply_chat_template([{"role": "user", "content": "Hello, world"}])
+    with pytest.raises(ValueError, match=r"messages\[0\].content holds a 'image_url' part; fastgen serves text only"):
+        tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])
+
+
 def test_bad_chat_messages_are_value_errors(tmp_path):
     tokenizer = load_tokenizer(str(tokenizer_folder(tmp_path, chat_template=SMOLLM_TEMPLATE)))
     with pytest.raises(ValueError, match="messages is empty"):
@@ -66,6 +86,9 @@ def test_bad_chat_messages_are_value_errors(tmp_path):
         tokenizer.apply_chat_template(["hi"])
     with pytest.raises(ValueError, match="chat template failed"):
         tokenizer.apply_chat_template([{"role": "user"}])
+    # Whatever the template raises on content it cannot use (here str + int: a TypeError).
+    with pytest.raises(ValueError, match="chat template failed on these messages: TypeError"):
+        tokenizer.apply_chat_template([{"role": "user", "content": 5}])
 
 
 def test_a_fast_folder_loads_and_chats_without_importing_transformers(tmp_path):
