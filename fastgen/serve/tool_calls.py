@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastgen.serve.errors import RequestError
@@ -34,15 +34,16 @@ MAX_TOOLS = 128  # OpenAI's limit
 
 @dataclass(frozen=True)
 class Tool:
+    """A checked tool. sent: the request's entry as it came (its keys in their order, `strict`
+    and all), which is what a template renders, as transformers hands the request's tools on."""
+
     name: str
     description: str | None
     parameters: dict
+    sent: dict = field(compare=False, repr=False)
 
     def as_openai(self) -> dict:
-        function = {"name": self.name, "parameters": self.parameters}
-        if self.description:
-            function["description"] = self.description
-        return {"type": "function", "function": function}
+        return self.sent
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def check_tools(tools: list[Any] | None) -> tuple[Tool, ...]:
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise RequestError(f"{where}.function.description must be a string", param="tools")
-        checked.append(Tool(name, description, parameters))
+        checked.append(Tool(name, description, parameters, entry))
     return tuple(checked)
 
 

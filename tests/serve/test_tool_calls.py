@@ -62,3 +62,22 @@ def test_a_template_without_tools_gets_them_in_the_system_message_with_earlier_c
     assert messages[2] == {"role": "assistant", "content":
                            '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'}
     assert with_tools_in_system(history[1:], plan.shown)[0]["role"] == "system"
+
+
+def test_a_template_renders_the_tools_as_the_request_sent_them(tiny_models):
+    """Key order and fields fastgen does not read (`strict`) reach the template as sent, as
+    transformers' apply_chat_template(tools=...) hands them on."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now.",
+                                               "parameters": TOOLS[0]["function"]["parameters"], "strict": True}}]
+    template = ("{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    ours = FastTokenizer(Tokenizer.from_file(f"{tiny_models['llama']}/tokenizer.json"), {"chat_template": template})
+    shown = [t.as_openai() for t in plan_tools(tools, "auto", None).shown]
+    messages = [{"role": "user", "content": "hi"}]
+    theirs = AutoTokenizer.from_pretrained(tiny_models["llama"])
+    expected = theirs.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False)
+    assert '"strict": true' in expected
+    assert ours.apply_chat_template(messages, tokenize=False, tools=shown) == expected
