@@ -105,7 +105,22 @@ def load_fast_tokenizer(model: str) -> FastTokenizer | None:
     for name in _NAMED_SPECIAL_TOKENS:
         if config.get(name) is not None and backend.token_to_id(_token_text(config[name])) is None:
             return None
+    if not _added_tokens_agree(config.get("added_tokens_decoder"), backend.get_added_tokens_decoder()):
+        return None  # transformers takes tokenizer_config.json's word (which tokens are special)
     return FastTokenizer(backend, config)
+
+
+def _added_tokens_agree(listed, added) -> bool:
+    """Whether tokenizer_config.json's added_tokens_decoder (if any) says what tokenizer.json's
+    added tokens say: the same text and the same special flag for each id it lists."""
+    if not isinstance(listed, dict):
+        return True
+    for key, entry in listed.items():
+        token = added.get(int(key)) if str(key).isdigit() else None
+        if token is None or not isinstance(entry, dict) or (entry.get("content"), bool(entry.get("special"))) != \
+                (token.content, token.special):
+            return False
+    return True
 
 
 def load_tokenizer(model: str):
