@@ -377,8 +377,12 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
         """One device: alive while the process is."""
 
     def _with_fork_rows(self, out: SchedulerOutput, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
-        """Append each forked child's row: its parent's logits."""
-        place = {row: k for k, row in enumerate(rows)}
+        """Append each forked child's row: its parent's logits at the parent's first sampled row
+        (the prompt's last token; a parent whose last prompt token ran as a decode with drafts
+        samples more rows after it)."""
+        place: dict[int, int] = {}
+        for k, row in enumerate(rows):
+            place.setdefault(row, k)
         parents = [place[fork.parent_index] for fork in out.forks for _ in fork.children]
         index = torch.tensor(parents, dtype=torch.int64).to(logits.device, non_blocking=True)
         return torch.cat([logits, logits.index_select(0, index)])

@@ -163,6 +163,21 @@ def test_preemption_and_the_prefix_cache_stay_exact(tiny_models, reference):
     assert engine.stats().prefix_hit_tokens > hits
 
 
+def test_completions_fork_from_a_last_prompt_token_that_ran_with_drafts(tiny_models, reference):
+    """A chunked prompt that leaves one token runs it as a decode row, with drafts after it; the
+    n > 1 children start from that token's logits, not from a draft's."""
+    model = tiny_models["qwen3"]
+    prompt = random_prompts([9], seed=21)[0]
+    prompt = prompt + [prompt[0]]  # its last token opens it too: the prompt lookup drafts after it
+    (want,) = reference(model, [prompt], 4)
+    llm = LLM(model, dtype="float32", max_model_len=64, block_size=16, num_kv_blocks=16, max_num_batched_tokens=9,
+              speculative_config=dict(NGRAM, num_speculative_tokens=1))
+    llm.engine.drafter.row_cost = 0.0  # draft whenever there is a match
+    (out,) = llm.generate([prompt], greedy(n=2, max_tokens=4))
+    assert [c.token_ids for c in out.outputs] == [want, want]
+    assert llm.engine.stats().draft_tokens > 0
+
+
 def test_parallel_completions_and_seeds(tiny_models, reference):
     model = tiny_models["gpt2"]
     prompt = random_prompts([6], seed=3)[0]
