@@ -514,15 +514,18 @@ class LLMEngine:
 
     def _on_failed_run(self, out: SchedulerOutput, states: list[RequestState], exc: Exception) -> list[RequestOutput]:
         """A step failed in the model or the sampler: it is one request's failure when that request
-        ran alone; otherwise the batch is retried one sequence at a time."""
-        states = [state for state in states if not state.seq.is_finished]
-        if not states:
+        ran alone; otherwise the batch is retried one sequence at a time. `states`: every sequence
+        of the failed step (and of the step lost with it), also those that finished since (an
+        abort): a survivor of a shared step is no culprit until it fails alone."""
+        alive = [state for state in states if not state.seq.is_finished]
+        if not alive:
             return []
         if len(states) == 1:
-            logger.warning("step of request %r failed: %s", states[0].request_id, _describe(exc))
-            return [self.live.finish_now(states[0], FinishReason.ERROR, _describe(exc))]
-        logger.warning("step of %d sequences failed (%s); retrying them one at a time", len(states), _describe(exc))
-        self.scheduler.isolate([state.seq for state in states])
+            logger.warning("step of request %r failed: %s", alive[0].request_id, _describe(exc))
+            return [self.live.finish_now(alive[0], FinishReason.ERROR, _describe(exc))]
+        logger.warning("step of %d sequences failed (%s); retrying the %d unfinished one at a time", len(states),
+                       _describe(exc), len(alive))
+        self.scheduler.isolate([state.seq for state in alive])
         return []
 
     def _fail_all(self, exc: Exception) -> list[RequestOutput]:

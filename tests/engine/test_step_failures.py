@@ -143,3 +143,48 @@ def test_a_failure_outside_the_model_fails_every_request_and_the_engine_stays_us
     assert "scheduler bug" in finals[ids[0]].error
     assert_clean(llm)
     assert llm.generate([[1, 2, 3]], GREEDY)[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("same_step", [False, True], ids=["next-step", "same-step"])
+def test_a_read_back_failure_of_an_aborted_requests_step_spares_the_survivor(tiny_models, reference, monkeypatch,
+                                                                             same_step):
+    """Overlap scheduling: a step whose token read fails held a request that was aborted while
+    it was in flight; the request that survives it (in that step, or in the step launched after
+    it and lost with it) ran beside the culprit, not alone, so it is retried, not failed."""
+    from fastgen import model_runner
+
+    llm = LLM(tiny_models["qwen3"], dtype="float32", block_size=4, num_kv_blocks=32, max_model_len=64,
+              max_num_seqs=4 if same_step else 1, overlap_scheduling=True)
+    bad_steps = set()
+    launch, collect = model_runner.ModelRunner.launch, model_runner.ModelRunner.collect
+
+    def launch_marking(self, out):
+        step = launch(self, out)
+        if any(seq.token_ids[0] == POISON for seq in out.seqs):
+            bad_steps.add(id(step))
+        return step
+
+    def collect_failing(self, step):
+        if id(step) in bad_steps:
+            bad_steps.discard(id(step))
+            raise RuntimeError("read-back failed")
+        return collect(self, step)
+
+    monkeypatch.setattr(model_runner.ModelRunner, "launch", launch_marking)
+    monkeypatch.setattr(model_runner.ModelRunner, "collect", collect_failing)
+    engine, params = llm.engine, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    good = random_prompts([6], seed=44)[0]
+    engine.add_request([POISON, 1, 2, 3, 4], params, request_id="bad")
+    if same_step:
+        engine.add_request(good, params, request_id="good")
+    outputs = engine.step()  # the step stays in flight
+    if not same_step:
+        engine.add_request(good, params, request_id="good")
+    engine.abort("bad")
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    finals = {o.request_id: o for o in outputs if o.finished}
+    assert finals["bad"].finish_reason == "abort"
+    assert (finals["good"].finish_reason, finals["good"].error) == ("length", None)
+    assert finals["good"].token_ids == reference(tiny_models["qwen3"], [good], 5)[0]
+    assert_clean(llm)
