@@ -319,7 +319,7 @@ def test_a_request_id_in_use_by_an_n_request(llm):
     with pytest.raises(ValueError, match=r"request_id='twins' is already in use"):
         engine.add_request([1, 2, 3], GREEDY, request_id="twins")
     assert engine.abort(request_id)
-    with pytest.raises(ValueError, match=r"request_id='twins' is still in use: its final output waits for step\(\)"):
+    with pytest.raises(ValueError, match=r"request_id='twins' is already in use \(.*final output not yet returned by step"):
         engine.add_request([1, 2, 3], GREEDY, request_id="twins")
     (final,) = engine.step()
     assert final.request_id == "twins" and [c.finish_reason for c in final.outputs] == ["abort"] * 2
@@ -333,7 +333,16 @@ def test_a_finished_request_id_is_not_reused_before_step_returns_its_final_outpu
     engine = llm.engine
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=1), request_id="once")
     llm.generate([[4, 5, 6]], SamplingParams(max_tokens=3))  # drives the engine: "once" finishes
-    with pytest.raises(ValueError, match=r"request_id='once' is still in use"):
+    with pytest.raises(ValueError, match=r"request_id='once' is already in use"):
         engine.add_request([1, 2, 3], GREEDY, request_id="once")
-    assert [(o.request_id, o.finished) for o in engine.step()] == [("once", True)]
-    assert not engine.has_unfinished_requests()
+    # Nor is it handed out as a fresh id: the engine counts its own ids up ("7", "8", ...).
+    counted = engine.add_request([1, 2, 3], SamplingParams(max_tokens=1))
+    chosen = str(int(counted) + 1)  # the id the engine would count next
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=1), request_id=chosen)
+    llm.generate([[4, 5, 6]], SamplingParams(max_tokens=3))  # both finish; their final outputs wait
+    fresh = engine.add_request([7, 8, 9], SamplingParams(max_tokens=1))
+    assert fresh not in ("once", counted, chosen)
+    finals = set()
+    while engine.has_unfinished_requests():
+        finals |= {o.request_id for o in engine.step() if o.finished}
+    assert finals == {"once", counted, chosen, fresh}

@@ -157,23 +157,24 @@ class LLMEngine:
         instead of every step. A request with n > 1 is prepared as a `ParentRequest`.
         """
         self.driver.check()
-        return self.factory.make(prompt, params, request_id, final_only, in_use=self.has_request)
+        return self.factory.make(prompt, params, request_id, final_only, in_use=self._id_taken)
 
     def has_request(self, request_id: str) -> bool:
         """Whether a request (of any n) with this id is queued or running."""
         return request_id in self.live
+
+    def _id_taken(self, request_id: str) -> bool:
+        """Queued, running, or finished with its final output not yet returned by `step()` (its
+        consumer would take that output for a new request's of the same id)."""
+        return self.has_request(request_id) or self.outbox.final_waits(request_id)
 
     def enqueue(self, state: RequestState | ParentRequest, claimed: bool = False) -> str:
         """Queue a prepared request. claimed: its outputs go to its own mailbox (`take_output`),
         not to `step()`."""
         self.driver.check()
         self._release_abandoned()
-        if self.has_request(state.request_id):
+        if self._id_taken(state.request_id):
             raise ValueError(f"request_id={state.request_id!r} is already in use")
-        if self.outbox.final_waits(state.request_id):
-            # Its consumer would take the old request's final output for the new one's.
-            raise ValueError(f"request_id={state.request_id!r} is still in use: its final output waits for "
-                             f"step() to return it")
         if boolean("claimed", claimed):
             self.outbox.open(state.request_id)
         self.live.add(state)

@@ -96,7 +96,8 @@ class RequestFactory:
         if request_id is None:
             request_id = next(i for i in map(str, self._request_ids) if not in_use(i))
         elif in_use(check_request_id(request_id)):
-            raise ValueError(f"request_id={request_id!r} is already in use")
+            raise ValueError(f"request_id={request_id!r} is already in use (queued, running, or finished with its "
+                             "final output not yet returned by step())")
         if params.n == 1:
             return self._state(request_id, token_ids, params, text, now(), final_only, grammar, prediction)
         arrival = now()
