@@ -41,14 +41,21 @@ class StoredTensor:
         return True
 
 
+INDEX_FILE = "model.safetensors.index.json"
+_MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+
+
 def read_header(path: Path) -> dict[str, StoredTensor]:
     """The tensors one safetensors file holds; ValueError naming the file when its header is
-    not one."""
+    not one (a git-lfs pointer left in place of the weights, say)."""
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
             raise ValueError(f"{path} is not a safetensors file (shorter than its header's length)")
         (length,) = struct.unpack("<Q", prefix)
+        if length > min(_MAX_HEADER_BYTES, path.stat().st_size - 8):
+            raise ValueError(f"{path} is not a safetensors file (its header's length {length} is past the file's "
+                             "end or safetensors' 100 MB limit)")
         try:
             header = json.loads(f.read(length))
         except (ValueError, UnicodeDecodeError) as exc:
@@ -69,18 +76,51 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
     return tensors
 
 
-def find_tensors(folder: str | Path, names: set[str]) -> dict[str, StoredTensor]:
-    """Where those of `names` that the folder's checkpoint holds lie. With an index file
-    (`model.safetensors.index.json`) only the shards holding them are opened."""
+def weight_map(folder: Path) -> dict[str, str] | None:
+    """The index's tensor name -> file name (None without an index); ValueError naming the
+    index when it is not one."""
+    index = folder / INDEX_FILE
+    if not index.is_file():
+        return None
+    try:
+        mapping = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError(f"{index} is not a safetensors index (a JSON object with a 'weight_map')") from None
+    if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
+        raise ValueError(f"{index}: its weight_map must map tensor names to file names")
+    return mapping
+
+
+def checkpoint_files(folder: str | Path) -> list[Path]:
+    """The safetensors files that hold a folder's weights, as transformers picks them: those its
+    index names; without an index, model.safetensors, else every *.safetensors. (Mistral's
+    repositories ship consolidated.safetensors, their own format, beside the indexed shards.)
+    ValueError when there are none, or the index names a file that is missing."""
     folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
+    mapping = weight_map(folder)
+    if mapping is not None:
+        files = sorted({folder / name for name in mapping.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{folder / INDEX_FILE} names weight files the folder lacks: {missing[:3]}")
+        return files
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
     files = sorted(folder.glob("*.safetensors"))
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted({folder / weight_map[n] for n in names if n in weight_map})
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            pass  # an index that cannot be read: every file's header says as much
+    if not files:
+        raise ValueError(f"model={str(folder)!r} has no *.safetensors weight files")
+    return files
+
+
+def find_tensors(folder: str | Path, names: set[str]) -> dict[str, StoredTensor]:
+    """Where those of `names` that the folder's checkpoint holds lie. With an index only the
+    shards holding them are opened."""
+    folder = Path(folder)
+    mapping = weight_map(folder)
+    if mapping is not None:
+        files = sorted({folder / mapping[n] for n in names if n in mapping})
+    else:
+        files = checkpoint_files(folder)
     found = {}
     for path in files:
         for name, stored in read_header(path).items():

@@ -105,7 +105,10 @@ class ModelConfig:
         checkpoint's head, and so does fastgen (tying anyway ran a different model)."""
         if not self.tie_word_embeddings:
             return self
-        found = find_tensors(folder, {HEAD_TENSOR, *self.embedding_tensors})
+        try:
+            found = find_tensors(folder, {HEAD_TENSOR, *self.embedding_tensors})
+        except ValueError:
+            return self  # no weights to read (dummy weights), or broken ones: the loader says which
         head = found.get(HEAD_TENSOR)
         if head is None:
             return self

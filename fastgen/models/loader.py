@@ -18,7 +18,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from fastgen.layers.parallel_linear import ColumnParallelLinear, check_shape, copy_into
+from fastgen.models.checkpoint_index import checkpoint_files, read_header
 from fastgen.models.checkpoint_tensor import CheckpointTensor
+from fastgen.models.config import HEAD_TENSOR
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,6 @@ class CheckpointFormat:
     ignored: tuple[str, ...] = ()
 
 
-def checkpoint_files(folder: str | Path) -> list[Path]:
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"model={str(folder)!r} has no *.safetensors weight files")
-    return files
-
-
 def load_weights(model: nn.Module, folder: str | Path) -> None:
     """Copy every checkpoint tensor into `model`, cast to the model's dtype.
 
@@ -65,6 +60,7 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
     # A bar on an interactive terminal for checkpoints of several files (tqdm's disable=None: off
     # when stderr is not a TTY); one small file loads too fast to need it.
     for path in tqdm(files, desc="loading weights", unit="file", disable=None if len(files) > 1 else True):
+        read_header(path)  # a file that is not one (a git-lfs pointer, a cut download) is named
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 filled = _load_one(fmt, params, modules, name, f.get_slice(name))
@@ -72,7 +68,7 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
                     raise ValueError(f"model={str(folder)!r}: checkpoint tensor {name!r} ({path.name}) matches no "
                                      f"parameter of {type(model).__name__} as config.json describes it")
                 loaded.update(filled)
-    expected = {n for n in params if not (n == "lm_head.weight" and model.config.tie_word_embeddings)}
+    expected = {n for n in params if not (n == HEAD_TENSOR and model.config.tie_word_embeddings)}
     for name, module in modules.items():
         if isinstance(module, ColumnParallelLinear) and module.merged:
             for suffix in ("weight", "bias"):
@@ -100,7 +96,7 @@ def _load_one(fmt: CheckpointFormat, params, modules, name: str, source) -> list
     key = f"{module_path}.{suffix}"
     if key not in params:
         # An lm_head saved beside the embeddings it is tied to holds their values.
-        return [] if key == "lm_head.weight" else None
+        return [] if key == HEAD_TENSOR else None
     module = modules[module_path]
     if hasattr(module, "load_checkpoint_tensor"):
         return [f"{module_path}.{filled}" for filled in module.load_checkpoint_tensor(suffix, tensor, index)]

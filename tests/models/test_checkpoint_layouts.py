@@ -132,3 +132,28 @@ def test_a_rope_type_that_is_not_a_string_is_named(tiny_models, tmp_path):
     edit_config(path, rope_parameters={"rope_type": ["llama3"], "factor": 8.0})
     with pytest.raises(ValueError, match=r"rope type \['llama3'\] is not supported"):
         ModelConfig.from_folder(path)
+
+
+def test_the_files_an_index_names_are_the_checkpoint(tmp_path):
+    """Mistral's repositories ship their own consolidated.safetensors beside the indexed shards:
+    transformers reads the shards the index names, and so does fastgen."""
+    config = MistralConfig(**_SHAPES, sliding_window=None, eos_token_id=0)
+    torch.manual_seed(0)
+    path = tmp_path / "mistral"
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path, max_shard_size="100KB")
+    build_tokenizer().save_pretrained(path)
+    assert (path / "model.safetensors.index.json").is_file()
+    save_file({"tok_embeddings.weight": torch.zeros(4, 4), "layers.0.attention.wq.weight": torch.zeros(4, 4)},
+              str(path / "consolidated.safetensors"))
+    assert_matches_transformers(path)
+
+
+def test_a_weights_file_that_is_not_safetensors_is_named(tiny_models, tmp_path):
+    """A git-lfs pointer left in place of the weights: reading the config still works, loading
+    is a ValueError naming the file."""
+    path = copy_folder(tiny_models["llama"], tmp_path / "llama")
+    (path / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64
+                                            + "\nsize 269060552\n")
+    assert ModelConfig.from_folder(path).tie_word_embeddings is True
+    with pytest.raises(ValueError, match=r"model.safetensors is not a safetensors file \(its header's length"):
+        LLM(str(path), dtype="float32", num_kv_blocks=16)
