@@ -4,9 +4,8 @@ Same environment as transformers' `apply_chat_template`: a sandbox, `trim_blocks
 `lstrip_blocks`, the loop-controls extension, `{% generation %}` blocks (transformers marks the
 assistant's tokens with them; rendered as their content), a `tojson` that keeps non-ASCII text
 and takes an indent, and the globals `raise_exception`, `strftime_now`, `dict` and `namespace`;
-the template sees the messages (keys whose value is None dropped, OpenAI's text parts joined),
-`add_generation_prompt`, and the tokenizer's named special tokens (`bos_token`, `eos_token`,
-...) as strings.
+the template sees the messages (keys whose value is None dropped), `add_generation_prompt`, and
+the tokenizer's named special tokens (`bos_token`, `eos_token`, ...) as strings.
 """
 
 from __future__ import annotations
@@ -79,8 +78,8 @@ def compile_template(source: str) -> jinja2.Template:
 
 def message_text(content, where: str):
     """A message's content as a template reads it: OpenAI's content parts (`[{"type": "text",
-    "text": ...}, ...]`) joined into one string; anything else as it is. ValueError naming
-    `where` for a part that is not text."""
+    "text": ...}, ...]`) joined into one string (`prompts.chat_token_ids` does it for every
+    tokenizer); anything else as it is. ValueError naming `where` for a part that is not text."""
     if not isinstance(content, list):
         return content
     for part in content:
@@ -94,15 +93,14 @@ def render_chat(source: str, messages: list[dict], add_generation_prompt: bool, 
                 tools: list[dict] | None = None) -> str:
     """The conversation as the template renders it (a string, not yet tokenized); tools: OpenAI
     tool definitions, which the template sees as `tools` (as transformers passes them). Raises
-    ValueError for an empty conversation, a message that is not a dict, a content part that is
-    not text, or a template that fails on the messages (whatever it raises)."""
+    ValueError for an empty conversation, a message that is not a dict, or a template that fails
+    on the messages (whatever it raises)."""
     if not messages:
         raise ValueError("messages is empty: a conversation needs at least one message")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise ValueError(f"messages[{i}]={message!r} must be a dict with 'role' and 'content'")
-    messages = [{k: (message_text(v, f"messages[{i}].content") if k == "content" else v)
-                 for k, v in message.items() if v is not None} for i, message in enumerate(messages)]
+    messages = [{k: v for k, v in message.items() if v is not None} for message in messages]
     try:
         return compile_template(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
                                                tools=tools, **special_tokens)

@@ -7,6 +7,8 @@ from collections.abc import Sequence as SequenceABC
 
 import numpy as np
 
+from fastgen.engine.chat_template import message_text
+
 Prompt = str | list[int]
 
 
@@ -49,7 +51,16 @@ def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool 
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ValueError(f"messages[{i}]={message!r} must be a dict with a 'role' string and a 'content'")
+    # OpenAI's text parts joined here, not only in fastgen's own renderer: a tokenizer loaded
+    # through transformers renders with its own.
+    messages = [{**message, "content": message_text(message["content"], f"messages[{i}].content")}
+                if "content" in message else message for i, message in enumerate(messages)]
     extra = {} if tools is None else {"tools": tools}  # tools: OpenAI tool definitions, for the template
-    rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
-                                             tokenize=False, **extra)
+    try:
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                 tokenize=False, **extra)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers' renderer lets a template's own errors through
+        raise ValueError(f"the model's chat template failed on these messages: {type(exc).__name__}: {exc}") from exc
     return tokenizer.encode(rendered, add_special_tokens=False)

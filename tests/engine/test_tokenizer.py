@@ -11,6 +11,7 @@ import sys
 import pytest
 from transformers import AutoTokenizer
 
+from fastgen.engine.prompts import chat_token_ids
 from fastgen.engine.tokenizer import FastTokenizer, load_tokenizer
 from tests.engine.tokenizer_parity import assert_same_as_transformers
 from tests.tiny_models import build_tokenizer, sentencepiece_like_tokenizer
@@ -90,13 +91,20 @@ def test_a_template_with_generation_blocks_matches_transformers(tmp_path):
     assert_same_as_transformers(tokenizer_folder(tmp_path, chat_template=template))
 
 
-def test_content_given_as_text_parts_is_joined(tmp_path):
-    tokenizer = load_tokenizer(str(tokenizer_folder(tmp_path, chat_template=SMOLLM_TEMPLATE)))
+@pytest.mark.parametrize("fallback", [False, True], ids=["fast", "transformers"])
+def test_content_given_as_text_parts_is_joined_and_template_errors_are_value_errors(tmp_path, fallback):
+    """Both kinds of tokenizer: fastgen's own renderer and transformers' (a folder that needs it)."""
+    changes = {"add_bos_token": True} if fallback else {}
+    tokenizer = load_tokenizer(str(tokenizer_folder(tmp_path, chat_template=SMOLLM_TEMPLATE, **changes)))
+    assert isinstance(tokenizer, FastTokenizer) is not fallback
     parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
-    assert tokenizer.apply_chat_template([{"role": "user", "content": parts}]) == \
-        tokenizer.apply_chat_template([{"role": "user", "content": "Hello, world"}])
+    assert chat_token_ids(tokenizer, [{"role": "user", "content": parts}]) == \
+        chat_token_ids(tokenizer, [{"role": "user", "content": "Hello, world"}])
     with pytest.raises(ValueError, match=r"messages\[0\].content holds a 'image_url' part; fastgen serves text only"):
-        tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])
+        chat_token_ids(tokenizer, [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])
+    # Whatever the template raises on content it cannot use (here str + int: a TypeError).
+    with pytest.raises(ValueError, match="chat template failed on these messages: TypeError"):
+        chat_token_ids(tokenizer, [{"role": "user", "content": 5}])
 
 
 def test_bad_chat_messages_are_value_errors(tmp_path):
@@ -107,9 +115,6 @@ def test_bad_chat_messages_are_value_errors(tmp_path):
         tokenizer.apply_chat_template(["hi"])
     with pytest.raises(ValueError, match="chat template failed"):
         tokenizer.apply_chat_template([{"role": "user"}])
-    # Whatever the template raises on content it cannot use (here str + int: a TypeError).
-    with pytest.raises(ValueError, match="chat template failed on these messages: TypeError"):
-        tokenizer.apply_chat_template([{"role": "user", "content": 5}])
 
 
 def test_a_fast_folder_loads_and_chats_without_importing_transformers(tmp_path):
