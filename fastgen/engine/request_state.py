@@ -110,12 +110,13 @@ class RequestState:
             for i, token in enumerate(new_ids):
                 searched = len(self.text)
                 self.text += self.detokenizer.add([token])
-                if self._cut_stop_string(searched):
+                if self._cut_stop_string(searched, seq.num_output_tokens - (len(new_ids) - i - 1)):
                     if i + 1 < len(new_ids):
                         del seq.token_ids[len(seq.token_ids) - (len(new_ids) - i - 1):]
                         self.metrics.num_output_tokens = self.num_tokens_seen = seq.num_output_tokens
                     return True
             new_ids = []
+            before = len(self.text)  # each token's text was looked at, with its own count
         if new_ids:
             self.text += self.detokenizer.add(new_ids)
         if seq.is_finished:
@@ -129,8 +130,13 @@ class RequestState:
         self._update_text()
         return self.make_output(now)
 
-    def _cut_stop_string(self, searched_up_to: int) -> bool:
-        if not self.stop or self.seq.num_output_tokens <= self.seq.params.min_tokens:
+    def _cut_stop_string(self, searched_up_to: int, num_output: int | None = None) -> bool:
+        """Cut the text at the first stop string that ends past `searched_up_to`; True if one
+        did. num_output: the output tokens the text holds (default: the sequence's), which
+        min_tokens counts: none matches until there are more than min_tokens."""
+        if num_output is None:
+            num_output = self.seq.num_output_tokens
+        if not self.stop or num_output <= self.seq.params.min_tokens:
             return False
         # Each string is looked for where an occurrence would end in the new text: one wholly in
         # text searched before was skipped then on purpose (before min_tokens), and stays skipped.

@@ -119,3 +119,33 @@ def test_seeds_that_differ_only_above_bit_31_sample_differently(llm):
                for seed in (5, 5 + 2**32, 5 + 2**40, 5 + 2**63, 5)]
     ids = [tuple(o.token_ids) for o in outputs]
     assert len(set(ids[:4])) == 4 and ids[4] == ids[0]
+
+
+def test_tokens_taken_several_at_a_time_match_stop_strings_as_one_at_a_time():
+    """A step's several tokens (accepted drafts) are looked at one by one, each with its own
+    output count for min_tokens: a stop string completed before min_tokens is not matched in
+    them either, nor found again once the step's last token passes min_tokens."""
+    from fastgen.engine.request_state import RequestState
+    from fastgen.sequence import Sequence
+    from tests.tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    prompt = tokenizer.encode("Paged attention")
+    output = tokenizer.encode(" keeps the KV cache in blocks")[:6]
+    pieces = [tokenizer.decode(output[: i + 1])[len(tokenizer.decode(output[:i])):] for i in range(len(output))]
+    stop = pieces[1]  # completed by the second output token, and found nowhere else
+    assert stop.strip() and stop not in pieces[0] and stop not in "".join(pieces[2:])
+    params = SamplingParams(temperature=0.0, max_tokens=16, min_tokens=3, stop=[stop]).validated_copy()
+
+    def run(chunks):
+        seq = Sequence(0, list(prompt), params)
+        state = RequestState("r", seq, None, tokenizer, 0.0)
+        for chunk in chunks:
+            seq.token_ids.extend(chunk)
+            if state.on_new_tokens(0.0):
+                break
+        return state.text, seq.output_token_ids
+
+    one_at_a_time = run([[t] for t in output])
+    assert one_at_a_time == (tokenizer.decode(output), output)
+    assert run([output[:4], output[4:]]) == run([output[:1], output[1:]]) == one_at_a_time
