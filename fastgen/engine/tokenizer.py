@@ -110,15 +110,19 @@ def load_fast_tokenizer(model: str) -> FastTokenizer | None:
     return FastTokenizer(backend, config)
 
 
+_ADDED_TOKEN_FIELDS = ("content", "special", "lstrip", "rstrip", "single_word", "normalized")
+
+
 def _added_tokens_agree(listed, added) -> bool:
     """Whether tokenizer_config.json's added_tokens_decoder (if any) says what tokenizer.json's
-    added tokens say: the same text and the same special flag for each id it lists."""
+    added tokens say, for each id it lists: text, special flag and how it matches (transformers
+    takes the config's word for all of them)."""
     if not isinstance(listed, dict):
         return True
     for key, entry in listed.items():
         token = added.get(int(key)) if str(key).isdigit() else None
-        if token is None or not isinstance(entry, dict) or (entry.get("content"), bool(entry.get("special"))) != \
-                (token.content, token.special):
+        if token is None or not isinstance(entry, dict) or any(
+                field in entry and entry[field] != getattr(token, field) for field in _ADDED_TOKEN_FIELDS):
             return False
     return True
 

@@ -51,25 +51,29 @@ def test_folders_needing_transformers_fall_back_to_it(tmp_path, changes):
     assert tokenizer.encode("Hello") == AutoTokenizer.from_pretrained(tmp_path / "tok").encode("Hello")
 
 
-def test_a_config_that_marks_an_added_token_special_otherwise_falls_back(tmp_path):
-    """tokenizer_config.json's added_tokens_decoder overrides tokenizer.json's special flag in
-    transformers (so skip_special_tokens drops the token); the fast path defers to it."""
+@pytest.mark.parametrize("field", ["special", "lstrip"])
+def test_a_config_that_describes_an_added_token_otherwise_falls_back(tmp_path, field):
+    """tokenizer_config.json's added_tokens_decoder overrides tokenizer.json's flags in
+    transformers (special: skip_special_tokens drops the token; lstrip: it eats the space before
+    it); the fast path defers to it."""
     folder = tmp_path / "tok"
     tokenizer = build_tokenizer()
-    tokenizer.add_tokens(["<extra>"])  # not special in tokenizer.json
+    tokenizer.add_tokens(["<extra>"])  # neither special nor stripping in tokenizer.json
     tokenizer.save_pretrained(folder)
     extra = tokenizer.convert_tokens_to_ids("<extra>")
     assert isinstance(load_tokenizer(str(folder)), FastTokenizer)
     config_file = folder / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
-    config["added_tokens_decoder"] = {str(extra): {"content": "<extra>", "lstrip": False, "normalized": True,
-                                                   "rstrip": False, "single_word": False, "special": True}}
+    entry = {"content": "<extra>", "lstrip": False, "normalized": True, "rstrip": False, "single_word": False,
+             "special": False}
+    config["added_tokens_decoder"] = {str(extra): {**entry, field: True}}
     config_file.write_text(json.dumps(config))
-    ours = load_tokenizer(str(folder))
+    ours, theirs = load_tokenizer(str(folder)), AutoTokenizer.from_pretrained(folder)
     assert not isinstance(ours, FastTokenizer)
-    ids = [extra, extra]
-    assert ours.decode(ids, skip_special_tokens=True) == AutoTokenizer.from_pretrained(folder).decode(
-        ids, skip_special_tokens=True) == ""
+    text = "brown <extra> fox"
+    assert ours.encode(text) == theirs.encode(text)
+    assert ours.decode([extra, extra], skip_special_tokens=True) == theirs.decode([extra, extra],
+                                                                                  skip_special_tokens=True)
 
 
 def test_a_folder_with_only_a_vocab_file_falls_back(tmp_path, tiny_models):
