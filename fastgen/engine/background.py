@@ -230,7 +230,7 @@ class BackgroundEngine:
                 command = self._commands.get(block=False)
             except queue.Empty:
                 return
-            if command[0] == "add":
+            if command[0] == "add" and command[-1].set_running_or_notify_cancel():
                 command[-1].set_exception(stopped)
 
     def _apply_commands(self, block: bool) -> bool:
@@ -251,6 +251,11 @@ class BackgroundEngine:
                 return False
             if kind == "add":
                 _, outputs, prompt, params, final_only, accepted = command
+                # The submitter gave up before the loop took it (a cancelled task): nothing to
+                # add. Once running, the future cannot be cancelled, and a submitter that gives
+                # up then aborts the request when its id comes (AsyncLLM.submit).
+                if not accepted.set_running_or_notify_cancel():
+                    continue
                 try:
                     request_id = self.engine.add_request(prompt, params, final_only=final_only)
                 except Exception as exc:  # rejected request: the submitting thread raises it

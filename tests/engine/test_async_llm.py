@@ -220,3 +220,35 @@ def test_requests_beyond_max_waiting_requests_are_refused_at_once(llm):
     engine.add_request([1, 2, 3], GREEDY)  # room again
     while engine.has_unfinished_requests():
         engine.step()
+
+
+def test_tasks_cancelled_while_their_submit_waits_leave_the_loop_running(llm):
+    """A task cancelled before the loop took its request adds nothing; one cancelled after is
+    aborted once its id comes. Either way the loop, the other streams and the engine live on
+    (the loop used to die setting the result of a cancelled future)."""
+    expected = llm.generate([[5, 6, 7]], GREEDY)[0].token_ids
+
+    async def main():
+        async_llm = AsyncLLM(llm)
+        try:
+            busy = await async_llm.submit([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
+            for delay in (0, 0, 0, 0.001, 0.005):
+                tasks = [asyncio.ensure_future(async_llm.submit([5, 6, 7], GREEDY)) for _ in range(3)]
+                await asyncio.sleep(delay)
+                for task in tasks:
+                    task.cancel()
+                for result in await asyncio.gather(*tasks, return_exceptions=True):
+                    if not isinstance(result, BaseException):  # accepted before the cancel: its stream ends
+                        assert [o async for o in result][-1].finished
+            busy_outputs = [o async for o in busy]
+            (after,) = [o async for o in async_llm.generate_async([5, 6, 7], GREEDY) if o.finished]
+            assert async_llm.running
+            return busy_outputs[-1].finish_reason, after.token_ids
+        finally:
+            async_llm.shutdown()
+
+    assert run(main()) == ("length", expected)
+    engine = llm.engine
+    assert not engine.has_unfinished_requests()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert llm.generate([[5, 6, 7]], GREEDY)[0].token_ids == expected  # the loop gave the engine back
