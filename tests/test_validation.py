@@ -82,6 +82,13 @@ def test_an_empty_text_prompt_is_the_bos_a_tokenizer_adds(tmp_path):
     assert out.prompt_token_ids == [bos] and out.token_ids == hf_greedy(folder, [[bos]], GREEDY.max_tokens)[0]
 
 
+def test_text_that_is_not_unicode_is_named(llm):
+    """A lone UTF-16 surrogate (JSON can carry one): tokenizers refuse it with a TypeError."""
+    with pytest.raises(ValueError, match=r"prompt holds '\\ud800' at index 3, a lone surrogate: not Unicode text"):
+        llm.generate(["hi \ud800"], GREEDY)
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_token_outside_vocabulary(llm):
     vocab = llm.config.model_config.vocab_size
     with pytest.raises(ValueError, match=rf"token_ids\[1\]={vocab} is outside the vocabulary \[0, {vocab}\)"):

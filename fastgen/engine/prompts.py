@@ -34,6 +34,17 @@ def token_ids_of(prompt: object) -> list[int]:
     return token_ids
 
 
+def encode_text(tokenizer, text: str, field: str, **kwargs) -> list[int]:
+    """`tokenizer.encode(text, **kwargs)`; ValueError naming `field` for text that is not Unicode
+    (a lone UTF-16 surrogate, which JSON can carry and tokenizers refuse with a TypeError)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{field} holds {text[exc.start]!r} at index {exc.start}, a lone surrogate: not "
+                         "Unicode text") from None
+    return tokenizer.encode(text, **kwargs)
+
+
 def is_conversation(messages: object) -> bool:
     """Whether `messages` is one conversation (a list of message dicts), not a list of them."""
     return isinstance(messages, (list, tuple)) and len(messages) > 0 and isinstance(messages[0], dict)
@@ -63,4 +74,4 @@ def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool 
         raise
     except Exception as exc:  # noqa: BLE001 - transformers' renderer lets a template's own errors through
         raise ValueError(f"the model's chat template failed on these messages: {type(exc).__name__}: {exc}") from exc
-    return tokenizer.encode(rendered, add_special_tokens=False)
+    return encode_text(tokenizer, rendered, "messages", add_special_tokens=False)

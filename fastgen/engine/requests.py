@@ -11,7 +11,7 @@ from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.logprob_dicts import TokenTexts
 from fastgen.engine.parallel_sampling import ChildId, ParentRequest, child_params
-from fastgen.engine.prompts import Prompt, token_ids_of
+from fastgen.engine.prompts import Prompt, encode_text, token_ids_of
 from fastgen.engine.request_state import RequestState, now
 from fastgen.sampling_params import SamplingParams
 from fastgen.sequence import Sequence
@@ -38,7 +38,7 @@ def prompt_token_ids(prompt: Prompt, params: SamplingParams, tokenizer,
         if tokenizer is None:
             raise ValueError("prompt is a string but the engine was started with skip_tokenizer_init=True")
         text = prompt
-        token_ids = tokenizer.encode(prompt)  # "" too: a tokenizer that adds BOS makes it a prompt
+        token_ids = encode_text(tokenizer, prompt, "prompt")  # "" too: a tokenizer that adds BOS makes it a prompt
     else:
         text = None
         token_ids = token_ids_of(prompt)
@@ -113,7 +113,7 @@ class RequestFactory:
         if isinstance(params.prediction, str):
             if self.tokenizer is None:
                 raise ValueError("prediction is a string but the engine was started with skip_tokenizer_init=True")
-            return self.tokenizer.encode(params.prediction, add_special_tokens=False)
+            return encode_text(self.tokenizer, params.prediction, "prediction", add_special_tokens=False)
         vocab = self.config.model_config.vocab_size
         for i, t in enumerate(params.prediction):
             if t >= vocab:

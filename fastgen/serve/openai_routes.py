@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response
 
 from fastgen.engine.async_llm import AsyncRequestStream
 from fastgen.engine.chat_template import message_text
-from fastgen.engine.prompts import chat_token_ids
+from fastgen.engine.prompts import chat_token_ids, encode_text
 from fastgen.errors import EngineDeadError
 from fastgen.serve.disconnect import DISCONNECTED, unless_disconnected
 from fastgen.serve.errors import RequestError
@@ -69,7 +69,7 @@ def _prompt_length(state: ServerState, prompt) -> int:
     """The prompt's token count, as the engine will count it (a text prompt is encoded the same
     way); a prompt the engine will refuse counts 0 here, and the engine then says why."""
     if isinstance(prompt, str):
-        return len(state.tokenizer.encode(prompt)) if state.tokenizer is not None else 0
+        return len(encode_text(state.tokenizer, prompt, "prompt")) if state.tokenizer is not None else 0
     return len(prompt) if isinstance(prompt, list) else 0
 
 

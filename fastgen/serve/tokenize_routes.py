@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from fastgen.engine.prompts import chat_token_ids
+from fastgen.engine.prompts import chat_token_ids, encode_text
 from fastgen.serve.errors import RequestError
 from fastgen.serve.openai_routes import chat_messages
 from fastgen.serve.protocol import DetokenizeRequest, TokenizeRequest
@@ -28,7 +28,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     if (body.prompt is None) == (body.messages is None):
         raise RequestError("send exactly one of prompt and messages", param="prompt")
     if body.prompt is not None:
-        tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        tokens = encode_text(tokenizer, body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
     else:
         messages = chat_messages(body.messages)
         tokens = chat_token_ids(tokenizer, messages, add_generation_prompt=body.add_generation_prompt)

@@ -3,6 +3,8 @@ naming the field; fields outside the schema are ignored; the server keeps servin
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -36,12 +38,20 @@ BAD = [
     ("/v1/chat/completions", {**CHAT_OK, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages.0.content", "text only"),
     ("/generate", {"prompt": "hi", "stop": [""]}, "stop", "non-empty"),
+    # Valid JSON, not Unicode: a lone UTF-16 surrogate (tokenizers refuse it with a TypeError).
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "hi \ud800"}, "prompt", "lone surrogate"),
+    ("/v1/chat/completions", {**CHAT_OK, "messages": [{"role": "user", "content": "hi \ud800"}]}, "messages",
+     "lone surrogate"),
+    ("/tokenize", {"prompt": "hi \ud800"}, "prompt", "lone surrogate"),
+    ("/generate", {"prompt": "hi \ud800"}, "prompt", "lone surrogate"),
 ]
 
 
 @pytest.mark.parametrize(("path", "body", "param", "says"), BAD, ids=[f"{b[0]}:{b[2]}" for b in BAD])
 def test_a_bad_request_is_a_400_naming_its_field_and_the_server_goes_on(server, path, body, param, says):
-    response = httpx.post(f"{server}{path}", json=body, timeout=30)
+    # json.dumps escapes non-ASCII (httpx's json= would not: a lone surrogate has no UTF-8).
+    response = httpx.post(f"{server}{path}", content=json.dumps(body), timeout=30,
+                          headers={"Content-Type": "application/json"})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
