@@ -49,7 +49,7 @@ class ServerSettings:
     unless metrics_require_key) requires as `Authorization: Bearer <key>` (None: open; never
     printed, not even in this object's repr). max_request_bytes: larger bodies get 413 before
     they are parsed. max_connections: beyond this many open connections, 503 at once (uvicorn's
-    limit_concurrency). stream_idle_timeout_s: a stream whose client reads nothing for this long
+    limit_concurrency, one more: uvicorn counts the connection asking, and refuses at the limit). stream_idle_timeout_s: a stream whose client reads nothing for this long
     is aborted and its connection dropped."""
 
     host: str = "127.0.0.1"
@@ -125,7 +125,7 @@ class Server(uvicorn.Server):
     def __init__(self, app: FastAPI, settings: ServerSettings):
         super().__init__(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                         timeout_graceful_shutdown=settings.shutdown_timeout_s + FINAL_OUTPUTS_S,
-                                        limit_concurrency=settings.max_connections))
+                                        limit_concurrency=settings.max_connections + 1))
         self._app = app
         self._shutdown_timeout_s = settings.shutdown_timeout_s
 
