@@ -187,7 +187,7 @@ class LLMEngine:
         ValueError for bad input and EngineOverloaded when max_waiting_requests requests already
         wait; either way nothing is queued."""
         state = self.prepare(prompt, SamplingParams() if params is None else params, request_id, final_only)
-        waiting, cap = len(self.scheduler.waiting), self.config.max_waiting_requests
+        waiting, cap = self.scheduler.num_new_waiting, self.config.max_waiting_requests
         if waiting >= cap:
             raise EngineOverloaded(f"{waiting} requests are waiting, the engine's max_waiting_requests={cap}")
         return self.enqueue(state)

@@ -90,11 +90,19 @@ class Scheduler:
         self.suspects: set[int] = set()  # seq_ids of sequences in a failed step (see `isolate`)
         # Prompts under way that capped steps passed over, and for how many steps in a row.
         self._passed_over: dict[int, int] = {}
+        self._never_scheduled: set[int] = set()  # seq_ids added and not yet admitted
         self.drafter = drafter
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+        self._never_scheduled.add(seq.seq_id)
+
+    @property
+    def num_new_waiting(self) -> int:
+        """Requests waiting for their first schedule (what max_waiting_requests caps): not the
+        preempted sequences and forked children that also wait in the queue."""
+        return len(self._never_scheduled)
 
     def add_forks(self, parent: Sequence, children: list[Sequence]) -> None:
         """Queue `children` (same prompt as `parent`, which was added) to fork from `parent` once
@@ -352,6 +360,7 @@ class Scheduler:
         """Start the first waiting sequence: its blocks (prefix-cache hits included), running."""
         self.waiting.popleft()
         self.block_manager.allocate(seq)
+        self._never_scheduled.discard(seq.seq_id)
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
@@ -465,6 +474,7 @@ class Scheduler:
         if self.drafter is not None:
             self.drafter.release((seq.seq_id,))
         self.suspects.discard(seq.seq_id)
+        self._never_scheduled.discard(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
@@ -482,6 +492,7 @@ class Scheduler:
         if seq.status is not SequenceStatus.FINISHED:
             self._finished.append(seq.seq_id)
         self.suspects.discard(seq.seq_id)
+        self._never_scheduled.discard(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 

@@ -149,3 +149,22 @@ def test_tokens_taken_several_at_a_time_match_stop_strings_as_one_at_a_time():
     one_at_a_time = run([[t] for t in output])
     assert one_at_a_time == (tokenizer.decode(output), output)
     assert run([output[:4], output[4:]]) == run([output[:1], output[1:]]) == one_at_a_time
+
+
+def test_max_waiting_requests_counts_requests_waiting_for_their_first_schedule(tiny_models):
+    """Not the preempted sequences and forked children that wait in the same queue: one running
+    request of n=32 on a small cache must not make the engine refuse the next request."""
+    from fastgen.engine.requests import EngineOverloaded
+
+    llm = LLM(tiny_models["qwen3"], dtype="float32", block_size=8, num_kv_blocks=64, max_model_len=256,
+              max_waiting_requests=2)
+    engine = llm.engine
+    engine.add_request([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True, n=32))
+    while not (len(engine.scheduler.waiting) > 2 and engine.scheduler.num_preemptions):
+        engine.step()
+    engine.add_request([8, 9], SamplingParams(max_tokens=2))
+    engine.add_request([8, 9], SamplingParams(max_tokens=2))
+    with pytest.raises(EngineOverloaded, match="2 requests are waiting"):  # the cap itself still holds
+        engine.add_request([8, 9], SamplingParams(max_tokens=2))
+    drain(engine)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
