@@ -89,6 +89,22 @@ def test_text_that_is_not_unicode_is_named(llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_a_text_prompt_too_long_to_fit_is_refused_before_it_is_tokenized(llm, monkeypatch):
+    """Tokenizing megabytes takes seconds (and a server's loop thread with it); no token of the
+    vocabulary stands for more characters than its longest entry, so a longer text cannot fit."""
+    tokenizer = llm.engine.tokenizer
+    max_model_len = llm.config.max_model_len
+    longest = max(map(len, tokenizer.get_vocab()))
+    monkeypatch.setattr(tokenizer, "encode", lambda *a, **k: pytest.fail("the prompt was tokenized"))
+    text = "ab" * (2 * max_model_len * longest + 1)
+    with pytest.raises(ValueError, match=rf"prompt has {len(text):,} characters: it cannot fit in "
+                                         rf"max_model_len={max_model_len} tokens"):
+        llm.generate([text], GREEDY)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"exceeds max_model_len"):  # shorter: tokenized, then refused
+        llm.generate(["ab" * max_model_len], GREEDY)
+
+
 def test_token_outside_vocabulary(llm):
     vocab = llm.config.model_config.vocab_size
     with pytest.raises(ValueError, match=rf"token_ids\[1\]={vocab} is outside the vocabulary \[0, {vocab}\)"):

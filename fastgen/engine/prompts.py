@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections.abc import Sequence as SequenceABC
 
 import numpy as np
@@ -34,14 +35,43 @@ def token_ids_of(prompt: object) -> list[int]:
     return token_ids
 
 
-def encode_text(tokenizer, text: str, field: str, **kwargs) -> list[int]:
+# How far a tokenizer's normalizer may shrink a text (NFKC composing characters, say) when a
+# prompt's length is bounded by its tokens': far beyond any real one.
+_NORMALIZED_SHRINK = 4
+_LONGEST_TOKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one vocabulary entry holds (byte-level pieces hold a character per
+    byte, byte-fallback ones six for a byte), so the most a token stands for; once per tokenizer."""
+    try:
+        return _LONGEST_TOKEN[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    longest = max(map(len, tokenizer.get_vocab()), default=1)
+    try:
+        _LONGEST_TOKEN[tokenizer] = longest
+    except TypeError:  # a tokenizer that takes no weak reference: measured each time
+        pass
+    return longest
+
+
+def encode_text(tokenizer, text: str, field: str, max_tokens: int | None = None, **kwargs) -> list[int]:
     """`tokenizer.encode(text, **kwargs)`; ValueError naming `field` for text that is not Unicode
-    (a lone UTF-16 surrogate, which JSON can carry and tokenizers refuse with a TypeError)."""
+    (a lone UTF-16 surrogate, which JSON can carry and tokenizers refuse with a TypeError), or,
+    given max_tokens, for text too long to fit in that many tokens, refused before it is encoded
+    (tokenizing megabytes holds the GIL for seconds: a server's every stream would wait)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"{field} holds {text[exc.start]!r} at index {exc.start}, a lone surrogate: not "
                          "Unicode text") from None
+    if max_tokens is not None and len(text) > max_tokens:
+        limit = _NORMALIZED_SHRINK * max_tokens * longest_token_chars(tokenizer)
+        if len(text) > limit:
+            raise ValueError(f"{field} has {len(text):,} characters: it cannot fit in max_model_len={max_tokens} tokens "
+                             f"(at most {limit:,} characters: no token stands for more than "
+                             f"{longest_token_chars(tokenizer)})")
     return tokenizer.encode(text, **kwargs)
 
 

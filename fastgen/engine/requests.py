@@ -38,7 +38,8 @@ def prompt_token_ids(prompt: Prompt, params: SamplingParams, tokenizer,
         if tokenizer is None:
             raise ValueError("prompt is a string but the engine was started with skip_tokenizer_init=True")
         text = prompt
-        token_ids = encode_text(tokenizer, prompt, "prompt")  # "" too: a tokenizer that adds BOS makes it a prompt
+        # "" too: a tokenizer that adds BOS makes it a prompt.
+        token_ids = encode_text(tokenizer, prompt, "prompt", max_tokens=config.max_model_len)
     else:
         text = None
         token_ids = token_ids_of(prompt)

@@ -30,7 +30,7 @@ _SETTINGS_LEFT_TO_TRANSFORMERS = ("add_bos_token", "add_eos_token", "add_prefix_
 
 class FastTokenizer:
     """The part of a transformers tokenizer fastgen uses, over a `tokenizers.Tokenizer`:
-    encode, decode, apply_chat_template, the named special tokens and `eos_token_id`."""
+    encode, decode, get_vocab, apply_chat_template, the named special tokens and `eos_token_id`."""
 
     def __init__(self, backend, config: dict):
         self.backend_tokenizer = backend
@@ -46,6 +46,9 @@ class FastTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend_tokenizer.get_vocab()
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -69,7 +69,9 @@ def _prompt_length(state: ServerState, prompt) -> int:
     """The prompt's token count, as the engine will count it (a text prompt is encoded the same
     way); a prompt the engine will refuse counts 0 here, and the engine then says why."""
     if isinstance(prompt, str):
-        return len(encode_text(state.tokenizer, prompt, "prompt")) if state.tokenizer is not None else 0
+        if state.tokenizer is None:
+            return 0
+        return len(encode_text(state.tokenizer, prompt, "prompt", max_tokens=state.max_model_len))
     return len(prompt) if isinstance(prompt, list) else 0
 
 

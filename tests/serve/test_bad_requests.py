@@ -44,6 +44,9 @@ BAD = [
      "lone surrogate"),
     ("/tokenize", {"prompt": "hi \ud800"}, "prompt", "lone surrogate"),
     ("/generate", {"prompt": "hi \ud800"}, "prompt", "lone surrogate"),
+    # Too long to fit whatever it tokenizes to: refused before it is tokenized (seconds of the GIL).
+    ("/v1/completions", {**OK, "prompt": "ab " * 400_000}, "prompt", "cannot fit in max_model_len=256"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "ab " * 400_000}, "prompt", "cannot fit in"),
 ]
 
 
