@@ -123,6 +123,8 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         for name in ("stop", "stop_token_ids"):
+            if getattr(self, name) is None:  # vLLM's default for both
+                setattr(self, name, [])
             value = getattr(self, name)
             if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
                 raise ValueError(f"{name}={value!r} must be a list")

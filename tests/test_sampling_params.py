@@ -72,3 +72,8 @@ def test_an_unknown_field_is_a_value_error_listing_the_known_ones(cls, field):
                        if cls is SamplingParams else rf"has no field\(s\) \['{field}'\]; known: \['json'"):
         cls(**{field: 1})
     assert "max_tokens" in str(inspect.signature(SamplingParams))  # the check hides no field
+
+
+def test_none_for_stop_and_stop_token_ids_means_none_as_in_vllm():
+    params = SamplingParams(stop=None, stop_token_ids=None).validated_copy()
+    assert (params.stop, params.stop_token_ids) == ([], [])

@@ -31,7 +31,6 @@ def llm(tiny_models):
         (dict(seed=-1), r"seed=-1 must be >= 0"),
         (dict(seed=2**64), r"seed=18446744073709551616 must be < 2\*\*64"),
         (dict(stop=[""]), r"stop must hold non-empty strings"),
-        (dict(stop=None), r"stop=None must be a list"),
         (dict(stop_token_ids=5), r"stop_token_ids=5 must be a list"),
         (dict(temperature=float("nan")), r"temperature=nan must be a finite number"),
         (dict(temperature=float("inf")), r"temperature=inf must be a finite number"),
