@@ -139,7 +139,8 @@ class LLM:
         if not isinstance(conversations, (list, tuple)) or not conversations:
             raise ValueError(f"messages must be a conversation (a list of message dicts) or a non-empty list of "
                              f"conversations, got {messages!r}")
-        prompts = [chat_token_ids(self.tokenizer, c, add_generation_prompt) for c in conversations]
+        prompts = [chat_token_ids(self.tokenizer, c, add_generation_prompt, max_tokens=self.config.max_model_len)
+                   for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> EngineStream:

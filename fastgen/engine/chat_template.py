@@ -104,5 +104,14 @@ def render_chat(source: str, messages: list[dict], add_generation_prompt: bool, 
     try:
         return compile_template(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
                                                tools=tools, **special_tokens)
+    except (ValueError, ImportError):
+        raise
     except Exception as exc:  # noqa: BLE001 - a template's own error (TypeError, ...) is the request's
-        raise ValueError(f"the model's chat template failed on these messages: {type(exc).__name__}: {exc}") from exc
+        raise template_failed(exc) from exc
+
+
+def template_failed(exc: Exception) -> ValueError:
+    """A template's failure on the messages (a TypeError from `str + int` in it, its
+    `raise_exception`, ...) as the request's fault: a ValueError saying what it raised. Callers
+    let ValueErrors and ImportErrors (no jinja2 for transformers: the server's fault) through."""
+    return ValueError(f"the model's chat template failed on these messages: {type(exc).__name__}: {exc}")

@@ -8,7 +8,7 @@ from collections.abc import Sequence as SequenceABC
 
 import numpy as np
 
-from fastgen.engine.chat_template import message_text
+from fastgen.engine.chat_template import message_text, template_failed
 
 Prompt = str | list[int]
 
@@ -38,6 +38,11 @@ def token_ids_of(prompt: object) -> list[int]:
 # How far a tokenizer's normalizer may shrink a text (NFKC composing characters, say) when a
 # prompt's length is bounded by its tokens': far beyond any real one.
 _NORMALIZED_SHRINK = 4
+# A text longer than this many characters a token of max_tokens is first tokenized in a prefix
+# of that length: where the prefix alone holds more tokens than fit (give or take the few a cut
+# through a word adds), so does the whole text, which is then never tokenized.
+_PROBE_CHARS_PER_TOKEN = 8
+_PROBE_SLACK_TOKENS = 64
 _LONGEST_TOKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -61,18 +66,29 @@ def encode_text(tokenizer, text: str, field: str, max_tokens: int | None = None,
     (a lone UTF-16 surrogate, which JSON can carry and tokenizers refuse with a TypeError), or,
     given max_tokens, for text too long to fit in that many tokens, refused before it is encoded
     (tokenizing megabytes holds the GIL for seconds: a server's every stream would wait)."""
+    check_unicode(text, field)
+    if max_tokens is not None and len(text) > _PROBE_CHARS_PER_TOKEN * max_tokens:
+        limit = _NORMALIZED_SHRINK * max_tokens * longest_token_chars(tokenizer)
+        if len(text) > limit:
+            raise ValueError(f"{field} has {len(text):,} characters: it cannot fit in max_model_len={max_tokens} "
+                             f"tokens (at most {limit:,} characters: no token stands for more than "
+                             f"{longest_token_chars(tokenizer)})")
+        probe = _PROBE_CHARS_PER_TOKEN * max_tokens
+        count = len(tokenizer.encode(text[:probe], add_special_tokens=False))
+        if count > max_tokens + _PROBE_SLACK_TOKENS:
+            raise ValueError(f"{field} has {len(text):,} characters: it cannot fit in max_model_len={max_tokens} "
+                             f"tokens (its first {probe:,} characters alone are {count:,} tokens)")
+    return tokenizer.encode(text, **kwargs)
+
+
+def check_unicode(text: str, field: str) -> None:
+    """ValueError naming `field` for text that is not Unicode (a lone UTF-16 surrogate, which
+    JSON can carry and tokenizers refuse with a TypeError)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"{field} holds {text[exc.start]!r} at index {exc.start}, a lone surrogate: not "
                          "Unicode text") from None
-    if max_tokens is not None and len(text) > max_tokens:
-        limit = _NORMALIZED_SHRINK * max_tokens * longest_token_chars(tokenizer)
-        if len(text) > limit:
-            raise ValueError(f"{field} has {len(text):,} characters: it cannot fit in max_model_len={max_tokens} tokens "
-                             f"(at most {limit:,} characters: no token stands for more than "
-                             f"{longest_token_chars(tokenizer)})")
-    return tokenizer.encode(text, **kwargs)
 
 
 def is_conversation(messages: object) -> bool:
@@ -81,10 +97,11 @@ def is_conversation(messages: object) -> bool:
 
 
 def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                   tools: list[dict] | None = None) -> list[int]:
+                   tools: list[dict] | None = None, max_tokens: int | None = None) -> list[int]:
     """Token ids of a conversation as the tokenizer's chat template renders it (rendered to text,
     then encoded without special tokens: the template writes any BOS itself, and encode() would
-    double it). ValueError for a tokenizer without a template, or a malformed conversation."""
+    double it). ValueError for a tokenizer without a template, a malformed conversation, or
+    (given max_tokens) one too long to fit, found before the whole is tokenized."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("the model's tokenizer has no chat template")
     if not isinstance(messages, (list, tuple)) or not messages:
@@ -96,12 +113,15 @@ def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool 
     # through transformers renders with its own.
     messages = [{**message, "content": message_text(message["content"], f"messages[{i}].content")}
                 if "content" in message else message for i, message in enumerate(messages)]
+    for i, message in enumerate(messages):
+        if isinstance(message.get("content"), str):
+            check_unicode(message["content"], f"messages[{i}].content")
     extra = {} if tools is None else {"tools": tools}  # tools: OpenAI tool definitions, for the template
     try:
         rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                  tokenize=False, **extra)
-    except ValueError:
+    except (ValueError, ImportError):
         raise
     except Exception as exc:  # noqa: BLE001 - transformers' renderer lets a template's own errors through
-        raise ValueError(f"the model's chat template failed on these messages: {type(exc).__name__}: {exc}") from exc
-    return encode_text(tokenizer, rendered, "messages", add_special_tokens=False)
+        raise template_failed(exc) from exc
+    return encode_text(tokenizer, rendered, "messages", max_tokens=max_tokens, add_special_tokens=False)

@@ -113,19 +113,20 @@ def load_fast_tokenizer(model: str) -> FastTokenizer | None:
     return FastTokenizer(backend, config)
 
 
-_ADDED_TOKEN_FIELDS = ("content", "special", "lstrip", "rstrip", "single_word", "normalized")
-
-
 def _added_tokens_agree(listed, added) -> bool:
     """Whether tokenizer_config.json's added_tokens_decoder (if any) says what tokenizer.json's
     added tokens say, for each id it lists: text, special flag and how it matches (transformers
-    takes the config's word for all of them)."""
+    builds an AddedToken of each entry, a missing flag at its default, and takes its word)."""
     if not isinstance(listed, dict):
         return True
     for key, entry in listed.items():
         token = added.get(int(key)) if str(key).isdigit() else None
-        if token is None or not isinstance(entry, dict) or any(
-                field in entry and entry[field] != getattr(token, field) for field in _ADDED_TOKEN_FIELDS):
+        if token is None or not isinstance(entry, dict):
+            return False
+        special = entry.get("special", False)
+        said = (entry.get("content"), special, entry.get("lstrip", False), entry.get("rstrip", False),
+                entry.get("single_word", False), entry.get("normalized", not special))
+        if said != (token.content, token.special, token.lstrip, token.rstrip, token.single_word, token.normalized):
             return False
     return True
 

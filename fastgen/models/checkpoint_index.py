@@ -73,6 +73,10 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
                                          data_start + int(begin), data_start + int(end))
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{path}: the header's entry for {name!r} is malformed") from None
+    end = max((t.end for t in tensors.values()), default=data_start)
+    if end > path.stat().st_size:
+        raise ValueError(f"{path} is cut short: its tensors end at byte {end:,}, the file at "
+                         f"{path.stat().st_size:,} (an unfinished download?)")
     return tensors
 
 
@@ -92,11 +96,14 @@ def weight_map(folder: Path) -> dict[str, str] | None:
 
 
 def checkpoint_files(folder: str | Path) -> list[Path]:
-    """The safetensors files that hold a folder's weights, as transformers picks them: those its
-    index names; without an index, model.safetensors, else every *.safetensors. (Mistral's
-    repositories ship consolidated.safetensors, their own format, beside the indexed shards.)
+    """The safetensors files that hold a folder's weights: model.safetensors where there is one
+    (transformers' first choice: a folder saved sharded and then whole keeps the old index);
+    else the files its index names (Mistral's repositories ship consolidated.safetensors, their
+    own format, beside the indexed shards); else, fastgen's own fallback, every *.safetensors.
     ValueError when there are none, or the index names a file that is missing."""
     folder = Path(folder)
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
     mapping = weight_map(folder)
     if mapping is not None:
         files = sorted({folder / name for name in mapping.values()})
@@ -104,8 +111,6 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
         if missing:
             raise ValueError(f"{folder / INDEX_FILE} names weight files the folder lacks: {missing[:3]}")
         return files
-    if (folder / "model.safetensors").is_file():
-        return [folder / "model.safetensors"]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"model={str(folder)!r} has no *.safetensors weight files")
@@ -116,11 +121,11 @@ def find_tensors(folder: str | Path, names: set[str]) -> dict[str, StoredTensor]
     """Where those of `names` that the folder's checkpoint holds lie. With an index only the
     shards holding them are opened."""
     folder = Path(folder)
-    mapping = weight_map(folder)
+    files = checkpoint_files(folder)
+    mapping = weight_map(folder) if len(files) > 1 else None
     if mapping is not None:
-        files = sorted({folder / mapping[n] for n in names if n in mapping})
-    else:
-        files = checkpoint_files(folder)
+        wanted = {folder / mapping[n] for n in names if n in mapping}
+        files = [f for f in files if f in wanted]
     found = {}
     for path in files:
         for name, stored in read_header(path).items():

@@ -22,6 +22,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
+from fastgen.checks import integer
 from fastgen.engine.async_llm import AsyncLLM
 from fastgen.engine.tokenizer import load_tokenizer
 from fastgen.serve import generate_routes, openai_routes, tokenize_routes
@@ -49,8 +50,9 @@ class ServerSettings:
     unless metrics_require_key) requires as `Authorization: Bearer <key>` (None: open; never
     printed, not even in this object's repr). max_request_bytes: larger bodies get 413 before
     they are parsed. max_connections: beyond this many open connections, 503 at once (uvicorn's
-    limit_concurrency, one more: uvicorn counts the connection asking, and refuses at the limit). stream_idle_timeout_s: a stream whose client reads nothing for this long
-    is aborted and its connection dropped."""
+    limit_concurrency, one more: uvicorn counts the connection asking, and refuses at the
+    limit). stream_idle_timeout_s: a stream whose client reads nothing for this long is aborted
+    and its connection dropped."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -69,6 +71,7 @@ class ServerSettings:
         if self.api_key is not None and not self.api_key.strip():
             # An unset secret in a template must not quietly mean "no key".
             raise ValueError("api_key is empty: set a key, or leave it unset (None) to serve without one")
+        integer("max_connections", self.max_connections, minimum=1)
 
 
 def build_app(llm, settings: ServerSettings) -> FastAPI:

@@ -122,11 +122,12 @@ def _chat_prompt(state: ServerState, body: ChatCompletionRequest, tools: ToolPla
     messages = chat_messages(body.messages)
     if state.tokenizer is None:
         raise RequestError("this server has no tokenizer for chat", param="messages")
+    limit = state.max_model_len  # a conversation too long to fit is refused before it is tokenized
     if not tools.shown:
-        return chat_token_ids(state.tokenizer, messages)
+        return chat_token_ids(state.tokenizer, messages, max_tokens=limit)
     if template_renders_tools(state.tokenizer):
-        return chat_token_ids(state.tokenizer, messages, tools=[t.as_openai() for t in tools.shown])
-    return chat_token_ids(state.tokenizer, with_tools_in_system(messages, tools.shown))
+        return chat_token_ids(state.tokenizer, messages, tools=[t.as_openai() for t in tools.shown], max_tokens=limit)
+    return chat_token_ids(state.tokenizer, with_tools_in_system(messages, tools.shown), max_tokens=limit)
 
 
 @router.post("/v1/chat/completions")

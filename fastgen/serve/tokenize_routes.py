@@ -28,10 +28,13 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     if (body.prompt is None) == (body.messages is None):
         raise RequestError("send exactly one of prompt and messages", param="prompt")
     if body.prompt is not None:
-        tokens = encode_text(tokenizer, body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
+        # Text too long to fit in the model is refused before it is tokenized (seconds of the GIL).
+        tokens = encode_text(tokenizer, body.prompt, "prompt", max_tokens=state.max_model_len,
+                             add_special_tokens=body.add_special_tokens)
     else:
         messages = chat_messages(body.messages)
-        tokens = chat_token_ids(tokenizer, messages, add_generation_prompt=body.add_generation_prompt)
+        tokens = chat_token_ids(tokenizer, messages, add_generation_prompt=body.add_generation_prompt,
+                                max_tokens=state.max_model_len)
     answer = {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
     if body.return_token_strs:
         answer["token_strs"] = [tokenizer.decode([t]) for t in tokens]

@@ -160,8 +160,12 @@ def test_max_waiting_requests_counts_requests_waiting_for_their_first_schedule(t
               max_waiting_requests=2)
     engine = llm.engine
     engine.add_request([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True, n=32))
-    while not (len(engine.scheduler.waiting) > 2 and engine.scheduler.num_preemptions):
+    for _ in range(500):
+        if len(engine.scheduler.waiting) > 2 and engine.scheduler.num_preemptions:
+            break
         engine.step()
+    else:
+        pytest.fail("the n=32 request never had sequences preempted back into the queue")
     engine.add_request([8, 9], SamplingParams(max_tokens=2))
     engine.add_request([8, 9], SamplingParams(max_tokens=2))
     with pytest.raises(EngineOverloaded, match="2 requests are waiting"):  # the cap itself still holds

@@ -68,12 +68,15 @@ def test_a_config_that_describes_an_added_token_otherwise_falls_back(tmp_path, f
              "special": False}
     config["added_tokens_decoder"] = {str(extra): {**entry, field: True}}
     config_file.write_text(json.dumps(config))
-    ours, theirs = load_tokenizer(str(folder)), AutoTokenizer.from_pretrained(folder)
-    assert not isinstance(ours, FastTokenizer)
-    text = "brown <extra> fox"
-    assert ours.encode(text) == theirs.encode(text)
-    assert ours.decode([extra, extra], skip_special_tokens=True) == theirs.decode([extra, extra],
-                                                                                  skip_special_tokens=True)
+    assert not isinstance(load_tokenizer(str(folder)), FastTokenizer)
+    # What the fast path would have given, and transformers does not.
+    from tokenizers import Tokenizer
+
+    fast = FastTokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")), config)
+    theirs = AutoTokenizer.from_pretrained(folder)
+    text, ids = "brown <extra> fox", [extra, extra]
+    assert (fast.encode(text), fast.decode(ids, skip_special_tokens=True)) != \
+        (theirs.encode(text), theirs.decode(ids, skip_special_tokens=True))
 
 
 def test_a_folder_with_only_a_vocab_file_falls_back(tmp_path, tiny_models):
@@ -109,6 +112,20 @@ def test_content_given_as_text_parts_is_joined_and_template_errors_are_value_err
     # Whatever the template raises on content it cannot use (here str + int: a TypeError).
     with pytest.raises(ValueError, match="chat template failed on these messages: TypeError"):
         chat_token_ids(tokenizer, [{"role": "user", "content": 5}])
+
+
+def test_a_conversation_that_cannot_fit_is_refused_before_it_is_tokenized(tmp_path):
+    tokenizer = load_tokenizer(str(tokenizer_folder(tmp_path, chat_template=SMOLLM_TEMPLATE)))
+    encoded = []
+    encode = tokenizer.encode
+    tokenizer.encode = lambda text, **kwargs: encoded.append(len(text)) or encode(text, **kwargs)
+    content = "brown fox " * 1_000  # past 8 x 256 characters, not past the longest-entry bound
+    with pytest.raises(ValueError, match=r"messages has 10,\d\d\d characters: it cannot fit in max_model_len=256 "
+                                         r"tokens \(its first 2,048 characters alone are"):
+        chat_token_ids(tokenizer, [{"role": "user", "content": content}], max_tokens=256)
+    assert encoded == [2048]  # the probe alone
+    with pytest.raises(ValueError, match=r"messages\[1\].content holds '\\ud800' at index 3, a lone surrogate"):
+        chat_token_ids(tokenizer, [{"role": "user", "content": "hi"}, {"role": "user", "content": "hi \ud800"}])
 
 
 def test_bad_chat_messages_are_value_errors(tmp_path):

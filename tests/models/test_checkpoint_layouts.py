@@ -8,6 +8,7 @@ them so), or a dropped bias would change nothing."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -156,4 +157,21 @@ def test_a_weights_file_that_is_not_safetensors_is_named(tiny_models, tmp_path):
                                             + "\nsize 269060552\n")
     assert ModelConfig.from_folder(path).tie_word_embeddings is True
     with pytest.raises(ValueError, match=r"model.safetensors is not a safetensors file \(its header's length"):
+        LLM(str(path), dtype="float32", num_kv_blocks=16)
+
+
+def test_model_safetensors_wins_over_a_stale_index(tiny_models, tmp_path):
+    """A folder saved sharded and then whole keeps the old index (save_pretrained deletes the
+    shards, not it): transformers reads model.safetensors, and so does fastgen."""
+    path = copy_folder(tiny_models["qwen2"], tmp_path / "qwen2")
+    (path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}))
+    assert_matches_transformers(path)
+
+
+def test_a_weights_file_cut_short_is_named(tiny_models, tmp_path):
+    path = copy_folder(tiny_models["llama"], tmp_path / "llama")
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    with pytest.raises(ValueError, match=r"model.safetensors is cut short: its tensors end at byte"):
         LLM(str(path), dtype="float32", num_kv_blocks=16)

@@ -119,6 +119,12 @@ def test_too_many_tools_is_a_400(server):
     assert response.status_code == 400 and "more than 128" in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("value", [0, -1, None, 2.5])
+def test_max_connections_must_be_a_positive_integer(value):
+    with pytest.raises(ValueError, match=rf"max_connections={value!r} must be"):
+        ServerSettings(max_connections=value)
+
+
 def test_an_empty_api_key_is_refused_not_taken_for_no_key(monkeypatch, capsys, tiny_models):
     from fastgen.cli.main import main
 
