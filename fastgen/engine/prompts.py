@@ -68,11 +68,11 @@ def encode_text(tokenizer, text: str, field: str, max_tokens: int | None = None,
     (tokenizing megabytes holds the GIL for seconds: a server's every stream would wait)."""
     check_unicode(text, field)
     if max_tokens is not None and len(text) > _PROBE_CHARS_PER_TOKEN * max_tokens:
-        limit = _NORMALIZED_SHRINK * max_tokens * longest_token_chars(tokenizer)
+        longest = longest_token_chars(tokenizer)
+        limit = _NORMALIZED_SHRINK * max_tokens * longest
         if len(text) > limit:
             raise ValueError(f"{field} has {len(text):,} characters: it cannot fit in max_model_len={max_tokens} "
-                             f"tokens (at most {limit:,} characters: no token stands for more than "
-                             f"{longest_token_chars(tokenizer)})")
+                             f"tokens (at most {limit:,} characters: no token stands for more than {longest})")
         probe = _PROBE_CHARS_PER_TOKEN * max_tokens
         count = len(tokenizer.encode(text[:probe], add_special_tokens=False))
         if count > max_tokens + _PROBE_SLACK_TOKENS:
@@ -109,8 +109,8 @@ def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool 
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ValueError(f"messages[{i}]={message!r} must be a dict with a 'role' string and a 'content'")
-    # OpenAI's text parts joined here, not only in fastgen's own renderer: a tokenizer loaded
-    # through transformers renders with its own.
+    # OpenAI's text parts joined here, for every tokenizer: fastgen's renderer and transformers'
+    # (a folder that needs it) both see one string.
     messages = [{**message, "content": message_text(message["content"], f"messages[{i}].content")}
                 if "content" in message else message for i, message in enumerate(messages)]
     for i, message in enumerate(messages):
