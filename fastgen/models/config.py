@@ -113,7 +113,9 @@ class ModelConfig:
         if head is None:
             return self
         embedding = next((found[n] for n in self.embedding_tensors if n in found), None)
-        if embedding is not None and head.same_bytes(embedding):
+        # A head stored without the embeddings is the tie's one copy (transformers ties the other
+        # way round then): the loader fills the embeddings from it.
+        if embedding is None or head.same_bytes(embedding):
             return self
         logger.warning("%s: config.json ties the LM head to the embeddings, but the checkpoint's %s holds other "
                        "values; using the checkpoint's head (as transformers does)", folder, HEAD_TENSOR)

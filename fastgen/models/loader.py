@@ -56,6 +56,7 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
     loaded: set[str] = set()
+    tied_head_file = None  # the file holding an lm_head the model ties to its embeddings
     files = checkpoint_files(folder)
     # A bar on an interactive terminal for checkpoints of several files (tqdm's disable=None: off
     # when stderr is not a TTY); one small file loads too fast to need it.
@@ -68,6 +69,10 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
                     raise ValueError(f"model={str(folder)!r}: checkpoint tensor {name!r} ({path.name}) matches no "
                                      f"parameter of {type(model).__name__} as config.json describes it")
                 loaded.update(filled)
+                if name.removeprefix(fmt.prefix) == HEAD_TENSOR and HEAD_TENSOR not in params:
+                    tied_head_file = path
+    if tied_head_file is not None:
+        loaded.update(_embeddings_from_tied_head(model, params, modules, loaded, tied_head_file))
     expected = {n for n in params if not (n == HEAD_TENSOR and model.config.tie_word_embeddings)}
     for name, module in modules.items():
         if isinstance(module, ColumnParallelLinear) and module.merged:
@@ -78,6 +83,20 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
     missing = sorted(expected - loaded)
     if missing:
         raise ValueError(f"model={str(folder)!r}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+def _embeddings_from_tied_head(model: nn.Module, params, modules, loaded: set[str], path: Path) -> list[str]:
+    """The embeddings' keys filled from a tied lm_head, where the checkpoint stores only the
+    head: transformers then ties the other way round, and the model is the same. Where the
+    embeddings were stored too they are not read again (`head_as_stored` found them equal)."""
+    fmt: CheckpointFormat = model.checkpoint_format
+    names = [n.removeprefix(fmt.prefix) for n in model.config.embedding_tensors]
+    embedding = next((n for n in names if n in params), None)
+    if embedding is None or embedding in loaded:
+        return []
+    with safe_open(str(path), framework="pt") as f:
+        head = next(n for n in f.keys() if n.removeprefix(fmt.prefix) == HEAD_TENSOR)
+        return _load_one(fmt, params, modules, embedding, f.get_slice(head)) or []
 
 
 def _load_one(fmt: CheckpointFormat, params, modules, name: str, source) -> list[str] | None:

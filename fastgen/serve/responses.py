@@ -113,13 +113,16 @@ class ResponseShape:
         return {"index": i, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _chat_message(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
-        """The assistant's message (content, or tool calls read from it) and the finish reason."""
+        """The assistant's message (content, or tool calls read from it) and the finish reason.
+        An answer cut by max_tokens keeps "length" even where whole calls were read before the cut
+        (OpenAI's rule): the caller must know that more may have followed."""
         if self.tools is None:
             return {"role": "assistant", "content": text}, finish_reason
         content, calls = read_tool_calls(self.tools, text, finish_reason)
         if not calls:
             return {"role": "assistant", "content": content}, finish_reason
-        return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+        return ({"role": "assistant", "content": content, "tool_calls": calls},
+                "length" if finish_reason == "length" else "tool_calls")
 
     def body(self, final: RequestOutput) -> dict:
         """The non-streaming response."""

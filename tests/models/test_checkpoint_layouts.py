@@ -96,6 +96,18 @@ def test_a_head_saved_with_the_embeddings_values_stays_tied(tiny_models, tmp_pat
     assert_matches_transformers(path)
 
 
+@pytest.mark.parametrize("name, embedding", [("llama", "model.embed_tokens.weight"), ("gpt2", "transformer.wte.weight")])
+def test_a_tied_checkpoint_that_stores_only_the_head_fills_the_embeddings(name, embedding, tmp_path):
+    """transformers ties the other way round when a tied checkpoint holds the head and not the
+    embeddings; the model is the same one, and fastgen's must be too."""
+    path = build(family(name, tie_word_embeddings=True), tmp_path / name)
+    tensors = load_file(path / "model.safetensors")
+    tensors["lm_head.weight"] = tensors.pop(embedding)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    assert ModelConfig.from_folder(path).tie_word_embeddings is True
+    assert_matches_transformers(path)
+
+
 def test_a_checkpoint_tensor_with_no_place_in_the_model_is_refused(tiny_models, tmp_path):
     path = copy_folder(tiny_models["qwen3"], tmp_path / "qwen3")
     tensors = load_file(path / "model.safetensors")

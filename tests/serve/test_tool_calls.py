@@ -81,3 +81,16 @@ def test_a_template_renders_the_tools_as_the_request_sent_them(tiny_models):
     expected = theirs.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False)
     assert '"strict": true' in expected
     assert ours.apply_chat_template(messages, tokenize=False, tools=shown) == expected
+
+
+def test_calls_read_from_an_answer_cut_by_max_tokens_finish_with_length():
+    """Whole calls before the cut are sent, but the finish says "length", as OpenAI's does: a
+    further call may have followed. An answer that ended on its own says "tool_calls"."""
+    from fastgen.serve.responses import ResponseShape
+
+    shape = ResponseShape("chat.completion", "m", tools=plan_tools(TOOLS, "auto", None))
+    whole = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    message, finish = shape._chat_message(whole + "\n<tool_call>{\"name\": \"get_w", "length")
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"] and finish == "length"
+    message, finish = shape._chat_message(whole, "stop")
+    assert message["tool_calls"] and finish == "tool_calls"
