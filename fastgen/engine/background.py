@@ -110,7 +110,20 @@ class BackgroundEngine:
         EngineOverloaded when too many requests wait. final_only: its stream yields its final
         output alone (the engine makes none before)."""
         outputs: queue.SimpleQueue = queue.SimpleQueue()
-        return RequestStream(self.add(prompt, params, outputs, final_only).result(), outputs, self)
+        accepted = self.add(prompt, params, outputs, final_only)
+        try:
+            request_id = accepted.result()
+        except BaseException:
+            # Interrupted while waiting (Ctrl-C: no stream will ever read the request): the loop
+            # never adds it if the future is cancelled in time, and aborts it once added if not.
+            if not accepted.cancel():
+                accepted.add_done_callback(self._abandon_added)
+            raise
+        return RequestStream(request_id, outputs, self)
+
+    def _abandon_added(self, accepted: Future) -> None:
+        if not accepted.cancelled() and accepted.exception() is None:
+            self._abandon(accepted.result())
 
     def add(self, prompt: Prompt, params: SamplingParams | None, sink: OutputSink, final_only: bool = False) -> Future:
         """Queue a request whose outputs the loop puts into `sink` (final_only: its final one

@@ -101,6 +101,43 @@ def test_a_stream_dropped_unread_aborts_its_request(llm, monkeypatch):
     assert_clean(llm)
 
 
+@pytest.mark.parametrize("when", ["before the loop takes it", "after the loop added it"])
+def test_a_submit_interrupted_while_it_waits_leaves_no_request_running(llm, monkeypatch, when):
+    """Ctrl-C in `submit` while it waits for the loop: no stream will read the request, so it is
+    never added (the loop may still win that race), or aborted once it is."""
+    import fastgen.engine.background as background
+
+    class InterruptedWait(background.Future):
+        """The submitter's first wait is interrupted (before the loop answers, or after it did)."""
+        interrupted = False
+
+        def result(self, timeout=None):
+            if self.interrupted or when == "after the loop added it":
+                value = super().result(timeout)
+                if self.interrupted:
+                    return value
+            self.interrupted = True
+            raise KeyboardInterrupt
+
+    added, aborted = [], []
+    add_request, abort = llm.engine.add_request, llm.engine.abort
+    monkeypatch.setattr(llm.engine, "add_request", lambda *a, **k: added.append(add_request(*a, **k)) or added[-1])
+    monkeypatch.setattr(llm.engine, "abort", lambda request_id: aborted.append(request_id) or abort(request_id))
+    with llm.background() as bg:
+        with monkeypatch.context() as m:
+            m.setattr(background, "Future", InterruptedWait)
+            with pytest.raises(KeyboardInterrupt):
+                bg.submit([5, 6, 7], LONG)
+        # Commands run in order, and an abort before the next step: once a later request has
+        # finished, the interrupted one was skipped, or added and aborted.
+        assert bg.submit([1, 2], SHORT).result().finish_reason == "length"
+        interrupted = added[:-1]
+        if when == "after the loop added it":
+            assert interrupted, "the loop never added the request"
+        assert all(request_id in aborted for request_id in interrupted), "the interrupted request ran on"
+    assert_clean(llm)
+
+
 def test_shutdown_ends_every_stream_with_its_final_output(llm):
     bg = llm.background()
     streams = [bg.submit([i + 1, 2, 3], LONG) for i in range(3)]
