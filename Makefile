@@ -28,11 +28,16 @@ run:
 serve:
 	$(FASTGEN) serve --port 8000
 
+# The suites run in TEST_WORKERS processes (pytest-xdist): most tests drive tiny models from one
+# thread, so one process leaves a core idle. Tests that measure time run after, alone.
+TEST_WORKERS ?= 2
+
 test:
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS)
 
 test-slow:
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "slow and not alone" -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -m "slow and alone"
 
 test-all:
 	$(PY) -m pytest -q

@@ -81,7 +81,9 @@ def run_pytest(cmd: list[str], results_dir: Path) -> tuple[int, int]:
     (as opposed to regressing, which pytest-benchmark reports through the exit status alone)."""
     junit = results_dir / "junit.xml"
     junit.unlink(missing_ok=True)
-    env = dict(os.environ, PYTHONHASHSEED="0")
+    # A run started from inside a pytest-xdist worker (its own tests) is a session of its own:
+    # pytest-benchmark reads PYTEST_XDIST_WORKER and would refuse to time anything.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")} | {"PYTHONHASHSEED": "0"}
     print("+", " ".join(cmd), flush=True)
     rc = subprocess.call([*cmd, f"--junitxml={junit}"], cwd=REPO_ROOT, env=env)
     if not junit.is_file():

@@ -115,6 +115,7 @@ def verdict_lines(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_check_passes_an_unchanged_rerun(baseline_for_attempt):
     seen = []
     for attempt in range(ATTEMPTS):
@@ -126,6 +127,7 @@ def test_check_passes_an_unchanged_rerun(baseline_for_attempt):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_check_fails_an_injected_2x_slowdown(baseline_for_attempt):
     seen = []
     for attempt in range(ATTEMPTS):

@@ -85,6 +85,7 @@ async def client_loop(base_url: str, seed: int, deadline: float, seen: collectio
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_sixty_four_clients_for_thirty_seconds(chat_model):
     pytest.importorskip("xgrammar")
     port = free_port()
