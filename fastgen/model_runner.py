@@ -105,6 +105,8 @@ class ModelRunner:  # implements fastgen.step_runner.StepRunner
     receives.
     """
 
+    steps_span_processes = False  # rank 0's under tensor parallelism is driven by TensorParallelRunner
+
     def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = (),
                  tp: TensorParallelGroup = SINGLE_RANK,
                  make_step_sender: Callable[[StepInputBuilder], object] | None = None):

@@ -43,8 +43,10 @@ class StepRunner(Protocol):
     whatever the runner started; `check_alive` raises once it can run no step any more. The rest
     is what start-up built, read by reports and the bench: the device, the model (rank 0's shard
     under tensor parallelism), the KV cache and its block count, the attention backend, the CUDA
-    graphs and the compiled CPU step (None when unused)."""
+    graphs and the compiled CPU step (None when unused). steps_span_processes: a step runs
+    collectives across processes that an interrupt must not cut (tensor parallelism)."""
 
+    steps_span_processes: bool
     device: torch.device
     model: torch.nn.Module
     kv_cache: Any

@@ -72,6 +72,9 @@ class TensorParallelRunner:  # implements fastgen.step_runner.StepRunner
     """Rank 0's runner: steps go to every rank (`launch` / `collect`), and what start-up built
     (model, KV cache, graphs, ...) is rank 0's `ModelRunner`'s, its shard of the model."""
 
+    # The engine holds Ctrl-C back until a step has ended on every rank (`LLMEngine.run_step`).
+    steps_span_processes = True
+
     def __init__(self, config: EngineConfig, load_format: str = "safetensors", eos_token_ids: Iterable[int] = ()):
         from fastgen.model_runner import ModelRunner
 

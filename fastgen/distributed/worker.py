@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import traceback
 
@@ -58,6 +59,10 @@ def serve(config: EngineConfig, load_format: str, store, rank: int) -> None:
 
 def run_spawned(config: EngineConfig, load_format: str, rank: int, store_port: int) -> None:
     """Entry point of a worker process spawned by rank 0 on this machine."""
+    # Ctrl-C in a terminal reaches the whole process group: rank 0 alone decides what it means
+    # (it ends a step first, and stops the workers when it exits); a worker it killed would take
+    # the engine down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
     if not config.device.startswith("cuda"):
         # The ranks share this machine's cores: one share each, not every core per rank.

@@ -276,6 +276,16 @@ class LLMEngine:
         return self.outbox.take_for_step()
 
     def run_step(self) -> StepResult:
+        """Run one step and deliver its outputs to their consumers; report what it did (see
+        `_run_step`). Where a step spans processes (tensor parallelism), Ctrl-C is held back
+        until the step has ended on every rank and its outputs are delivered: an interrupt in
+        the middle of its collectives would leave the ranks out of step for good."""
+        if not self.runner.steps_span_processes:
+            return self._run_step()
+        with interrupts_held_back():
+            return self._run_step()
+
+    def _run_step(self) -> StepResult:
         """Run one step and deliver its outputs to their consumers; report what it did.
 
         With overlap scheduling the step launched here is read by the next call, and the

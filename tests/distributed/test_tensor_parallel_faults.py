@@ -272,3 +272,47 @@ def test_a_worker_exits_once_rank0s_store_has_not_answered_for_the_step_timeout(
     assert re.search(rf"has had no answer from rank 0's store at 10\.0\.0\.1:1 for [123] s \({reason}\)",
                      done.stderr), done.stderr
     assert seconds < 30, seconds  # the interpreter's start, 1 s after the answers stopped
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_step_interrupts_the_call_and_the_engine_serves_on(tiny_models, tmp_path):
+    """Ctrl-C reaches the terminal's whole process group, workers too, in the middle of a step:
+    the caller gets its KeyboardInterrupt once the step has ended on every rank, and the engine
+    then still generates transformers' greedy tokens (before, the worker died of it and rank 0
+    took the engine down)."""
+    from tests.tiny_models import hf_greedy
+
+    prompts, max_tokens = [[1, 2, 3, 4, 5], [7, 8, 9]], 16
+    script = tmp_path / "interrupt.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, signal
+        from fastgen import LLM, SamplingParams
+        if __name__ == "__main__":
+            llm = LLM({tiny_models["qwen3"]!r}, **{ENGINE_ARGS!r})
+            local = llm.engine.runner.runner  # rank 0's own ModelRunner
+            launch, calls = local.launch, []
+
+            def launch_then_interrupt(out):
+                calls.append(out)
+                if len(calls) == 3:  # the group's Ctrl-C, as a terminal sends it, inside a step
+                    os.killpg(os.getpgrp(), signal.SIGINT)
+                return launch(out)
+
+            local.launch = launch_then_interrupt
+            try:
+                llm.generate([[1, 2, 3]] * 3, {LONG!r})
+                interrupted = False
+            except KeyboardInterrupt:
+                interrupted = True
+            local.launch = launch
+            params = SamplingParams(temperature=0.0, max_tokens={max_tokens}, ignore_eos=True)
+            tokens = [o.token_ids for o in llm.generate({prompts!r}, params)]
+            print(json.dumps({{"interrupted": interrupted, "tokens": tokens}}), flush=True)
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=180, start_new_session=True)  # its own group: the SIGINT stays there
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["interrupted"]
+    assert result["tokens"] == hf_greedy(tiny_models["qwen3"], prompts, max_tokens)
