@@ -4,10 +4,16 @@ Refused (a ValueError naming the keyword's path): keywords xgrammar would silent
 (`UNENFORCED`, each shown let through by xgrammar in tests/structured), an `allOf` of several
 schemas, and `minLength`/`maxLength` beside a `pattern` or `format` (xgrammar enforces the
 pattern or format and drops the lengths) or on a schema without a `type` (xgrammar lets any
-value through). An output that passes the grammar must be valid
-against the schema.
+value through); keywords xgrammar compiles and then drops where they sit (`dropped_keyword`:
+value keywords without a type, what stands beside anyOf / oneOf / enum / const, multipleOf but
+an integer's, a reference to another document). An output that passes the grammar must be
+valid against the schema.
 
-Adjusted: xgrammar's rule for a length-limited string admits raw control characters, which a
+Adjusted (`adjusted`): a required property the schema does not list, and item or property counts
+on arrays and objects that name none, are made explicit, as strict mode would otherwise read
+them (an empty object for `{"required": ["a"]}`, a refusal for `{"minItems": 2}`).
+
+Also adjusted: xgrammar's rule for a length-limited string admits raw control characters, which a
 JSON string cannot hold, so an output could pass the grammar and not be JSON. Such schemas are
 compiled from xgrammar's own grammar text with that rule's character class narrowed to what a
 JSON string may hold (`json_grammar`); where a later xgrammar writes the rule otherwise, the
@@ -88,6 +94,94 @@ def unenforced_keyword(schema: object, path: str = "structured_outputs.json") ->
         if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
             return f"{where}.allOf (with more than one schema)"
     return None
+
+
+# Keywords that only describe (xgrammar may drop them anywhere: they constrain nothing).
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$anchor", "$comment",
+                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "discriminator"})
+# Keywords xgrammar enforces only where the schema says its type: without one it lets any value
+# through (a `{"minimum": 5}` admits 1).
+_NEED_A_TYPE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern", "format",
+                "minItems", "maxItems", "required", "minProperties", "maxProperties")
+_SAY_A_TYPE = frozenset({"enum", "const", "$ref", "anyOf", "oneOf", "allOf", "properties", "patternProperties",
+                         "additionalProperties", "items", "prefixItems"})
+_JSON_TYPES = {"string": str, "null": type(None), "array": list, "object": dict}
+
+
+def dropped_keyword(schema: object, path: str = "structured_outputs.json") -> tuple[str, str] | None:
+    """(path, why) of the first keyword in `schema` that xgrammar would compile and then drop, or
+    None: a value keyword on a schema without a `type`; anything but a description beside
+    `anyOf` / `oneOf` (xgrammar keeps the branches alone), or beside `enum` / `const` (the listed
+    values alone; a `type` there must hold for each of them); `multipleOf` other than an integer
+    on an integer schema; a `$ref` to another document."""
+    for node, where in subschemas(schema, path):
+        for union in ("anyOf", "oneOf"):
+            if union in node:
+                beside = sorted(set(node) - _ANNOTATIONS - {union})
+                if beside:
+                    return f"{where}.{beside[0]}", f"xgrammar enforces {union}'s branches alone and drops what is beside it"
+        for listed in ("enum", "const"):
+            if listed in node:
+                beside = sorted(set(node) - _ANNOTATIONS - {listed, "type"})
+                if beside:
+                    return f"{where}.{beside[0]}", f"xgrammar outputs one of the {listed} values and drops what is beside it"
+                values = node[listed] if listed == "enum" and isinstance(node[listed], list) else [node[listed]]
+                for value in values:
+                    if "type" in node and not _has_type(value, node["type"]):
+                        return f"{where}.{listed}", f"the value {value!r} is not of type {node['type']!r}"
+        # (`properties` or `items` make xgrammar read an object or an array, and it enforces those)
+        if "type" not in node and not _SAY_A_TYPE & set(node):
+            for keyword in _NEED_A_TYPE:
+                if keyword in node:
+                    return f"{where}.{keyword}", "xgrammar enforces it only beside a \"type\""
+        if "multipleOf" in node:
+            value = node["multipleOf"]
+            if node.get("type") != "integer" or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return f"{where}.multipleOf", "xgrammar enforces it only as an integer >= 1 on an integer schema"
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            return f"{where}.$ref", "only references within the schema (\"#...\") can be resolved"
+    return None
+
+
+def _has_type(value: object, types: object) -> bool:
+    names = types if isinstance(types, list) else [types]
+    if isinstance(value, bool):
+        return "boolean" in names
+    if isinstance(value, (int, float)):
+        return "number" in names or "integer" in names and float(value).is_integer()
+    return any(name in _JSON_TYPES and isinstance(value, _JSON_TYPES[name]) for name in names)
+
+
+def adjusted(schema: object) -> object:
+    """A copy of `schema` that xgrammar's strict mode compiles as the schema means it:
+    - a `required` name its `properties` do not list gets a property of its own (the
+      `additionalProperties` schema, or any value): xgrammar requires listed properties only,
+      and in strict mode admits no other, so `{"required": ["a"]}` gave `{}` alone (refused
+      where the schema forbids further properties: nothing could satisfy it);
+    - an array limited by `minItems` / `maxItems` with no `items`, or an object limited by
+      `minProperties` / `maxProperties` with no properties named, admits any items or
+      properties, as it does without the limit (strict mode refused those schemas)."""
+    schema = copy.deepcopy(schema)
+    for node, where in subschemas(schema):
+        required, properties = node.get("required"), node.get("properties", {})
+        if isinstance(required, list) and isinstance(properties, dict):
+            extra = node.get("additionalProperties", True)
+            for name in required:
+                if not isinstance(name, str) or name in properties:
+                    continue
+                if extra is False or "patternProperties" in node:
+                    raise ValueError(f"{where}.required names {name!r}, which its properties do not list and "
+                                     "additionalProperties / patternProperties leave out: no output could hold it")
+                properties[name] = copy.deepcopy(extra) if isinstance(extra, dict) else {}
+                node["properties"] = properties
+        if node.get("type") == "array" and {"minItems", "maxItems"} & set(node) \
+                and not {"items", "prefixItems"} & set(node):
+            node["items"] = {}
+        if node.get("type") == "object" and {"minProperties", "maxProperties"} & set(node) \
+                and not {"properties", "patternProperties", "additionalProperties"} & set(node):
+            node["additionalProperties"] = True
+    return schema
 
 
 def check_lengths(schema: object) -> int:

@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING
 
 from fastgen.structured.json_schema import (
     UNENFORCED,
+    adjusted,
     check_lengths,
+    dropped_keyword,
     json_grammar,
     lengths_as_patterns,
     unenforced_keyword,
 )
+from fastgen.structured.regex import full_match_regex
 from fastgen.structured_outputs_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
@@ -39,6 +42,10 @@ def compile_json_schema(compiler, xgr, schema: object):
     if where is not None:
         raise ValueError(f"{where} is not supported: xgrammar cannot enforce it, so outputs could break "
                          f"the schema (unsupported: {', '.join(UNENFORCED)}, allOf of several schemas)")
+    dropped = dropped_keyword(schema)
+    if dropped is not None:
+        raise ValueError(f"{dropped[0]} is not supported there: {dropped[1]}, so outputs could break the schema")
+    schema = adjusted(schema)
     num_limited = check_lengths(schema)
     if not num_limited:
         return compiler.compile_json_schema(json.dumps(schema), **options)
@@ -108,6 +115,13 @@ class XGrammarBackend:
         except RuntimeError as exc:
             message = _NOISE.sub("", str(exc).strip()).strip()
             raise ValueError(f"structured_outputs.{kind} cannot be compiled: {message}") from None
+        # A grammar no output can follow (a regex such as [^\s\S]) would fail its request's
+        # first step: refused here, where the caller learns why.
+        first = self._xgr.allocate_token_bitmask(1, self.vocab_size)
+        self._xgr.GrammarMatcher(compiled).fill_next_token_bitmask(first, 0)
+        if not first.any():
+            raise ValueError(f"structured_outputs.{kind} admits no output at all: not even its first token "
+                             "can be chosen")
         return _Grammar(compiled, self._xgr)
 
     def _compile(self, spec: StructuredOutputsParams):
@@ -115,7 +129,7 @@ class XGrammarBackend:
         if kind in ("json", "json_object"):
             return compile_json_schema(compiler, self._xgr, spec.json if kind == "json" else {"type": "object"})
         if kind == "regex":
-            return compiler.compile_regex(spec.regex)
+            return compiler.compile_regex(full_match_regex(spec.regex))
         if kind == "choice":  # JSON string escapes are the EBNF literals' escapes
             alternatives = " | ".join(json.dumps(text, ensure_ascii=False) for text in spec.choice)
             return compiler.compile_grammar(f"root ::= {alternatives}")

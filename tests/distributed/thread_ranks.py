@@ -54,6 +54,8 @@ class ThreadRanksRunner:
     """Stands in for the engine's runner: rank 0 launches (and samples) as a single-device
     runner would, ranks 1.. fill the same step from the same scheduler output and execute it."""
 
+    steps_span_processes = False  # one process: the ranks are its threads
+
     def __init__(self, config, size: int):
         tp_config = dataclasses.replace(config, tensor_parallel_size=size)
         collectives = ThreadCollectives(size)

@@ -8,6 +8,7 @@ import json
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from fastgen.structured.regex import full_match_regex
 from fastgen.structured.xgrammar_backend import compile_json_schema
 from fastgen.structured_outputs_params import StructuredOutputsParams
 
@@ -15,13 +16,13 @@ from fastgen.structured_outputs_params import StructuredOutputsParams
 def compile_reference(compiler, spec: StructuredOutputsParams):
     """The spec compiled by xgrammar directly, with the settings fastgen documents (a schema as
     `compile_json_schema` compiles it: strict, whitespace capped, string lengths held to JSON's
-    characters)."""
+    characters; a regex as `full_match_regex` rewrites it)."""
     import xgrammar as xgr
 
     if spec.kind in ("json", "json_object"):
         return compile_json_schema(compiler, xgr, spec.json if spec.kind == "json" else {"type": "object"})
     if spec.kind == "regex":
-        return compiler.compile_regex(spec.regex)
+        return compiler.compile_regex(full_match_regex(spec.regex))
     if spec.kind == "choice":
         return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in spec.choice))
     return compiler.compile_grammar(spec.grammar)

@@ -111,6 +111,11 @@ def test_the_grammar_decides_where_the_output_ends(tiny_models):
     (StructuredOutputsParams(grammar="root ::= undefined_rule"), "structured_outputs.grammar"),
     (StructuredOutputsParams(json={"type": "object", "properties": {"a": {"if": {"type": "string"}}}}),
      "structured_outputs.json.properties.a.if"),
+    # no output follows it: its request failed at its first step, with a message that blamed the engine
+    (StructuredOutputsParams(regex=r"[^\s\S]"), "structured_outputs.regex admits no output"),
+    (StructuredOutputsParams(regex=r"a^b"), "structured_outputs.regex: the anchor '\\^' at position 1"),
+    (StructuredOutputsParams(json={"type": "object", "required": ["a"], "additionalProperties": False}),
+     "structured_outputs.json.required names 'a'"),
 ])
 def test_a_spec_that_cannot_be_compiled_is_refused_before_anything_runs(tiny_models, spec, field):
     llm = LLM(tiny_models["qwen3"], dtype="float32")

@@ -6,6 +6,7 @@ string can hold."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -87,21 +88,98 @@ def test_each_refused_keyword_is_one_xgrammar_does_not_enforce(schema, accepted)
     assert unenforced_keyword(schema) is not None
 
 
-def _matcher(schema: dict, compile_with: str = "fastgen"):
-    """A matcher over a vocabulary of one token per ASCII character, control characters included,
-    of `schema` compiled by fastgen (`compile_json_schema`), by xgrammar alone ("xgrammar"), or by
-    xgrammar from the schema with lengths as patterns ("patterns": fastgen's fallback)."""
+@pytest.mark.parametrize("schema, accepted, where", [
+    ({"type": "number", "multipleOf": 0.5}, "0.3", "multipleOf"),
+    ({"type": "number", "multipleOf": 2}, "3", "multipleOf"),
+    ({"minimum": 5}, "1", "minimum"),
+    ({"pattern": "^a$"}, '"b"', "pattern"),
+    ({"maxItems": 1}, "[1, 2]", "maxItems"),
+    ({"type": "string", "anyOf": [{"type": "integer"}]}, "1", "type"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"type": "object"}]}, '{"a": "s"}',
+     "properties"),
+    ({"type": "integer", "enum": [1, 2], "minimum": 2}, "1", "minimum"),
+    ({"type": "integer", "enum": ["a"]}, '"a"', "enum"),
+    ({"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}, '{"a": [true]}',
+     "properties.a.$ref"),
+])
+def test_keywords_xgrammar_compiles_and_drops_are_refused(schema, accepted, where):
+    """xgrammar alone admits an output the schema rejects; fastgen refuses the schema, naming
+    the keyword's path, before anything is queued."""
+    jsonschema = pytest.importorskip("jsonschema")
+    assert _accepts(schema, accepted, "xgrammar")
+    with pytest.raises((jsonschema.ValidationError, jsonschema.exceptions._WrappedReferencingError)):
+        jsonschema.validate(json.loads(accepted), schema)
+    with pytest.raises(ValueError, match=re.escape(f"structured_outputs.json.{where} is not supported there")):
+        _matcher(schema)
+
+
+def test_descriptions_beside_a_union_or_an_enum_are_fine():
+    """pydantic's Optional fields and enums: annotations beside anyOf / enum constrain nothing."""
+    optional = {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None, "title": "Year"}
+    assert _accepts(optional, "null") and _accepts(optional, "1999")
+    assert _accepts({"enum": ["red", "blue"], "title": "Color", "type": "string"}, '"red"')
+
+
+@pytest.mark.parametrize("schema, valid, invalid", [
+    # a required name the properties do not list: xgrammar's strict mode gave "{}" alone
+    ({"type": "object", "required": ["answer"]}, '{"answer": [1, "x"]}', "{}"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"],
+      "additionalProperties": {"type": "string"}}, '{"a": 1, "b": "x"}', '{"a": 1}'),
+    # counts on an array or object that names no items or properties: strict mode refused them
+    ({"type": "array", "minItems": 2}, '[1, "a"]', "[1]"),
+    ({"type": "object", "minProperties": 1}, '{"k": null}', "{}"),
+])
+def test_schemas_strict_mode_misreads_are_compiled_as_meant(schema, valid, invalid):
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(json.loads(valid), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(invalid), schema)
+    assert _accepts(schema, valid) and not _accepts(schema, invalid)
+
+
+@pytest.mark.parametrize("regex, text, full_match", [
+    ("a.b", "a\nb", False), ("a.b", "a-b", True), ("[.]", ".", True), ("[.]", "x", False),
+    ("^a$", "a", True), ("[^]a.]+", "]", False), ("[^]a.]+", "b\n", True), ("[]a]", "]", True),
+])
+def test_a_regex_admits_what_re_fullmatch_admits(regex, text, full_match):
+    import re as python_re
+
+    xgr = pytest.importorskip("xgrammar")
+    from fastgen.structured.regex import full_match_regex
+
+    assert bool(python_re.fullmatch(regex, text)) == full_match
+    matcher = xgr.GrammarMatcher(_compiler().compile_regex(full_match_regex(regex)))
+    assert (matcher.accept_string(text) and matcher.is_completed()) == full_match
+
+
+@pytest.mark.parametrize("regex", ["a^b", "a$b", "a|^b", "\\Aa", "a\\Z"])
+def test_an_anchor_inside_a_regex_is_refused(regex):
+    from fastgen.structured.regex import full_match_regex
+
+    with pytest.raises(ValueError, match="structured_outputs.regex"):
+        full_match_regex(regex)
+
+
+def _compiler():
     xgr = pytest.importorskip("xgrammar")
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
-
-    from fastgen.structured.xgrammar_backend import compile_json_schema
 
     vocab = {chr(c): c for c in range(1, 127)}
     vocab["<eos>"] = 0
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<eos>")))
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(vocab), stop_token_ids=[0])
-    compiler = xgr.GrammarCompiler(info)
+    return xgr.GrammarCompiler(info)
+
+
+def _matcher(schema: dict, compile_with: str = "fastgen"):
+    """A matcher over a vocabulary of one token per ASCII character, control characters included,
+    of `schema` compiled by fastgen (`compile_json_schema`), by xgrammar alone ("xgrammar"), or by
+    xgrammar from the schema with lengths as patterns ("patterns": fastgen's fallback)."""
+    xgr = pytest.importorskip("xgrammar")
+    from fastgen.structured.xgrammar_backend import compile_json_schema
+
+    compiler = _compiler()
     if compile_with == "fastgen":
         return xgr.GrammarMatcher(compile_json_schema(compiler, xgr, schema))
     if compile_with == "patterns":
