@@ -54,10 +54,26 @@ def gguf_source(folder: str | os.PathLike) -> Path | None:
     return None
 
 
+# The tensors of a layer that fastgen serves as one matrix (q|k|v, gate|up): quantized, they must
+# share a block type.
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+_MERGED_PARTS = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "ffn_gate": "gate_up", "ffn_up": "gate_up"}
+
+
 def reads_every_matrix(gguf_path: str | os.PathLike) -> bool:
-    """Whether every quantized tensor of `gguf_path` is of a block type fastgen reads as it is
-    (`fastgen.quantization.gguf_blocks`): what makes `gguf` a .gguf model's default."""
-    return all(t.tensor_type.name in (*BLOCK_TYPES, "F32", "F16", "BF16") for t in read_tensors(gguf_path))
+    """Whether fastgen reads every quantized tensor of `gguf_path` as it is: each of a block type
+    it reads (`fastgen.quantization.gguf_blocks`), and the parts of each merged matrix of one
+    type (a file quantized with per-tensor overrides may mix them). What makes `gguf` a .gguf
+    model's default; otherwise its weights come from the converted folder."""
+    tensors = read_tensors(gguf_path)
+    if not all(t.tensor_type.name in (*BLOCK_TYPES, *_FLOAT_TYPES) for t in tensors):
+        return False
+    merged: dict[tuple[str, str], set[str]] = {}  # (its layer, the matrix) -> quantized parts' types
+    for t in tensors:
+        block, _, part = t.name.rpartition(".weight")[0].rpartition(".")
+        if part in _MERGED_PARTS and t.tensor_type.name not in _FLOAT_TYPES:  # (a float part: the folder's)
+            merged.setdefault((block, _MERGED_PARTS[part]), set()).add(t.tensor_type.name)
+    return all(len(types) == 1 for types in merged.values())
 
 
 def _join(name: str, parts: list[tuple[QuantFormat, QuantizedTensors] | None]):
@@ -67,7 +83,8 @@ def _join(name: str, parts: list[tuple[QuantFormat, QuantizedTensors] | None]):
     formats = {fmt for fmt, _ in parts}
     if len(formats) > 1:
         raise ValueError(f"GGUF tensors of {name} are in different formats ({', '.join(map(str, formats))}); "
-                         "fastgen merges them into one matrix and needs one format")
+                         "fastgen merges them into one matrix and needs one format (leave quantization unset "
+                         "to serve the file's converted weights)")
     tensors = [t for _, t in parts]
     mins = None if tensors[0].mins is None else torch.cat([t.mins for t in tensors])
     return parts[0][0], QuantizedTensors(torch.cat([t.codes for t in tensors]), torch.cat([t.scales for t in tensors]),

@@ -35,6 +35,30 @@ def test_other_block_types_are_refused_by_name():
         read_blocks("blk.3.ffn_down.weight", "Q6_K", np.zeros((1, 210), np.uint8), 1, 256)
 
 
+def test_a_file_mixing_block_types_within_a_merged_matrix_is_served_from_its_converted_weights(monkeypatch):
+    """fastgen serves q|k|v and gate|up as one matrix of one block type: a file quantized with
+    per-tensor overrides (llama-quantize's) that mixes them there is not read as blocks by
+    default, rather than refused (a float part is taken from the converted folder, as before)."""
+    from types import SimpleNamespace
+
+    from fastgen.models import gguf_weights
+
+    def file_of(**types):
+        tensors = [SimpleNamespace(name=name, tensor_type=SimpleNamespace(name=kind))
+                   for name, kind in {"token_embd.weight": "Q4_1", "output_norm.weight": "F32",
+                                      "blk.0.attn_q.weight": "Q4_1", "blk.0.attn_k.weight": "Q4_1",
+                                      "blk.0.attn_v.weight": "Q4_1", "blk.0.ffn_gate.weight": "Q4_1",
+                                      "blk.0.ffn_up.weight": "Q4_1", "blk.1.attn_v.weight": "Q8_0", **types}.items()]
+        monkeypatch.setattr(gguf_weights, "read_tensors", lambda path: tensors)
+        return gguf_weights.reads_every_matrix("model.gguf")
+
+    assert file_of()  # blk.1's v alone of its kind in blk.1: one type per merged matrix
+    assert file_of(**{"blk.0.attn_v.weight": "F16"})
+    assert not file_of(**{"blk.0.attn_v.weight": "Q8_0"})
+    assert not file_of(**{"blk.0.ffn_up.weight": "Q4_0"})
+    assert not file_of(**{"blk.0.attn_k.weight": "Q5_0"})  # a block type fastgen does not read
+
+
 def test_gguf_needs_a_model_converted_from_one(tiny_models):
     with pytest.raises(ValueError, match=r"quantization='gguf' needs a model converted from a GGUF file .* is not one"):
         LLM(tiny_models["llama"], quantization="gguf")
