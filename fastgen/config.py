@@ -21,6 +21,7 @@ from fastgen.cpu.native.features import has_native_bf16
 from fastgen.models.config import DTYPE_NAMES, ModelConfig, torch_dtype
 from fastgen.models.hub import resolve_model_path
 from fastgen.quantization.formats import METHODS as QUANTIZATION_METHODS
+from fastgen.quantization.formats import check_group_size_fits
 from fastgen.sampling_params import SEED_LIMIT
 from fastgen.speculative.config import check_speculative_config
 
@@ -263,6 +264,14 @@ class EngineConfig:
         if self.quantization_group_size is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization_group_size={self.quantization_group_size} needs a quantization method "
                              f"(one of {list(QUANTIZATION_METHODS)}), got quantization={self.quantization!r}")
+        mc, tp = self.model_config, self.tensor_parallel_size
+        if tp == 1 or (mc.num_heads % tp == 0 and mc.intermediate_size % tp == 0):  # (else launch names the split)
+            per_rank = "" if tp == 1 else f" (its share on each of {tp} ranks)"
+            check_group_size_fits(self.quantization, self.quantization_group_size, {
+                "the layers fed the hidden state": mc.hidden_size,
+                f"the attention output projection{per_rank}": mc.num_heads * mc.head_dim // tp,
+                f"the MLP's down projection{per_rank}": mc.intermediate_size // tp,
+            })
         if from_gguf and self.quantization is None and self.tensor_parallel_size == 1:
             from fastgen.models.gguf_weights import gguf_source, reads_every_matrix
 

@@ -39,6 +39,24 @@ def check_group_size(name: str, group_size: int, in_features: int, bits: int) ->
                          f"{in_features} inputs{even}")
 
 
+def check_group_size_fits(method: str, group_size: int | None, widths: dict[str, int]) -> None:
+    """ValueError, before any weight loads, where `method`'s group size (the one asked for, or
+    int4's default) does not divide an input width of the model's linear layers (`widths`: what
+    feeds them -> its width on one rank), naming the size, where it came from, and the width."""
+    if method not in METHODS:
+        return
+    size = group_size or (DEFAULT_INT4_GROUP_SIZE if method == "int4" else None)
+    if size is None:
+        return  # int8 without groups: one scale per output row, any width
+    for what, width in widths.items():
+        if width % size or (method == "int4" and size % 2):
+            given = f"quantization_group_size={size}" if group_size else \
+                f"quantization={method!r} groups {size} inputs by default (quantization_group_size)"
+            even = ", and even for 4-bit codes" if method == "int4" else ""
+            raise ValueError(f"{given} does not fit the model: it must divide {what} of {width} inputs{even}; "
+                             "pick a group size that divides them")
+
+
 def linear_format(method: str, group_size: int | None, in_features: int, name: str) -> QuantFormat:
     """The format `method` gives a linear layer's weight of `in_features` inputs."""
     if method == "int8":

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from fastgen import LLM, SamplingParams
-from fastgen.cpu.native.quantized_linear import kernel_available, products_served_natively
 from fastgen.bench.environment import weight_sizes
+from fastgen.config import EngineConfig
+from fastgen.cpu.native.quantized_linear import kernel_available, products_served_natively
+from fastgen.quantization.formats import check_group_size_fits
 from tests.conftest import FAMILIES, random_prompts
 from tests.quantization.fake_quantized import fake_quantized_copy
 from tests.tiny_models import hf_greedy
@@ -59,8 +61,18 @@ def test_quantization_settings_are_checked(tiny_models):
         LLM(tiny_models["llama"], quantization="fp8")
     with pytest.raises(ValueError, match=r"quantization_group_size=32 needs a quantization method"):
         LLM(tiny_models["llama"], quantization_group_size=32)
-    with pytest.raises(ValueError, match=r"quantization_group_size=48 does not fit .*: it must divide its"):
-        LLM(tiny_models["llama"], quantization="int4", quantization_group_size=48, num_kv_blocks=8, max_model_len=128)
+    # Named by EngineConfig, before any weight loads: the size, where it came from, and the
+    # width it must divide (under tensor parallelism one rank's share).
+    with pytest.raises(ValueError, match=r"quantization_group_size=48 does not fit the model: it must divide the "
+                                         r"layers fed the hidden state of 64 inputs"):
+        EngineConfig(model=tiny_models["llama"], quantization="int4", quantization_group_size=48)
+    EngineConfig(model=tiny_models["llama"], quantization="int4", quantization_group_size=64)
+    with pytest.raises(ValueError, match=r"quantization_group_size=64 does not fit the model: it must divide the "
+                                         r"attention output projection \(its share on each of 2 ranks\) of 32 inputs"):
+        EngineConfig(model=tiny_models["llama"], quantization="int4", quantization_group_size=64, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match=r"quantization='int4' groups 32 inputs by default \(quantization_group_size\)"
+                                         r" does not fit the model: it must divide the MLP's down projection of 48"):
+        check_group_size_fits("int4", None, {"the MLP's down projection": 48})
 
 
 @pytest.mark.slow
