@@ -16,7 +16,8 @@ import threading
 
 class interrupts_held_back:  # noqa: N801 - used as a context manager, named like one
     """`with interrupts_held_back(): ...`: a SIGINT arriving inside is raised as KeyboardInterrupt
-    when the block ends (its cost: two sigaction calls and a lookup)."""
+    when the block ends (its cost: two sigaction calls and a lookup); a second one is raised at
+    once, so that a block that hangs can still be left."""
 
     __slots__ = ("_received", "_holding")
 
@@ -33,6 +34,10 @@ class interrupts_held_back:  # noqa: N801 - used as a context manager, named lik
         self._holding = True
 
     def _hold(self, signum, frame) -> None:
+        if self._received:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._holding = False
+            raise KeyboardInterrupt
         self._received = True
 
     def __exit__(self, *exc) -> None:

@@ -114,15 +114,16 @@ class ResponseShape:
 
     def _chat_message(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
         """The assistant's message (content, or tool calls read from it) and the finish reason.
-        An answer cut by max_tokens keeps "length" even where whole calls were read before the cut
-        (OpenAI's rule): the caller must know that more may have followed."""
+        Only an answer that ended on its own finishes with "tool_calls": one cut by max_tokens
+        keeps "length" (OpenAI's rule), an aborted or failed one its reason, even where whole
+        calls were read before the cut: the caller must know that more may have followed."""
         if self.tools is None:
             return {"role": "assistant", "content": text}, finish_reason
         content, calls = read_tool_calls(self.tools, text, finish_reason)
         if not calls:
             return {"role": "assistant", "content": content}, finish_reason
         return ({"role": "assistant", "content": content, "tool_calls": calls},
-                "length" if finish_reason == "length" else "tool_calls")
+                "tool_calls" if finish_reason == "stop" else finish_reason)
 
     def body(self, final: RequestOutput) -> dict:
         """The non-streaming response."""

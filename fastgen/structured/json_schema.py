@@ -27,6 +27,7 @@ Subschemas are found under the keywords that hold them and behind local `$ref`s
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 
 UNENFORCED = ("if", "then", "else", "not", "dependentRequired", "dependentSchemas", "dependencies",
@@ -96,9 +97,20 @@ def unenforced_keyword(schema: object, path: str = "structured_outputs.json") ->
     return None
 
 
-# Keywords that only describe (xgrammar may drop them anywhere: they constrain nothing).
-_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$anchor", "$comment",
-                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "discriminator"})
+# Keywords that constrain a value (JSON Schema's assertions and applicators); any other keyword
+# (a title, a description, OpenAPI's `example`, an `x-` extension) constrains nothing.
+_CONSTRAINTS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "format", "items", "prefixItems", "additionalItems", "contains",
+    "maxItems", "minItems", "uniqueItems", "maxContains", "minContains", "properties", "patternProperties",
+    "additionalProperties", "propertyNames", "required", "maxProperties", "minProperties", "dependentRequired",
+    "dependentSchemas", "dependencies", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref",
+    "unevaluatedItems", "unevaluatedProperties"})
+# Keywords that xgrammar enforces alone: it drops the constraints beside them.
+_ALONE = {"anyOf": "xgrammar enforces anyOf's branches alone",
+          "oneOf": "xgrammar enforces oneOf's branches alone",
+          "allOf": "xgrammar enforces allOf's schema alone",
+          "$ref": "xgrammar enforces the referenced schema alone"}
 # Keywords xgrammar enforces only where the schema says its type: without one it lets any value
 # through (a `{"minimum": 5}` admits 1).
 _NEED_A_TYPE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern", "format",
@@ -110,19 +122,19 @@ _JSON_TYPES = {"string": str, "null": type(None), "array": list, "object": dict}
 
 def dropped_keyword(schema: object, path: str = "structured_outputs.json") -> tuple[str, str] | None:
     """(path, why) of the first keyword in `schema` that xgrammar would compile and then drop, or
-    None: a value keyword on a schema without a `type`; anything but a description beside
-    `anyOf` / `oneOf` (xgrammar keeps the branches alone), or beside `enum` / `const` (the listed
-    values alone; a `type` there must hold for each of them); `multipleOf` other than an integer
-    on an integer schema; a `$ref` to another document."""
+    None: a value keyword on a schema without a `type`; any constraint beside `anyOf`, `oneOf`,
+    `allOf` or `$ref` (xgrammar keeps those alone), or beside `enum` / `const` (the listed values
+    alone; a `type` there must hold for each of them); `multipleOf` other than an integer on an
+    integer schema; a `$ref` to another document. Descriptions may stand anywhere."""
     for node, where in subschemas(schema, path):
-        for union in ("anyOf", "oneOf"):
-            if union in node:
-                beside = sorted(set(node) - _ANNOTATIONS - {union})
+        for alone, why in _ALONE.items():
+            if alone in node:
+                beside = sorted(set(node) & _CONSTRAINTS - {alone})
                 if beside:
-                    return f"{where}.{beside[0]}", f"xgrammar enforces {union}'s branches alone and drops what is beside it"
+                    return f"{where}.{beside[0]}", f"{why} and drops what is beside it"
         for listed in ("enum", "const"):
             if listed in node:
-                beside = sorted(set(node) - _ANNOTATIONS - {listed, "type"})
+                beside = sorted(set(node) & _CONSTRAINTS - {listed, "type"})
                 if beside:
                     return f"{where}.{beside[0]}", f"xgrammar outputs one of the {listed} values and drops what is beside it"
                 values = node[listed] if listed == "enum" and isinstance(node[listed], list) else [node[listed]]
@@ -135,8 +147,9 @@ def dropped_keyword(schema: object, path: str = "structured_outputs.json") -> tu
                 if keyword in node:
                     return f"{where}.{keyword}", "xgrammar enforces it only beside a \"type\""
         if "multipleOf" in node:
-            value = node["multipleOf"]
-            if node.get("type") != "integer" or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            value, types = node["multipleOf"], node.get("type")
+            integer = (set(types) if isinstance(types, list) else {types}) - {"null"} == {"integer"}
+            if not integer or isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 return f"{where}.multipleOf", "xgrammar enforces it only as an integer >= 1 on an integer schema"
         ref = node.get("$ref")
         if isinstance(ref, str) and not ref.startswith("#"):
@@ -155,10 +168,12 @@ def _has_type(value: object, types: object) -> bool:
 
 def adjusted(schema: object) -> object:
     """A copy of `schema` that xgrammar's strict mode compiles as the schema means it:
-    - a `required` name its `properties` do not list gets a property of its own (the
-      `additionalProperties` schema, or any value): xgrammar requires listed properties only,
-      and in strict mode admits no other, so `{"required": ["a"]}` gave `{}` alone (refused
-      where the schema forbids further properties: nothing could satisfy it);
+    - a `required` name its `properties` do not list gets a property of its own (the schema of
+      the first `patternProperties` pattern it matches, else the `additionalProperties` schema,
+      else any value; an object that named no properties stays open to others): xgrammar
+      requires listed properties only, and in strict mode admits no other, so `{"required":
+      ["a"]}` gave `{}` alone (refused where the schema forbids such a property: nothing could
+      satisfy it);
     - an array limited by `minItems` / `maxItems` with no `items`, or an object limited by
       `minProperties` / `maxProperties` with no properties named, admits any items or
       properties, as it does without the limit (strict mode refused those schemas)."""
@@ -166,15 +181,27 @@ def adjusted(schema: object) -> object:
     for node, where in subschemas(schema):
         required, properties = node.get("required"), node.get("properties", {})
         if isinstance(required, list) and isinstance(properties, dict):
+            # An object that named no properties admits any (xgrammar's strict mode reads a bare
+            # object so): naming the required ones must not close it.
+            was_open = not {"properties", "patternProperties", "additionalProperties"} & set(node)
             extra = node.get("additionalProperties", True)
             for name in required:
                 if not isinstance(name, str) or name in properties:
                     continue
-                if extra is False or "patternProperties" in node:
-                    raise ValueError(f"{where}.required names {name!r}, which its properties do not list and "
-                                     "additionalProperties / patternProperties leave out: no output could hold it")
-                properties[name] = copy.deepcopy(extra) if isinstance(extra, dict) else {}
+                matching = [sub for pattern, sub in node.get("patternProperties", {}).items()
+                            if isinstance(pattern, str) and _searches(pattern, name)]
+                if matching:
+                    value = matching[0]
+                elif extra is False:
+                    raise ValueError(f"{where}.required names {name!r}, which neither its properties nor its "
+                                     "patternProperties admit, and additionalProperties is false: no output could "
+                                     "hold it")
+                else:
+                    value = extra
+                properties[name] = copy.deepcopy(value) if isinstance(value, dict) else {}
                 node["properties"] = properties
+                if was_open:
+                    node["additionalProperties"] = True
         if node.get("type") == "array" and {"minItems", "maxItems"} & set(node) \
                 and not {"items", "prefixItems"} & set(node):
             node["items"] = {}
@@ -182,6 +209,13 @@ def adjusted(schema: object) -> object:
                 and not {"properties", "patternProperties", "additionalProperties"} & set(node):
             node["additionalProperties"] = True
     return schema
+
+
+def _searches(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return False
 
 
 def check_lengths(schema: object) -> int:

@@ -391,3 +391,20 @@ def test_ctrl_c_while_a_step_is_formed_is_raised_once_it_is_formed(tiny_models, 
     drain(engine, ids, finals)
     assert [finals[i].token_ids for i in ids] == [reference(model, [p], 10)[0] for p in prompts]
     check_books(engine)
+
+
+def test_a_second_ctrl_c_inside_a_held_back_block_is_raised_at_once():
+    """One Ctrl-C waits for the block's end; a second leaves it at once (a step that hangs, say)."""
+    import signal
+
+    from fastgen.engine.interrupts import interrupts_held_back
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_held_back():
+            signal.raise_signal(signal.SIGINT)
+            reached.append("after the first")
+            signal.raise_signal(signal.SIGINT)
+            reached.append("after the second")
+    assert reached == ["after the first"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -101,6 +101,8 @@ def test_each_refused_keyword_is_one_xgrammar_does_not_enforce(schema, accepted)
     ({"type": "integer", "enum": ["a"]}, '"a"', "enum"),
     ({"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}, '{"a": [true]}',
      "properties.a.$ref"),
+    ({"$defs": {"I": {"type": "integer"}}, "$ref": "#/$defs/I", "maximum": 3}, "5", "maximum"),
+    ({"allOf": [{"type": "integer"}], "maximum": 3}, "5", "maximum"),
 ])
 def test_keywords_xgrammar_compiles_and_drops_are_refused(schema, accepted, where):
     """xgrammar alone admits an output the schema rejects; fastgen refuses the schema, naming
@@ -117,7 +119,12 @@ def test_descriptions_beside_a_union_or_an_enum_are_fine():
     """pydantic's Optional fields and enums: annotations beside anyOf / enum constrain nothing."""
     optional = {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None, "title": "Year"}
     assert _accepts(optional, "null") and _accepts(optional, "1999")
-    assert _accepts({"enum": ["red", "blue"], "title": "Color", "type": "string"}, '"red"')
+    assert _accepts({"enum": ["red", "blue"], "title": "Color", "type": "string", "example": "red", "x-id": 1},
+                    '"red"')
+    referenced = {"$ref": "#/$defs/A", "description": "a year", "$defs": {"A": {"type": "integer"}}}
+    assert _accepts(referenced, "3") and not _accepts(referenced, '"3"')
+    assert _accepts({"type": ["integer", "null"], "multipleOf": 5}, "10") and \
+        not _accepts({"type": ["integer", "null"], "multipleOf": 5}, "3")
 
 
 @pytest.mark.parametrize("schema, valid, invalid", [
@@ -128,6 +135,10 @@ def test_descriptions_beside_a_union_or_an_enum_are_fine():
     # counts on an array or object that names no items or properties: strict mode refused them
     ({"type": "array", "minItems": 2}, '[1, "a"]', "[1]"),
     ({"type": "object", "minProperties": 1}, '{"k": null}', "{}"),
+    # naming a required property keeps an object that named none open to others
+    ({"type": "object", "required": ["a"], "minProperties": 2}, '{"a": 1, "b": 2}', '{"a": 1}'),
+    ({"type": "object", "patternProperties": {"^a": {"type": "integer"}}, "required": ["ab"]}, '{"ab": 1}',
+     '{"ab": "x"}'),
 ])
 def test_schemas_strict_mode_misreads_are_compiled_as_meant(schema, valid, invalid):
     jsonschema = pytest.importorskip("jsonschema")
@@ -140,19 +151,19 @@ def test_schemas_strict_mode_misreads_are_compiled_as_meant(schema, valid, inval
 @pytest.mark.parametrize("regex, text, full_match", [
     ("a.b", "a\nb", False), ("a.b", "a-b", True), ("[.]", ".", True), ("[.]", "x", False),
     ("^a$", "a", True), ("[^]a.]+", "]", False), ("[^]a.]+", "b\n", True), ("[]a]", "]", True),
+    ("\\Aa\\Z", "a", True), ("\\W", "é", True), ("\\d", "٣", False), ("[^\\d]", "٣", True),
 ])
 def test_a_regex_admits_what_re_fullmatch_admits(regex, text, full_match):
-    import re as python_re
-
+    """As re.fullmatch reads it under re.ASCII (xgrammar's \\d, \\w, \\s are ASCII's)."""
     xgr = pytest.importorskip("xgrammar")
     from fastgen.structured.regex import full_match_regex
 
-    assert bool(python_re.fullmatch(regex, text)) == full_match
+    assert bool(re.fullmatch(regex, text, flags=re.ASCII)) == full_match
     matcher = xgr.GrammarMatcher(_compiler().compile_regex(full_match_regex(regex)))
     assert (matcher.accept_string(text) and matcher.is_completed()) == full_match
 
 
-@pytest.mark.parametrize("regex", ["a^b", "a$b", "a|^b", "\\Aa", "a\\Z"])
+@pytest.mark.parametrize("regex", ["a^b", "a$b", "a|^b", "a\\Ab", "a\\Zb", "\\ba"])
 def test_an_anchor_inside_a_regex_is_refused(regex):
     from fastgen.structured.regex import full_match_regex
 
@@ -165,7 +176,7 @@ def _compiler():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {chr(c): c for c in range(1, 127)}
+    vocab = {chr(c): c for c in range(1, 127)} | {"é": 127, "٣": 128}  # and two letters past ASCII
     vocab["<eos>"] = 0
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<eos>")))
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(vocab), stop_token_ids=[0])
