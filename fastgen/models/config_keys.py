@@ -72,7 +72,14 @@ class ConfigKeys:
         rope = dict(rope)
         kind = rope.get("rope_type", rope.get("type")) or "default"
         if not isinstance(kind, str) or kind not in ROPE_TYPES:
-            raise ValueError(f"{self.where}: rope type {kind!r} is not supported; supported: {sorted(ROPE_TYPES)}")
+            raise ValueError(f"{self.where}: rope type {kind!r} (rope_scaling / rope_parameters) is not supported; "
+                             f"supported: {sorted(ROPE_TYPES)}")
+        # Rotating part of each head: transformers' scaled RoPE types honour it (and then fail on
+        # these families, whose attention rotates whole heads); fastgen rotates whole heads only.
+        partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+        if kind != "default" and partial not in (1, 1.0, None):
+            raise ValueError(f"{self.where}: partial_rotary_factor={partial!r} is not supported with {kind!r} RoPE: "
+                             "fastgen rotates whole heads (1.0)")
         top_level_theta = self.positive_number("rope_theta", 10000.0)  # checked even where unused
         if rope.get("rope_theta") is None:
             rope["rope_theta"] = top_level_theta

@@ -50,7 +50,11 @@ def test_a_missing_required_key_is_named(folder, key):
     (dict(attention_bias=1), r"attention_bias=1 must be True or False"),
     (dict(rms_norm_eps=-1e-6), r"rms_norm_eps=-1e-06 must be a finite number > 0"),
     (dict(rope_theta="big"), r"rope_theta='big' must be a finite number > 0"),
-    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), r"rope type 'yarn' is not supported"),
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), r"rope type 'yarn' \(rope_scaling / rope_parameters\)"
+                                                                   r" is not supported"),
+    # transformers' linear RoPE rotates half of each head, then fails; fastgen ran whole heads
+    (dict(rope_parameters={"rope_type": "linear", "factor": 2.0}, partial_rotary_factor=0.5),
+     r"partial_rotary_factor=0.5 is not supported with 'linear' RoPE"),
     (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0}), r"'llama3' RoPE scaling has no 'low_freq_factor'"),
     (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
                            "original_max_position_embeddings": 64}), r"high_freq_factor=4.0 must be > low_freq_factor"),
