@@ -117,11 +117,12 @@ def measure_latency(llm, spec: LatencySpec, *, peers: list[str], gguf: str | Non
 
 
 def _decode_rate(batch_size: int, measured: list[IterationTimes]) -> float | None:
-    """The batch over the median decode step; with speculative decoding, whose steps make a
-    varying number of tokens each, the decode steps' tokens over their time."""
+    """The batch over the median decode step; where steps made another number of tokens than
+    the batch (speculative decoding; a batch larger than max_num_seqs or the KV cache holds at
+    once, whose steps each advance part of it), the decode steps' tokens over their time."""
     steps = [x for t in measured for x in t.decode_steps]
     tokens = [n for t in measured for n in t.decode_step_tokens]
-    if steps and any(n > batch_size for n in tokens):
+    if steps and any(n != batch_size for n in tokens):
         return sum(tokens) / sum(steps)
     return batch_size / median(steps) if steps else None  # the median decode_step_ms.p50 reports
 
@@ -130,14 +131,15 @@ def peer_results(spec: LatencySpec, peers: list, peer_runs: list, measured: list
     """Each peer's decode tokens/s and prefill ms (medians over its runs of the measured
     iterations' batches), and fastgen's speedup: the median over iterations of fastgen's decode
     rate in that iteration over the peer's on the same batch right after, each side's rate its
-    decode steps over their total time (the mean step, as the peer's run gives it)."""
+    decode tokens over their total time (the peer decodes the whole batch in each of its
+    output_len - 1 steps; fastgen's steps may each advance part of it, or more than a token)."""
     results = []
     for peer, runs in zip(peers, peer_runs):
         ratios = []
         for times, (_, peer_decode_s) in zip(measured, runs):
             if times.decode_steps:
-                ratios.append((len(times.decode_steps) / sum(times.decode_steps)) /
-                              ((spec.output_len - 1) / peer_decode_s))
+                ratios.append((sum(times.decode_step_tokens) / sum(times.decode_steps)) /
+                              (spec.batch_size * (spec.output_len - 1) / peer_decode_s))
         results.append({**decode_summary(peer, runs, spec.batch_size, spec.output_len),
                         "fastgen_speedup": median(ratios) if ratios else None,
                         "fastgen_speedup_per_iteration": ratios})

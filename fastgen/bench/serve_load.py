@@ -39,11 +39,11 @@ def served_model(base_url: str, model: str | None, vocab_size: int | None) -> tu
 
 def measure_serve(url: str, model: str, workload: Workload, *, request_rate: float, max_concurrency: int | None,
                   timeout_s: float, temperature: float, seed: int, slo: dict[str, float] | None,
-                  stream: bool = True) -> dict:
+                  stream: bool = True, per_request: bool = False) -> dict:
     """Send the workload to the completions endpoint `url`; the `results` section of a serve
     report. seed draws the arrival times; slo: bounds in ms by "ttft", "tpot", "e2e" (or None);
     stream: streamed requests, else plain ones (timed to their whole answer; ValueError for an
-    slo on the TTFT or TPOT they do not measure)."""
+    slo on the TTFT or TPOT they do not measure); per_request: also a record per request."""
     unmeasured = sorted(set(slo or {}) - {"e2e"})
     if not stream and unmeasured:
         raise ValueError(f"slo bounds {unmeasured}, which plain requests (--no-stream) do not measure: bound e2e only")
@@ -51,7 +51,21 @@ def measure_serve(url: str, model: str, workload: Workload, *, request_rate: flo
     send = stream_completion if stream else plain_completion
     timings = asyncio.run(_send_all(send, url, model, workload, request_rate, max_concurrency, timeout_s,
                                     temperature, seed))
-    return results_of(timings, time.perf_counter() - start, slo)
+    results = results_of(timings, time.perf_counter() - start, slo)
+    if per_request:
+        results["requests"] = request_records(timings)
+    return results
+
+
+def request_records(timings: list[RequestTiming]) -> list[dict]:
+    """One record a request, in workload order, as the engine benchmarks write them (ms; None
+    where unmeasured: a failed request, a plain request's TTFT and TPOT), with its error."""
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * 1000.0
+
+    return [{"input_len": t.prompt_len, "output_len": t.output_tokens if t.ok else 0, "ttft_ms": ms(t.ttft),
+             "tpot_ms": ms(t.tpot), "e2e_ms": ms(t.e2e), "error": t.error} for t in timings]
 
 
 async def _send_all(send: Callable[..., Awaitable[RequestTiming]], url: str, model: str, workload: Workload,
@@ -67,10 +81,10 @@ async def _send_all(send: Callable[..., Awaitable[RequestTiming]], url: str, mod
                 return await send(client, url, model, prompt, output_len, temperature)
 
         tasks = []
-        for prompt, output_len in zip(workload.prompts, workload.output_lens):
+        for i, (prompt, output_len) in enumerate(zip(workload.prompts, workload.output_lens)):
+            if i and math.isfinite(request_rate) and request_rate > 0:  # a gap between requests, none after
+                await asyncio.sleep(rng.exponential(1.0 / request_rate))  # the last (it would pad elapsed_s)
             tasks.append(asyncio.create_task(one(prompt, output_len)))
-            if math.isfinite(request_rate) and request_rate > 0:
-                await asyncio.sleep(rng.exponential(1.0 / request_rate))
         return list(await asyncio.gather(*tasks))
 
 

@@ -12,7 +12,6 @@ request metrics, so TTFT includes the time a request waited for a batch slot.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from fastgen.bench.environment import peak_memory_bytes, reset_peak_memory, synchronize
 from fastgen.bench.peers import load_peers
@@ -25,17 +24,20 @@ from fastgen.bench.runner import (
     warm_up,
 )
 from fastgen.bench.stats import median_index, summarize_ms
-from fastgen.bench.workload import Workload, WorkloadSpec, build_workload
+from fastgen.bench.workload import Workload, WorkloadSpec, build_workload, with_fresh_tokens
 
 
 def measure_throughput(llm, spec: WorkloadSpec, *, rounds: int, temperature: float, warmup: bool,
                        peers: list[str], hf_batch_size: int, per_request: bool, progress: bool) -> dict:
     """The `results` section of a throughput report: the median round's numbers (by fastgen's
     ratio to the first peer where there is one, else by output tokens/s), with every round's
-    rates under `rounds`. Round r runs the workload drawn with seed spec.seed + r."""
+    rates under `rounds`. Every round runs the requests drawn with seed spec.seed (their
+    lengths), round r with token ids drawn with spec.seed + r: rounds differ in nothing that
+    sets their work, so the median round is not the one with the least of it."""
     engine, device = llm.engine, llm.engine.runner.device
     vocab = llm.config.model_config.vocab_size
-    workloads = [build_workload(replace(spec, seed=spec.seed + r), vocab) for r in range(rounds)]
+    first = build_workload(spec, vocab)
+    workloads = [first] + [with_fresh_tokens(first, spec.seed + r, vocab) for r in range(1, rounds)]
     if warmup:
         warm = warm_up(engine, llm.config.max_model_len)
         announce_if_long(rounds * warm.estimate_seconds(workloads[0], llm.config.max_num_seqs), device.type)

@@ -98,3 +98,17 @@ def build_workload(spec: WorkloadSpec, vocab_size: int) -> Workload:
     output_lens = rng.integers(spec.output_len.low, spec.output_len.high + 1, size=spec.num_prompts)
     prompts = [prefix + rng.integers(low, high, size=int(n)).tolist() for n in input_lens]
     return Workload(spec, prompts, [int(n) for n in output_lens])
+
+
+def with_fresh_tokens(workload: Workload, seed: int, vocab_size: int) -> Workload:
+    """The same requests (prompt and output lengths, shared prefix length) with token ids drawn
+    anew with `seed`: another round of one workload, none of whose prompts the prefix cache holds
+    from the round before, and whose numbers compare with it (the lengths set the work)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    low, high = token_id_range(vocab_size)
+    prefix_len = workload.spec.prefix_len
+    prefix = rng.integers(low, high, size=prefix_len).tolist()
+    prompts = [prefix + rng.integers(low, high, size=len(p) - prefix_len).tolist() for p in workload.prompts]
+    return Workload(workload.spec, prompts, list(workload.output_lens))

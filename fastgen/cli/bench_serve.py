@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
               f"{args.request_rate} req/s", file=sys.stderr, flush=True)
     results = measure_serve(f"{base_url}/v1/completions", model, workload, request_rate=args.request_rate,
                             max_concurrency=args.max_concurrency, timeout_s=args.timeout,
-                            temperature=args.temperature, seed=args.seed, slo=args.slo, stream=args.stream)
+                            temperature=args.temperature, seed=args.seed, slo=args.slo, stream=args.stream,
+                            per_request=args.per_request)
     workload_json = {**spec.to_json(), "request_rate": None if math.isinf(args.request_rate) else args.request_rate,
                      "max_concurrency": args.max_concurrency, "temperature": args.temperature, "stream": args.stream}
     endpoint = {"base_url": base_url, "model": model, "vocab_size": vocab}

@@ -35,9 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bench_common.add_workload_args(parser, num_prompts=1000, input_len=1024, output_len=128)
     run_group = parser.add_argument_group("run")
     run_group.add_argument("--no-warmup", dest="warmup", action="store_false",
-                           help="skip the two short warm-up requests run before the clock starts")
+                           help="skip the two short warm-up requests run before the clock starts (graphs not yet "
+                           "compiled or loaded are then built inside the measurement: see compile_s)")
     run_group.add_argument("--rounds", metavar="N", type=arg_types.positive_int, default=1,
-                           help="run the workload N times, each time with fresh prompts (seed, seed + 1, ...), "
+                           help="run the workload N times, the same requests (lengths) each time with fresh "
+                           "token ids (seed, seed + 1, ...), "
                            "fastgen then each --backend peer in every round; the report is the median round's "
                            "(by the ratio to the peer, else by output tokens/s), every round's rates listed")
     run_group.add_argument("--detokenize", action="store_true",
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     results = measure_throughput(llm, spec, rounds=args.rounds, temperature=args.temperature, warmup=args.warmup,
                                  peers=args.peers, hf_batch_size=args.hf_batch_size,
                                  per_request=args.per_request, progress=not args.quiet)
-    workload_json = {**spec.to_json(), "seed": spec.seed + results["reported_round"], "rounds": args.rounds,
+    workload_json = {**spec.to_json(), "seed": spec.seed, "rounds": args.rounds,
                      "temperature": args.temperature, "warmup": args.warmup, "detokenize": args.detokenize}
     emit(engine_report("throughput", args.command_line, llm, choice, workload_json, results), args.output_json)
     return 0

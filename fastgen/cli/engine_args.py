@@ -181,6 +181,9 @@ def build_llm(choice: ModelChoice, args: argparse.Namespace, *, need_tokenizer: 
         if needed_model_len > model_config.max_position_embeddings:
             raise ValueError(f"{needed_by} = {needed_model_len} tokens exceeds the model's "
                              f"{model_config.max_len_limit}")
+    elif needed_model_len is not None and needed_model_len > args.max_model_len:
+        # Before the model loads and warms up: a request of the workload would be refused later.
+        raise ValueError(f"{needed_by} = {needed_model_len} tokens exceeds --max-model-len {args.max_model_len}")
     status(f"loading {choice.preset or path} ({choice.load_format} weights)")
     start = time.perf_counter()
     llm = LLM(path, load_format=choice.load_format, skip_tokenizer_init=not need_tokenizer,

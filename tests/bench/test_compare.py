@@ -40,6 +40,13 @@ def test_setup_differences_are_named():
     new["engine"]["dtype"] = "bfloat16"
     new["workload"]["num_prompts"] = 16
     assert setup_differences(report(1.0, 1.0), new) == ["engine.dtype: 'float32' -> 'bfloat16'", "the workload"]
+    # what changes the work an engine does per token, or its batches
+    changed = copy.deepcopy(report(1.0, 1.0))
+    changed["engine"] |= {"quantization": "int4", "enable_prefix_caching": False, "max_num_batched_tokens": 64,
+                          "speculative_config": {"method": "ngram"}}
+    assert [note.split(":")[0] for note in setup_differences(report(1.0, 1.0), changed)] == [
+        "engine.quantization", "engine.max_num_batched_tokens", "engine.enable_prefix_caching",
+        "engine.speculative_config"]
 
 
 def test_a_serve_report_from_before_stream_was_recorded_counts_as_streamed():

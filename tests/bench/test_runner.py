@@ -37,3 +37,20 @@ def test_the_decode_rate_is_the_batch_over_the_median_step_the_report_gives():
     measured = [SimpleNamespace(decode_steps=steps, decode_step_tokens=[4] * 4)]
     assert _decode_rate(4, measured) == pytest.approx(4 / (summarize_ms(steps)["p50"] / 1000))
     assert _decode_rate(4, measured) == pytest.approx(4 / 0.0025)
+
+
+def test_steps_that_advance_part_of_the_batch_are_rated_by_the_tokens_they_made():
+    """A batch of 4 under max_num_seqs=2 decodes 2 rows a step: its rate (and its speedup over a
+    peer that decodes all 4 each step) counts the tokens the steps made, not the batch per step."""
+    from types import SimpleNamespace
+
+    from fastgen.bench.latency import LatencySpec, _decode_rate, peer_results
+
+    measured = [SimpleNamespace(decode_steps=[0.002] * 10, decode_step_tokens=[2] * 10)]
+    assert _decode_rate(4, measured) == pytest.approx(20 / 0.02)  # 1,000 tok/s, not 2,000
+    spec = LatencySpec(batch_size=4, input_len=8, output_len=6, num_iters=1, num_iters_warmup=0, seed=0,
+                       temperature=0.0)
+    peer = SimpleNamespace(name="peer", version="1")
+    (result,) = peer_results(spec, [peer], [[(0.01, 0.02)]], measured)  # 4 x 5 tokens in 0.02 s
+    assert result["decode_tokens_per_s"] == pytest.approx(1000.0)
+    assert result["fastgen_speedup"] == pytest.approx(1.0)

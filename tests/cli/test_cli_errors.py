@@ -4,6 +4,7 @@ exit status 2 — never a traceback."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -40,6 +41,20 @@ def test_a_config_json_without_a_key_exits_2_naming_file_and_key(capsys, tiny_mo
     assert main(["generate", "--model", str(folder), *FLAGS, "hi"]) == 2
     err = one_line_error(capsys)
     assert "config.json has no 'num_attention_heads'" in err
+
+
+@pytest.mark.parametrize("bench, workload, flags", [
+    ("throughput", ["--input-len", "4:60", "--output-len", "4:20"], "--prefix-len \\+ max --input-len \\+ max --output-len"),
+    ("latency", ["--input-len", "60", "--output-len", "20"], "--input-len \\+ --output-len"),
+])
+def test_a_bench_workload_longer_than_max_model_len_exits_2_before_the_model_loads(capsys, tiny_models, monkeypatch,
+                                                                                  bench, workload, flags):
+    """Named by the flags it came from before anything loads, not by a request a round later."""
+    import fastgen.llm
+
+    monkeypatch.setattr(fastgen.llm, "LLM", lambda *a, **k: pytest.fail("the model loaded"))
+    assert main(["bench", bench, "--model", tiny_models["qwen3"], *FLAGS, "--max-model-len", "75", *workload]) == 2
+    assert re.search(f"{flags} = 80 tokens exceeds --max-model-len 75", one_line_error(capsys))
 
 
 def test_a_temperature_beyond_float32_exits_2(capsys, tiny_models):

@@ -76,12 +76,17 @@ def test_bench_serve_measures_the_server_and_writes_a_valid_report(server, tmp_p
     out = tmp_path / "serve.json"
     assert main(["bench", "serve", "--base-url", server, "--num-prompts", "6", "--input-len", "4:12",
                  "--output-len", "3:6", "--prefix-len", "8", "--request-rate", "50", "--max-concurrency", "4",
-                 "--slo", "ttft=60000,tpot=60000", "--quiet", "--output-json", str(out)]) == 0
+                 "--slo", "ttft=60000,tpot=60000", "--per-request", "--quiet", "--output-json", str(out)]) == 0
     doc = json.loads(out.read_text())
     validate_report(doc)
     r = doc["results"]
     assert r["num_completed"] == 6 and r["num_failed"] == 0
     assert 6 * 3 <= r["output_tokens"] <= 6 * 6 and r["ttft_ms"]["count"] == 6
+    records = r["requests"]  # --per-request: each request's own numbers, which the summary's are of
+    assert len(records) == 6 and sum(x["output_len"] for x in records) == r["output_tokens"]
+    assert sum(x["input_len"] for x in records) == r["prompt_tokens"]
+    assert sorted(x["ttft_ms"] for x in records)[-1] == pytest.approx(r["ttft_ms"]["max"])
+    assert all(x["error"] is None and x["e2e_ms"] >= x["ttft_ms"] for x in records)
     assert r["goodput_requests_per_s"] == pytest.approx(r["requests_per_s"])  # generous SLO: all meet it
 
 
