@@ -212,12 +212,12 @@ def test_bad_latency_flag_exits_2(capsys):
     assert "--batch-size" in capsys.readouterr().err
 
 
-def test_engine_rejection_prints_one_line_and_exits_2(capsys, tiny_models):
+def test_a_workload_the_engine_would_refuse_prints_one_line_and_exits_2(capsys, tiny_models):
     status = main(["bench", "throughput", "--model", tiny_models["qwen3"], *CPU_FLAGS, "--max-model-len", "8",
                    "--num-prompts", "2", "--input-len", "16", "--output-len", "4", "--quiet", "--no-warmup"])
     err = capsys.readouterr().err
-    assert status == 2
-    assert err.startswith("fastgen: error: ") and "max_model_len=8" in err and "Traceback" not in err
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("fastgen: error: ") and "exceeds --max-model-len 8" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("family,limit", [("qwen3", "max_position_embeddings=1024"), ("gpt2", "n_positions=1024")])
