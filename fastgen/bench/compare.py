@@ -32,7 +32,7 @@ METRICS = {
 # Settings that make two runs measure different things when they differ.
 _SETUP = [("environment", "device_name"), ("engine", "model"), ("engine", "model_preset"), ("engine", "dtype"),
           ("engine", "quantization"), ("engine", "device"), ("engine", "block_size"), ("engine", "max_num_seqs"),
-          ("engine", "max_num_batched_tokens"), ("engine", "max_model_len"), ("engine", "num_kv_blocks"),
+          ("engine", "max_num_batched_tokens"), ("engine", "max_model_len"),
           ("engine", "enable_prefix_caching"), ("engine", "speculative_config"), ("engine", "enforce_eager"),
           ("engine", "cuda_graphs"), ("engine", "compiled_decode"), ("engine", "torch_compile"),
           ("engine", "attention_backend")]

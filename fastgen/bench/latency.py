@@ -99,8 +99,9 @@ def measure_latency(llm, spec: LatencySpec, *, peers: list[str], gguf: str | Non
         "num_decode_steps": sum(len(t.decode_steps) for t in measured),
         "output_tokens": output_tokens,
         "output_tokens_per_s": output_tokens / total_seconds,
-        # One decode step advances every sequence of the batch by a token.
         "decode_tokens_per_s": _decode_rate(spec.batch_size, measured),
+        "decode_rate_basis": "batch / median decode step" if _whole_batch_steps(spec.batch_size, measured)
+        else "decode tokens / decode time",
         "num_preemptions": counters.preemptions,
         "peak_memory_bytes": peak_memory_bytes(device),
     }
@@ -119,12 +120,18 @@ def measure_latency(llm, spec: LatencySpec, *, peers: list[str], gguf: str | Non
 def _decode_rate(batch_size: int, measured: list[IterationTimes]) -> float | None:
     """The batch over the median decode step; where steps made another number of tokens than
     the batch (speculative decoding; a batch larger than max_num_seqs or the KV cache holds at
-    once, whose steps each advance part of it), the decode steps' tokens over their time."""
+    once, or whose prompts took several steps, so that its sequences started and finish
+    decoding apart), the decode steps' tokens over their time."""
     steps = [x for t in measured for x in t.decode_steps]
     tokens = [n for t in measured for n in t.decode_step_tokens]
-    if steps and any(n != batch_size for n in tokens):
+    if not _whole_batch_steps(batch_size, measured):
         return sum(tokens) / sum(steps)
     return batch_size / median(steps) if steps else None  # the median decode_step_ms.p50 reports
+
+
+def _whole_batch_steps(batch_size: int, measured: list[IterationTimes]) -> bool:
+    """Whether every decode step advanced the whole batch by a token (true of no step)."""
+    return all(n == batch_size for t in measured for n in t.decode_step_tokens)
 
 
 def peer_results(spec: LatencySpec, peers: list, peer_runs: list, measured: list[IterationTimes]) -> list[dict]:

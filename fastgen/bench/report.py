@@ -125,7 +125,8 @@ def format_summary(doc: dict) -> str:
             f"prefill step ms     {_fmt_stats(r['prefill_step_ms'])}",
             f"decode step ms      {_fmt_stats(r['decode_step_ms'])}",
             f"output tokens/s     {r['output_tokens_per_s']:10.1f}",
-            f"decode tokens/s     {r.get('decode_tokens_per_s') or 0:10.1f}   (batch / median decode step)",
+            f"decode tokens/s     {r.get('decode_tokens_per_s') or 0:10.1f}   "
+            f"({r.get('decode_rate_basis', 'batch / median decode step')})",
             f"preemptions         {r['num_preemptions']:10d}",
             f"peak memory         {r['peak_memory_bytes'] / 2**30:10.2f} GiB",
         ]

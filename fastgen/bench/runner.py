@@ -202,7 +202,7 @@ class IterationTimes:
     prefill_steps: list[float] = field(default_factory=list)
     decode_steps: list[float] = field(default_factory=list)
     outputs: list[RequestOutput] = field(default_factory=list)
-    decode_step_tokens: list[int] = field(default_factory=list)  # tokens each decode step produced
+    decode_step_tokens: list[int] = field(default_factory=list)  # tokens each decode step makes
 
     @property
     def output_tokens(self) -> int:
@@ -222,7 +222,10 @@ def run_iteration(engine, workload, temperature: float, device) -> IterationTime
                 times.prefill_steps.append(time.perf_counter() - step.started_at)
             else:
                 times.decode_steps.append(time.perf_counter() - step.started_at)
-                times.decode_step_tokens.append(step.num_sampled)
+                # The tokens this step makes: its decodes (each makes one, every request ignoring
+                # EOS), or with drafts the tokens read, which a verify step reads at once.
+                # (num_sampled alone, under overlap scheduling, counts the step before's.)
+                times.decode_step_tokens.append(step.num_sampled if step.num_draft_tokens else step.num_decodes)
 
     synchronize(device)
     start = time.perf_counter()

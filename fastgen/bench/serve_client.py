@@ -93,6 +93,9 @@ async def stream_completion(client: httpx.AsyncClient, url: str, model: str, pro
         if not done:
             timing.error = "the stream ended without [DONE]"
             return timing
+        if not timing.chunk_times:
+            timing.error = "the stream sent [DONE] without a chunk"
+            return timing
         timing.done_at = time.perf_counter()
         timing.output_tokens = timing.output_tokens or chunks
     except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError) as exc:

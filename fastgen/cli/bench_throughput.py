@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bench_common.add_workload_args(parser, num_prompts=1000, input_len=1024, output_len=128)
     run_group = parser.add_argument_group("run")
     run_group.add_argument("--no-warmup", dest="warmup", action="store_false",
-                           help="skip the two short warm-up requests run before the clock starts (graphs not yet "
-                           "compiled or loaded are then built inside the measurement: see compile_s)")
+                           help="skip the two short warm-up requests run before the clock starts (on CPU, graphs "
+                           "not yet compiled or loaded are then built inside the measurement: see compile_s)")
     run_group.add_argument("--rounds", metavar="N", type=arg_types.positive_int, default=1,
                            help="run the workload N times, the same requests (lengths) each time with fresh "
                            "token ids (seed, seed + 1, ...), "

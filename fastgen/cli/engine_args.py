@@ -182,7 +182,7 @@ def build_llm(choice: ModelChoice, args: argparse.Namespace, *, need_tokenizer: 
             raise ValueError(f"{needed_by} = {needed_model_len} tokens exceeds the model's "
                              f"{model_config.max_len_limit}")
     elif needed_model_len is not None and needed_model_len > args.max_model_len:
-        # Before the model loads and warms up: a request of the workload would be refused later.
+        # Before the model loads and warms up: the workload may draw a request the engine refuses.
         raise ValueError(f"{needed_by} = {needed_model_len} tokens exceeds --max-model-len {args.max_model_len}")
     status(f"loading {choice.preset or path} ({choice.load_format} weights)")
     start = time.perf_counter()

@@ -209,6 +209,7 @@ class LLMEngine:
 
     def release(self, request_id: str) -> None:
         """A claimed request's reader leaves: drop its outputs, abort it if unfinished."""
+        self.driver.check()  # before the outbox changes: another thread's call changes nothing
         self.outbox.close(request_id)
         self.abort(request_id)
 
@@ -226,7 +227,9 @@ class LLMEngine:
         (the final output of an aborted request, say)."""
         self._release_abandoned()
         # A step in flight whose sequences all finished is read by the next step, whenever that is.
-        in_flight = self.in_flight is not None and self.in_flight.has_live_sequences
+        # (Read once: another thread may ask while the loop clears it.)
+        step = self.in_flight
+        in_flight = step is not None and step.has_live_sequences
         return self.scheduler.has_unfinished() or bool(self.outbox.for_step) or in_flight
 
     def shutdown(self) -> None:

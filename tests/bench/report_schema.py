@@ -49,7 +49,7 @@ _RESULTS = {
     "latency": {
         "iteration_latency_ms": "stats", "iteration_latencies_ms": "numbers", "ttft_ms": "stats",
         "tpot_ms": "stats", "prefill_step_ms": "stats", "decode_step_ms": "stats",
-        "num_prefill_steps": "int", "num_decode_steps": "int", "output_tokens": "int",
+        "num_prefill_steps": "int", "num_decode_steps": "int", "output_tokens": "int", "decode_rate_basis": "str",
         "output_tokens_per_s": "number", "num_preemptions": "int", "peak_memory_bytes": "int",
     },
     "serve": {

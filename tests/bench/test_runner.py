@@ -54,3 +54,26 @@ def test_steps_that_advance_part_of_the_batch_are_rated_by_the_tokens_they_made(
     (result,) = peer_results(spec, [peer], [[(0.01, 0.02)]], measured)  # 4 x 5 tokens in 0.02 s
     assert result["decode_tokens_per_s"] == pytest.approx(1000.0)
     assert result["fastgen_speedup"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-prefill-step", "prompts-over-several-steps"])
+def test_each_decode_step_is_credited_with_its_own_tokens_with_the_overlap_on_or_off(tiny_models, chunked):
+    """With the overlap on, a step's outputs are the step before's: the tokens credited to a
+    decode step must still be its own, or a batch whose prompts took several steps is rated on
+    the prefill's tokens (15 tokens for 12 made)."""
+    import torch
+
+    from fastgen import LLM
+    from fastgen.bench.runner import run_iteration
+
+    budget = dict(max_num_batched_tokens=40) if chunked else {}
+    workload = build_workload(WorkloadSpec(4, IntRange(16, 16), IntRange(6, 6), seed=1), 384)
+    credited = []
+    for overlap in (False, True):
+        llm = LLM(tiny_models["llama"], dtype="float32", block_size=16, num_kv_blocks=64, max_model_len=64,
+                  overlap_scheduling=overlap, **budget)
+        times = run_iteration(llm.engine, workload, 0.0, torch.device("cpu"))
+        assert len(times.decode_step_tokens) == len(times.decode_steps)
+        credited.append(times.decode_step_tokens)
+    assert credited[0] == credited[1]
+    assert (credited[0] == [4] * 5) is not chunked

@@ -43,7 +43,8 @@ def test_a_whole_stream_is_completed_with_the_servers_token_count():
     (sse(chunk("a"), chunk("b")), "without [DONE]"),
     (sse(chunk("a"), chunk("", "abort"), "[DONE]"), "finish_reason 'abort'"),
     (sse(chunk("a", "error"), "[DONE]"), "finish_reason 'error'"),
-], ids=["error event", "cut off", "abort", "error"])
+    (sse("[DONE]"), "[DONE] without a chunk"),
+], ids=["error event", "cut off", "abort", "error", "empty"])
 def test_a_stream_the_server_did_not_answer_whole_is_a_failure(body, says):
     timing = timed(body)
     assert not timing.ok and says in timing.error

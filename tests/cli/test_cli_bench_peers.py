@@ -50,8 +50,9 @@ def test_throughput_rounds_alternate_with_the_peer_and_report_the_median_round(f
     assert [one["seed"] for one in rounds] == [0, 1, 2] and doc["workload"]["seed"] == 0
     # Every round ran the same requests (the lengths drawn with the seed): whichever is reported,
     # the report's work is the same, so reports of one command compare.
-    assert r["output_tokens"] == sum(build_workload(WorkloadSpec(4, IntRange(4, 12), IntRange(3, 6), seed=0),
-                                                    VOCAB_SIZE).output_lens)
+    made = sum(build_workload(WorkloadSpec(4, IntRange(4, 12), IntRange(3, 6), seed=0), VOCAB_SIZE).output_lens)
+    assert r["output_tokens"] == made
+    assert all(round(one["output_tokens_per_s"] * one["elapsed_s"]) == made for one in rounds)
     ratios = [one["peers"][0]["fastgen_speedup"] for one in rounds]
     assert ratios[reported] == sorted(ratios)[1]  # the median of three
     (peer,) = r["peers"]

@@ -143,7 +143,7 @@ def test_qwen3_without_head_dim_takes_transformers_default_of_128(tmp_path):
 def test_a_rope_type_that_is_not_a_string_is_named(tiny_models, tmp_path):
     path = copy_folder(tiny_models["llama"], tmp_path / "llama")
     edit_config(path, rope_parameters={"rope_type": ["llama3"], "factor": 8.0})
-    with pytest.raises(ValueError, match=r"rope type \['llama3'\] is not supported"):
+    with pytest.raises(ValueError, match=r"rope type \['llama3'\] \(rope_scaling / rope_parameters\) is not supported"):
         ModelConfig.from_folder(path)
 
 

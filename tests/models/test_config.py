@@ -55,6 +55,8 @@ def test_a_missing_required_key_is_named(folder, key):
     # transformers' linear RoPE rotates half of each head, then fails; fastgen ran whole heads
     (dict(rope_parameters={"rope_type": "linear", "factor": 2.0}, partial_rotary_factor=0.5),
      r"partial_rotary_factor=0.5 is not supported with 'linear' RoPE"),
+    (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.25}),
+     r"partial_rotary_factor=0.25 is not supported"),
     (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0}), r"'llama3' RoPE scaling has no 'low_freq_factor'"),
     (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
                            "original_max_position_embeddings": 64}), r"high_freq_factor=4.0 must be > low_freq_factor"),
@@ -99,3 +101,13 @@ def test_parameter_count_matches_transformers(tiny_models):
     for family, path in tiny_models.items():
         model = AutoModelForCausalLM.from_pretrained(path)
         assert ModelConfig.from_folder(path).num_parameters() == sum(p.numel() for p in model.parameters()), family
+
+
+@pytest.mark.parametrize("changes", [
+    dict(rope_parameters={"rope_type": "linear", "factor": 2.0}, partial_rotary_factor=1),
+    dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 1.0}),
+    dict(partial_rotary_factor=0.5),  # plain RoPE: transformers' Llama family ignores it too
+], ids=["int-1", "inside-1.0", "default-rope"])
+def test_a_partial_rotary_factor_these_families_honour_as_whole_heads_is_accepted(folder, changes):
+    edit(folder, **changes)
+    ModelConfig.from_folder(folder)
