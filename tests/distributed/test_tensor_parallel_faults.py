@@ -288,6 +288,8 @@ def test_ctrl_c_in_a_step_interrupts_the_call_and_the_engine_serves_on(tiny_mode
         import json, os, signal
         from fastgen import LLM, SamplingParams
         if __name__ == "__main__":
+            # As in a terminal (a run started in a shell's background inherits SIGINT ignored).
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             llm = LLM({tiny_models["qwen3"]!r}, **{ENGINE_ARGS!r})
             local = llm.engine.runner.runner  # rank 0's own ModelRunner
             launch, calls = local.launch, []

@@ -11,6 +11,17 @@ import pytest
 from fastgen import LLM, SamplingParams
 from tests.conftest import random_prompts
 
+
+@pytest.fixture
+def python_sigint_handler():
+    """SIGINT under Python's own handler, as in a terminal: a test run started in a shell's
+    background inherits SIGINT ignored, and then no Ctrl-C reaches Python at all."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
 OVERLAP = [pytest.param(True, id="overlap"), pytest.param(False, id="in-turn")]
 
 
@@ -363,7 +374,8 @@ def test_on_cuda_graphs_with_a_step_in_flight_equal_transformers(tiny_models, re
 
 
 @pytest.mark.parametrize("overlap", OVERLAP)
-def test_ctrl_c_while_a_step_is_formed_is_raised_once_it_is_formed(tiny_models, reference, overlap):
+def test_ctrl_c_while_a_step_is_formed_is_raised_once_it_is_formed(tiny_models, reference, overlap,
+                                                                    python_sigint_handler):
     """SIGINT (Ctrl-C) arriving while the scheduler forms a step (blocks taken, tokens marked in
     flight) is held back until the step is formed, so the engine can give the step up: the
     requests open across the interrupt still equal transformers'."""
@@ -393,7 +405,7 @@ def test_ctrl_c_while_a_step_is_formed_is_raised_once_it_is_formed(tiny_models, 
     check_books(engine)
 
 
-def test_a_second_ctrl_c_inside_a_held_back_block_is_raised_at_once():
+def test_a_second_ctrl_c_inside_a_held_back_block_is_raised_at_once(python_sigint_handler):
     """One Ctrl-C waits for the block's end; a second leaves it at once (a step that hangs, say)."""
     import signal
 
