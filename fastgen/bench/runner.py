@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from tqdm.auto import tqdm
 
 from fastgen.bench.environment import synchronize
-from fastgen.bench.stats import summarize_ms
+from fastgen.bench.stats import ms, summarize_ms
 from fastgen.bench.workload import IntRange, Workload, WorkloadSpec, build_workload
 from fastgen.engine.block_manager import hit_rate
 from fastgen.engine.run_loop import run_to_completion
@@ -156,10 +156,6 @@ def warm_up(engine, max_model_len: int) -> WarmUpTimes:
 
 def request_records(outputs: list[RequestOutput]) -> list[dict]:
     """One record a request, in workload order: its lengths and latencies (ms; None if unset)."""
-
-    def ms(seconds: float | None) -> float | None:
-        return None if seconds is None else seconds * 1000.0
-
     return [{"input_len": len(o.prompt_token_ids), "output_len": len(o.token_ids),
              "ttft_ms": ms(o.metrics.time_to_first_token), "tpot_ms": ms(o.metrics.time_per_output_token),
              "e2e_ms": ms(o.metrics.e2e_latency)} for o in outputs]

@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 
 from fastgen.bench.serve_client import RequestTiming, plain_completion, stream_completion
-from fastgen.bench.stats import summarize_ms
+from fastgen.bench.stats import ms, summarize_ms
 from fastgen.bench.workload import Workload
 
 
@@ -60,10 +60,6 @@ def measure_serve(url: str, model: str, workload: Workload, *, request_rate: flo
 def request_records(timings: list[RequestTiming]) -> list[dict]:
     """One record a request, in workload order, as the engine benchmarks write them (ms; None
     where unmeasured: a failed request, a plain request's TTFT and TPOT), with its error."""
-
-    def ms(seconds: float | None) -> float | None:
-        return None if seconds is None else seconds * 1000.0
-
     return [{"input_len": t.prompt_len, "output_len": t.output_tokens if t.ok else 0, "ttft_ms": ms(t.ttft),
              "tpot_ms": ms(t.tpot), "e2e_ms": ms(t.e2e), "error": t.error} for t in timings]
 

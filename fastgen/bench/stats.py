@@ -24,6 +24,11 @@ def summarize_ms(seconds: Iterable[float | None]) -> dict:
     return stats
 
 
+def ms(seconds: float | None) -> float | None:
+    """Seconds in milliseconds (None stays None: unmeasured)."""
+    return None if seconds is None else seconds * 1000.0
+
+
 def median(values: list[float]) -> float:
     """The median (the mean of the two middle values of an even count)."""
     return statistics.median(values)

@@ -31,9 +31,14 @@ class QuantFormat:
         assert self.bits == 8 or self.group_size % 2 == 0, "4-bit groups pair inputs into bytes"
 
 
+def group_size_fits(group_size: int, in_features: int, bits: int) -> bool:
+    """Whether `group_size` divides a weight's input width (and is even at 4 bits)."""
+    return in_features % group_size == 0 and (bits != 4 or group_size % 2 == 0)
+
+
 def check_group_size(name: str, group_size: int, in_features: int, bits: int) -> None:
     """ValueError unless `group_size` divides the weight's input width (and is even at 4 bits)."""
-    if in_features % group_size or (bits == 4 and group_size % 2):
+    if not group_size_fits(group_size, in_features, bits):
         even = ", and even for 4-bit codes" if bits == 4 else ""
         raise ValueError(f"quantization_group_size={group_size} does not fit {name}: it must divide its "
                          f"{in_features} inputs{even}")
@@ -49,7 +54,7 @@ def check_group_size_fits(method: str, group_size: int | None, widths: dict[str,
     if size is None:
         return  # int8 without groups: one scale per output row, any width
     for what, width in widths.items():
-        if width % size or (method == "int4" and size % 2):
+        if not group_size_fits(size, width, 4 if method == "int4" else 8):
             given = f"quantization_group_size={size}" if group_size else \
                 f"quantization={method!r} groups {size} inputs by default (quantization_group_size)"
             even = ", and even for 4-bit codes" if method == "int4" else ""
