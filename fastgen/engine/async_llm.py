@@ -28,6 +28,10 @@ from fastgen.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from fastgen.llm import LLM
 
+# Text prompts up to this long are tokenized on the event loop (a few hundred microseconds at
+# most, about what handing them to a worker thread costs); longer ones in a worker thread.
+TOKENIZE_INLINE_MAX_CHARS = 1000
+
 
 class _EventLoopPost:
     """Takes the outputs the engine's loop thread puts for one event loop's requests, and hands
@@ -158,8 +162,12 @@ class AsyncLLM:
     async def submit(self, prompt: Prompt, params: SamplingParams | None = None,
                      final_only: bool = False) -> AsyncRequestStream:
         loop = asyncio.get_running_loop()
-        if getattr(params, "structured_outputs", None) is not None:  # a grammar compiles off the event loop
-            await asyncio.to_thread(self.background.precompile, params)
+        # A grammar compiles, and a long text tokenizes, off the event loop: its other tasks (a
+        # server's streams) would wait for them.
+        if getattr(params, "structured_outputs", None) is not None or any(
+                isinstance(text, str) and len(text) > TOKENIZE_INLINE_MAX_CHARS
+                for text in (prompt, getattr(params, "prediction", None))):
+            prompt, params = await asyncio.to_thread(self.background.prepare_input, prompt, params)
         outputs: asyncio.Queue = asyncio.Queue()
         post = self._posts.get(loop)
         if post is None:

@@ -20,6 +20,7 @@ it belongs to end with finish_reason "error".
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -32,6 +33,7 @@ import torch
 from fastgen.cpu.native.openmp import release_openmp_threads
 from fastgen.engine.llm_engine import LLMEngine, Prompt
 from fastgen.engine.output_stream import OutputStream
+from fastgen.engine.prompts import encode_text, tokenized_prompt
 from fastgen.engine.requests import check_request_id
 from fastgen.engine.stats import EngineStats
 from fastgen.errors import EngineDeadError
@@ -128,8 +130,9 @@ class BackgroundEngine:
     def add(self, prompt: Prompt, params: SamplingParams | None, sink: OutputSink, final_only: bool = False) -> Future:
         """Queue a request whose outputs the loop puts into `sink` (final_only: its final one
         alone). The future resolves to its request id, or to the engine's ValueError /
-        EngineOverloaded; RuntimeError at once when the loop has stopped."""
-        self.precompile(params)
+        EngineOverloaded; RuntimeError at once when the loop has stopped. A ValueError that
+        `prepare_input` finds is raised at once."""
+        prompt, params = self.prepare_input(prompt, params)
         accepted: Future = Future()
         with self._accepting:
             if self._stopped.is_set():
@@ -138,12 +141,22 @@ class BackgroundEngine:
                                 accepted))
         return accepted
 
-    def precompile(self, params: SamplingParams | None) -> None:
-        """Compile the request's structured-output grammar in this thread, not the loop's (the
-        loop then finds it cached); ValueError when it cannot be compiled."""
+    def prepare_input(self, prompt: Prompt, params: SamplingParams | None) -> tuple[Prompt, SamplingParams | None]:
+        """The part of adding a request that needs none of the engine's state, done in the calling
+        thread so that the loop's steps never wait on it: a text prompt is tokenized (returned as
+        a `TokenizedPrompt`; a long one takes milliseconds, and the loop would hold every running
+        stream for them), so is a text prediction that speculative decoding will read (returned in
+        a copy of `params`), and a structured-output grammar is compiled into the cache (the loop
+        then finds it there). ValueError for input the engine would refuse."""
         spec = getattr(params, "structured_outputs", None)
         if spec is not None:
             self.engine.structured.compile(spec)
+        tokenizer, config = self.engine.tokenizer, self.engine.config
+        prediction = getattr(params, "prediction", None)
+        if isinstance(prediction, str) and tokenizer is not None and config.speculative_config is not None:
+            params = dataclasses.replace(params, prediction=encode_text(tokenizer, prediction, "prediction",
+                                                                        add_special_tokens=False))
+        return tokenized_prompt(tokenizer, prompt, config.max_model_len), params
 
     def abort(self, request_id: str) -> None:
         """Abort a request (a no-op for an unknown or finished one); its stream then yields a

@@ -1,16 +1,28 @@
-"""What a prompt may be: text, or one request's token ids (list, tuple or 1-D integer array)."""
+"""What a prompt may be: text, one request's token ids (list, tuple or 1-D integer array), or text
+with the token ids it was already encoded to (`TokenizedPrompt`)."""
 
 from __future__ import annotations
 
 import numbers
 import weakref
 from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
 
 import numpy as np
 
 from fastgen.engine.chat_template import message_text, template_failed
 
-Prompt = str | list[int]
+
+@dataclass(frozen=True)
+class TokenizedPrompt:
+    """A text prompt with its token ids, encoded by the engine's tokenizer before it reaches the
+    thread that runs the steps (`tokenized_prompt`); the request's prompt text is `text`."""
+
+    text: str
+    token_ids: list[int]
+
+
+Prompt = str | list[int] | TokenizedPrompt
 
 
 def is_token_ids(prompt: object) -> bool:
@@ -79,6 +91,14 @@ def encode_text(tokenizer, text: str, field: str, max_tokens: int | None = None,
             raise ValueError(f"{field} has {len(text):,} characters: it cannot fit in max_model_len={max_tokens} "
                              f"tokens (its first {probe:,} characters alone are {count:,} tokens)")
     return tokenizer.encode(text, **kwargs)
+
+
+def tokenized_prompt(tokenizer, prompt: Prompt, max_model_len: int) -> Prompt:
+    """A text prompt encoded as the engine would encode it, as a TokenizedPrompt (`encode_text`'s
+    ValueErrors); any other prompt, or any prompt without a tokenizer, as it is."""
+    if isinstance(prompt, str) and tokenizer is not None:
+        return TokenizedPrompt(prompt, encode_text(tokenizer, prompt, "prompt", max_tokens=max_model_len))
+    return prompt
 
 
 def check_unicode(text: str, field: str) -> None:

@@ -11,7 +11,7 @@ from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.logprob_dicts import TokenTexts
 from fastgen.engine.parallel_sampling import ChildId, ParentRequest, child_params
-from fastgen.engine.prompts import Prompt, encode_text, token_ids_of
+from fastgen.engine.prompts import Prompt, TokenizedPrompt, encode_text, token_ids_of, tokenized_prompt
 from fastgen.engine.request_state import RequestState, now
 from fastgen.sampling_params import SamplingParams
 from fastgen.sequence import Sequence
@@ -37,14 +37,15 @@ def prompt_token_ids(prompt: Prompt, params: SamplingParams, tokenizer,
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("prompt is a string but the engine was started with skip_tokenizer_init=True")
-        text = prompt
         # "" too: a tokenizer that adds BOS makes it a prompt.
-        token_ids = encode_text(tokenizer, prompt, "prompt", max_tokens=config.max_model_len)
+        prompt = tokenized_prompt(tokenizer, prompt, config.max_model_len)
+    if isinstance(prompt, TokenizedPrompt):  # the tokenizer's ints (their range is checked below)
+        text, token_ids = prompt.text, list(prompt.token_ids)
     else:
         text = None
         token_ids = token_ids_of(prompt)
     if not token_ids:
-        raise ValueError(f"prompt={prompt!r} is empty: a request needs at least 1 token")
+        raise ValueError(f"prompt={prompt if text is None else text!r} is empty: a request needs at least 1 token")
     if params.stop and tokenizer is None:  # stop strings are looked for in the text
         raise ValueError(f"stop={params.stop!r} needs the text, but the engine was started with "
                          "skip_tokenizer_init=True (use stop_token_ids)")

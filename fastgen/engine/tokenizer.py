@@ -45,7 +45,10 @@ class FastTokenizer:
         backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        # The batch call, not `encode`: it lets go of the GIL while it runs (a long prompt takes
+        # milliseconds, and every other thread, the engine's steps among them, would wait), and
+        # computes no character offsets.
+        return self.backend_tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
     def get_vocab(self) -> dict[str, int]:
         return self.backend_tokenizer.get_vocab()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -10,7 +11,7 @@ from fastapi import APIRouter, Request, Response
 
 from fastgen.engine.async_llm import AsyncRequestStream
 from fastgen.engine.chat_template import message_text
-from fastgen.engine.prompts import chat_token_ids, encode_text
+from fastgen.engine.prompts import TokenizedPrompt, chat_token_ids, tokenized_prompt
 from fastgen.errors import EngineDeadError
 from fastgen.serve.disconnect import DISCONNECTED, unless_disconnected
 from fastgen.serve.errors import RequestError
@@ -52,12 +53,12 @@ async def completions(body: CompletionRequest, request: Request):
     check_fields(body, "/v1/completions")
     state.check_model(body.model)
     logprobs = checked_count("logprobs", body.logprobs, state.max_logprobs)
-    prompt = _single_prompt(body.prompt)
+    prompt = await _tokenized(state, _single_prompt(body.prompt))
     prompt_only = bool(body.echo) and body.max_tokens == 0
     if prompt_only:  # the engine generates at least one token; it is not shown
         body.max_tokens = 1
     elif body.max_tokens is None:
-        body.max_tokens = completion_max_tokens(_prompt_length(state, prompt), state.max_model_len)
+        body.max_tokens = completion_max_tokens(_prompt_length(prompt), state.max_model_len)
     params = sampling_params(body, logprobs=logprobs, prompt_logprobs=logprobs if body.echo else None)
     stream = await _submit(state, prompt, params, body)
     echo = _echo(state, prompt, prompt_only) if body.echo else None
@@ -65,13 +66,19 @@ async def completions(body: CompletionRequest, request: Request):
                           body, getattr(params, "n", 1))
 
 
-def _prompt_length(state: ServerState, prompt) -> int:
-    """The prompt's token count, as the engine will count it (a text prompt is encoded the same
-    way); a prompt the engine will refuse counts 0 here, and the engine then says why."""
-    if isinstance(prompt, str):
-        if state.tokenizer is None:
-            return 0
-        return len(encode_text(state.tokenizer, prompt, "prompt", max_tokens=state.max_model_len))
+async def _tokenized(state: ServerState, prompt):
+    """A text prompt as a TokenizedPrompt, encoded once, in a worker thread: the event loop serves
+    every other stream meanwhile, and the engine takes these ids as they are."""
+    if isinstance(prompt, str) and state.tokenizer is not None:
+        return await asyncio.to_thread(tokenized_prompt, state.tokenizer, prompt, state.max_model_len)
+    return prompt
+
+
+def _prompt_length(prompt) -> int:
+    """The prompt's token count; a prompt the engine will refuse counts 0 here, and the engine
+    then says why."""
+    if isinstance(prompt, TokenizedPrompt):
+        return len(prompt.token_ids)
     return len(prompt) if isinstance(prompt, list) else 0
 
 
@@ -85,7 +92,8 @@ def _echo(state: ServerState, prompt, prompt_only: bool) -> Echo:
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
 
-    return Echo(prompt if isinstance(prompt, str) else None, prompt_only, decode, token_text)
+    text = prompt.text if isinstance(prompt, TokenizedPrompt) else prompt
+    return Echo(text if isinstance(text, str) else None, prompt_only, decode, token_text)
 
 
 async def _submit(state: ServerState, prompt, params, body: SamplingFields, constraint_field: str | None = None):
@@ -141,7 +149,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                                          (body.response_format or {}).get("type", "text") != "text"):
         raise RequestError(f"tool_choice={body.tool_choice!r} constrains the output, and so does "
                            "response_format / structured_outputs; send one", param="tool_choice")
-    prompt = _chat_prompt(state, body, tools)
+    # Rendered and tokenized in a worker thread: the event loop serves every other stream meanwhile.
+    prompt = await asyncio.to_thread(_chat_prompt, state, body, tools)
     body.max_tokens = chat_max_tokens(body, len(prompt), state.max_model_len)
     params = sampling_params(body, logprobs=top_logprobs, structured_outputs=tools.constraint)
     stream = await _submit(state, prompt, params, body, "tools" if tools.constraint is not None else None)

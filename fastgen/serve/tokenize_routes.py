@@ -3,6 +3,8 @@ can count a prompt's tokens against max_model_len, or read token ids, without lo
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 
 from fastgen.engine.prompts import chat_token_ids, encode_text
@@ -27,6 +29,11 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     tokenizer = _tokenizer(state)
     if (body.prompt is None) == (body.messages is None):
         raise RequestError("send exactly one of prompt and messages", param="prompt")
+    # In a worker thread: the event loop serves every other stream meanwhile.
+    return await asyncio.to_thread(_tokenize, state, tokenizer, body)
+
+
+def _tokenize(state: ServerState, tokenizer, body: TokenizeRequest) -> dict:
     if body.prompt is not None:
         # Text too long to fit in the model is refused before it is tokenized (seconds of the GIL).
         tokens = encode_text(tokenizer, body.prompt, "prompt", max_tokens=state.max_model_len,

@@ -6,6 +6,7 @@ beyond the cap at once."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -252,3 +253,40 @@ def test_tasks_cancelled_while_their_submit_waits_leave_the_loop_running(llm):
     assert not engine.has_unfinished_requests()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert llm.generate([[5, 6, 7]], GREEDY)[0].token_ids == expected  # the loop gave the engine back
+
+
+def test_long_text_prompts_are_tokenized_off_the_event_loop(llm, tiny_models, reference, monkeypatch):
+    """A long prompt's tokenization would hold every other task of the event loop (a server's
+    streams): it runs in a worker thread, a short one where it is submitted, and never in the
+    engine's loop thread; the answers are transformers' for the engine tokenizer's tokens."""
+    short = "def fibonacci(n): "
+    long = "fibonacci " * 101
+    assert len(short) <= async_llm_module.TOKENIZE_INLINE_MAX_CHARS < len(long)
+    ids = {text: llm.tokenizer.encode(text) for text in (short, long)}
+    threads = []
+    encode = llm.engine.tokenizer.encode
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(llm.engine.tokenizer, "encode", recording)
+
+    async def main():
+        async_llm = AsyncLLM(llm)
+        try:
+            finals = {}
+            for text in (short, long):
+                threads.clear()
+                async for output in async_llm.generate_async(text, GREEDY):
+                    finals[text] = output
+                assert len(threads) == 1 and threads[0] is not async_llm.background._thread
+                assert (threads[0] is threading.current_thread()) == (text is short)
+            return finals
+        finally:
+            async_llm.shutdown()
+
+    finals = run(main())
+    for text, final in finals.items():
+        assert final.prompt == text and final.prompt_token_ids == ids[text]
+        assert final.token_ids == reference(tiny_models["llama"], [ids[text]], GREEDY.max_tokens)[0]

@@ -4,6 +4,7 @@ abort it), and exactly one final output per request, "abort" included."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 import pytest
@@ -155,4 +156,52 @@ def test_abort_all_ends_every_stream_with_abort_and_the_loop_serves_on(llm):
         assert [s.result().finish_reason for s in streams] == ["abort"] * 3
         assert bg.running
         assert bg.submit([1, 2], SHORT).result().finish_reason == "length"
+    assert_clean(llm)
+
+
+def spy_encoding_threads(tokenizer, monkeypatch) -> list[str]:
+    """Names of the threads that call `tokenizer.encode` from now on."""
+    threads, encode = [], tokenizer.encode
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", recording)
+    return threads
+
+
+def test_text_prompts_are_tokenized_in_the_submitting_thread(llm, tiny_models, reference, monkeypatch):
+    """The loop thread, which runs every stream's steps, never waits on a prompt's tokenization;
+    the answer is transformers' for the tokens the engine's tokenizer gives."""
+    text = "def fibonacci(n): return n " * 4
+    ids = llm.tokenizer.encode(text)
+    threads = spy_encoding_threads(llm.engine.tokenizer, monkeypatch)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with llm.background() as bg:
+        done = bg.submit(text, params).result()
+        with pytest.raises(ValueError, match="prompt has .* characters: it cannot fit in max_model_len=256"):
+            bg.submit("x" * 100_000, params)
+        assert threads and set(threads) == {threading.current_thread().name} != {bg._thread.name}
+    assert done.prompt == text and done.prompt_token_ids == ids
+    assert done.token_ids == reference(tiny_models["qwen3"], [ids], 8)[0]
+    assert_clean(llm)
+
+
+def test_a_text_prediction_is_tokenized_in_the_submitting_thread(tiny_models, reference, monkeypatch):
+    """Speculative decoding reads a prediction as tokens: a text one is encoded before the loop
+    takes the request, and the answer is still transformers'."""
+    llm = LLM(tiny_models["qwen3"], dtype="float32", block_size=8, num_kv_blocks=64, max_model_len=128,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    prompt = [5, 6, 7, 8]
+    want = reference(tiny_models["qwen3"], [prompt], 16)[0]
+    prediction = llm.tokenizer.decode(want)
+    threads = spy_encoding_threads(llm.engine.tokenizer, monkeypatch)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, prediction=prediction)
+    with llm.background() as bg:
+        done = bg.submit(prompt, params).result()
+        assert threads == [threading.current_thread().name]
+    assert params.prediction == prediction  # the caller's object is left as it was
+    assert done.token_ids == want
+    assert done.metrics.num_draft_tokens > 0
     assert_clean(llm)

@@ -7,6 +7,8 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from transformers import AutoTokenizer
@@ -181,3 +183,30 @@ def test_token_bytes_are_unknown_for_a_decoder_it_does_not_read():
     backend.decoder = decoders.WordPiece()
     assert token_bytes_reader(PreTrainedTokenizerFast(tokenizer_object=backend))(1) is None
     assert token_bytes_reader(object())(1) is None
+
+
+def test_encoding_lets_other_threads_run(tiny_models):
+    """A long prompt is encoded without the GIL: another thread (the engine's loop, a server's
+    event loop) keeps running meanwhile, where `tokenizers`' own `encode` would hold it whole."""
+    tokenizer = load_tokenizer(tiny_models["llama"])
+    text = " ".join(f"word{i} Grüße, {i * 7}!" for i in range(40_000))
+    ticks, done = [0], threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.0002)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        time.sleep(0.01)
+        before = ticks[0]
+        ids = tokenizer.encode(text)
+        during = ticks[0] - before
+    finally:
+        done.set()
+        ticker.join()
+    assert ids == tokenizer.backend_tokenizer.encode(text).ids
+    # Holding the GIL, the encode would let the ticker in at most once (at its start).
+    assert during >= 5, f"the other thread ran {during} times while {len(ids):,} tokens were encoded"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import httpx
 import pytest
@@ -112,6 +113,34 @@ def test_only_streamed_responses_ask_the_engine_for_an_output_every_step(client,
     assert asked == [True, False, True, False]
     assert whole.choices[0].text == streamed == expected[0][PROMPTS[0]].text
     assert chat.choices[0].message.content == streamed_chat
+
+
+def test_prompts_are_tokenized_once_off_the_event_loop(server, client, expected, monkeypatch):
+    """The event loop serves every stream: a prompt's tokenization (milliseconds for a long one,
+    holding the thread) runs in a worker thread, neither there nor in the engine's loop thread,
+    and a completion's text is encoded once (for its length and for the engine alike)."""
+    from fastgen.engine.tokenizer import FastTokenizer
+
+    calls, encode = [], FastTokenizer.encode
+
+    def spy(self, text, *args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            where = "event loop"
+        except RuntimeError:
+            where = threading.current_thread().name
+        calls.append((text, where))
+        return encode(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(FastTokenizer, "encode", spy)
+    completion = client.completions.create(prompt=PROMPTS[1], **GREEDY)
+    chat = client.chat.completions.create(messages=CHAT, **GREEDY)
+    counted = httpx.post(f"{server}/tokenize", json={"prompt": PROMPTS[1]}).json()
+    assert completion.choices[0].text == expected[0][PROMPTS[1]].text
+    assert chat.choices[0].message.content == expected[1].text
+    assert counted["tokens"] == expected[0][PROMPTS[1]].prompt_token_ids
+    assert [text for text, _ in calls].count(PROMPTS[1]) == 2  # the completion's once, /tokenize's
+    assert len(calls) == 3 and not {where for _, where in calls} & {"event loop", "fastgen-engine-loop"}, calls
 
 
 def test_32_concurrent_streaming_clients_finish_with_correct_token_counts(server, expected):
