@@ -325,6 +325,10 @@ class LLMEngine:
             outputs += self.live.deliver(self._fail_all(exc))
             return StepResult(outputs, None, 0, 0, 0, started)
         outputs += self.live.deliver(made)
+        if self.in_flight is None and not self.scheduler.has_unfinished():
+            # Idle now: the finished sequences' rows leave the runner (and their sampling state
+            # the sampler) here, not at a next step that may not come for a long time.
+            self.runner.forget(*self.scheduler.pop_facts())
         if out is None:  # only the step in flight was read
             return StepResult(outputs, None, 0, 0, num_sampled, started)
         self.num_steps += 1
@@ -409,7 +413,11 @@ class LLMEngine:
                 if current is not None and current.settled:  # lost with the step before it
                     current = None
             if current is not None:
-                if self._may_stay_in_flight(current.out):
+                # A step whose sequences all ended in the step before it (a late token) waits to be
+                # read by the next step; with nothing left to run there is none, and an idle
+                # engine would hold it, and the finished requests in it, for good.
+                if self._may_stay_in_flight(current.out) and (current.has_live_sequences or
+                                                              self.scheduler.has_unfinished()):
                     self.in_flight = current
                 else:
                     more, n = self._finish(current)

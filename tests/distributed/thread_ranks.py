@@ -76,6 +76,10 @@ class ThreadRanksRunner:
     def collect(self, step):
         return self.runners[0].collect(step)
 
+    def forget(self, preempted_seq_ids, finished_seq_ids):
+        # Rank 0's alone, as `Rank0Runner.forget` does.
+        self.runners[0].forget(preempted_seq_ids, finished_seq_ids)
+
     def shutdown(self):
         self.pool.shutdown()
 

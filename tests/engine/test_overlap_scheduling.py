@@ -67,14 +67,15 @@ def drain(engine, ids, finals: dict, max_steps: int = 1000) -> dict:
 
 
 def check_books(engine):
-    """Once the step left in flight by the last output is read (its tokens all dropped), every
-    block is free and nothing waits to be read."""
+    """Once no request is left, the engine holds nothing of the finished ones: no step in flight
+    (one whose sequences a late token ended is read at once), no block-table row or sampling
+    state in the runner, every block free, nothing waiting to be read."""
     while engine.has_unfinished_requests():
         assert not [o for o in engine.step() if not o.finished]
-    if engine.in_flight is not None:  # left by a request that a late token ended: only surplus
-        assert not engine.in_flight.has_live_sequences
-        assert engine.step() == []
     assert engine.in_flight is None
+    runner = engine.runner
+    assert not runner.inputs.block_table.row_of
+    assert not runner.sampler.request_generators and not runner.sampler.token_counts.slot_of
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert engine.runner.readbacks[0].pending == engine.runner.readbacks[1].pending == 0
 
