@@ -39,6 +39,9 @@ MIXED = [
     SamplingParams(temperature=0.9, top_p=0.8, seed=1234),
 ]
 
+# A greedy serving batch with one request that samples (top-p): what the greedy rows pay for it.
+ONE_SAMPLED = [SamplingParams(temperature=0.8, top_p=0.9)] + [SamplingParams(temperature=0.0)] * 31
+
 PENALTIES_LOGPROBS = [SamplingParams(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.3,
                                      repetition_penalty=1.2, logprobs=5)]
 PROMPT = list(range(1, 201))  # what repetition penalises besides the output
@@ -51,6 +54,7 @@ CASES = [
     pytest.param(TEMPERATURE, 16, id="temperature-batch16"),
     pytest.param(MIXED, 1, id="topk-topp-mixed-batch1"),
     pytest.param(MIXED, 16, id="topk-topp-mixed-batch16"),
+    pytest.param(ONE_SAMPLED, 32, id="one-sampled-in-greedy-batch32"),
 ]
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from fastgen.compile.sampling_ops import apply_penalties
+from fastgen.compile.sampling_ops import NucleusFilter, apply_penalties
 from fastgen.scheduler_output import GrammarBitmask
 from fastgen.sequence import Sequence
 from fastgen.worker.penalties import TokenCounts
@@ -147,45 +147,83 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, seqs: Seq[Sequence], greedy_tokens: torch.Tensor | None,
                 offsets: Seq[int] | None = None) -> torch.Tensor:
-        params = [s.params for s in seqs]
-        if all(p.greedy for p in params):
+        sampled = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
+        if len(sampled) < len(seqs):
             # argmax of the model-dtype logits: widening to fp32 is exact, so it picks the same
             # token (the first of any tie) without materialising a float copy.
-            return greedy_tokens if greedy_tokens is not None else logits.argmax(dim=-1)
+            tokens = greedy_tokens if greedy_tokens is not None else logits.argmax(dim=-1)
+            if not sampled:
+                return tokens
+            # Only the rows that sample are scaled, filtered and raced: a batch of greedy requests
+            # must not pay for the vocabulary-wide work of the one that samples.
+            rows = torch.tensor(sampled, dtype=torch.int64).to(self.device, non_blocking=True)
+            picked = self._sample_rows(logits.index_select(0, rows), [seqs[row] for row in sampled],
+                                       None if offsets is None else [offsets[row] for row in sampled])
+            return tokens.index_copy(0, rows, picked)
+        return self._sample_rows(logits, seqs, offsets)
+
+    def _sample_rows(self, logits: torch.Tensor, seqs: Seq[Sequence], offsets: Seq[int] | None) -> torch.Tensor:
+        """Tokens for rows whose requests all sample (temperature > 0)."""
+        params = [s.params for s in seqs]
         logits = logits.float()
         vocab = logits.shape[-1]
-        temps = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
         # A top_k at or above the vocabulary keeps every token: clamped here, so any integer a
         # request may carry fits the int64 tensor.
-        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], dtype=torch.int64)
-        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-        needs_filter = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
-        noise = self._noise(seqs, vocab, offsets)
-        min_p = torch.tensor([0.0 if p.greedy else p.min_p for p in params], dtype=torch.float32)
+        top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
+        filtered = [row for row, p in enumerate(params) if top_k[row] < vocab or p.top_p < 1.0]
+        nucleus = None
+        if filtered:
+            every = len(filtered) == len(params)
+            nucleus = NucleusFilter(
+                rows=None if every else torch.tensor(filtered, dtype=torch.int64).to(self.device, non_blocking=True),
+                top_k=torch.tensor([top_k[row] for row in filtered], dtype=torch.int64).to(self.device,
+                                                                                          non_blocking=True),
+                top_p=torch.tensor([params[row].top_p for row in filtered], dtype=torch.float32).to(
+                    self.device, non_blocking=True),
+                largest_top_k=max((top_k[row] for row in filtered if top_k[row] < vocab), default=0),
+            )
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+        min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
         return self.sample_fn(
             logits,
             temps.to(self.device, non_blocking=True),
-            top_k.to(self.device, non_blocking=True),
-            top_p.to(self.device, non_blocking=True),
-            noise,
-            needs_filter,
+            self._noise(seqs, vocab, offsets),
+            nucleus,
             min_p.to(self.device, non_blocking=True),
-            any(p.min_p > 0.0 and not p.greedy for p in params),
+            any(p.min_p > 0.0 for p in params),
         )
 
     def _noise(self, seqs: Seq[Sequence], vocab: int, offsets: Seq[int] | None = None) -> torch.Tensor:
+        """Exp(1) draws [len(seqs), V] for rows that all sample, each drawn once: a seeded
+        request's row from its own generator, the others' from the engine's."""
         noise = torch.empty(len(seqs), vocab, device=self.device)
-        noise.exponential_(generator=self.generator)
+        shared = [row for row, seq in enumerate(seqs) if seq.params.seed is None]
+        if len(shared) == len(seqs):
+            draw_exponential(noise, self.generator)
+        elif shared:
+            rows = torch.tensor(shared, dtype=torch.int64).to(self.device, non_blocking=True)
+            noise.index_copy_(0, rows, draw_exponential(torch.empty(len(shared), vocab, device=self.device),
+                                                        self.generator))
         for row, seq in enumerate(seqs):
-            if seq.params.seed is None or seq.params.greedy:
+            if seq.params.seed is None:
                 continue
             generator = self.request_generators.get(seq.seq_id)
             if generator is None:
                 generator = self.request_generators[seq.seq_id] = torch.Generator(device=self.device)
             position = output_position(seq) + (offsets[row] if offsets is not None else 0)
             generator.manual_seed(generator_seed(position_seed(seq.params.seed, position), self.device))
-            noise[row].exponential_(generator=generator)
+            draw_exponential(noise[row], generator)
         return noise
+
+
+def draw_exponential(out: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Fill `out` with Exp(1) draws from `generator`; returns it. On the CPU as -log(U) of
+    uniform draws, several times cheaper there than torch's `exponential_` (the race only needs
+    the distribution; U = 0 gives an infinite draw, a token that cannot win, as a draw that
+    large would not); elsewhere torch's own, one kernel."""
+    if out.device.type == "cpu":
+        return torch.rand(out.shape, generator=generator, out=out).log_().neg_()
+    return out.exponential_(generator=generator)
 
 
 def output_position(seq: Sequence) -> int:

@@ -8,6 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from fastgen.compile import build_op_set
+from fastgen.compile.sampling_ops import NucleusFilter
 
 # Each compile costs seconds of C++ build on 2 cores; on a GPU these are the compiled ops'
 # only test, so `make gpu-check` (-m cuda) runs them there.
@@ -81,9 +82,9 @@ def test_compiled_sampler_equals_eager(compiled, eager, device, vocab):
     top_k = torch.tensor([vocab, 5, vocab, 50, vocab, 1], device=device)
     top_p = torch.tensor([1.0, 1.0, 0.9, 0.5, 1.0, 1.0], device=device)
     noise = torch.empty(6, vocab).exponential_(generator=g).to(device)
-    for filt in (False, True):
-        got = compiled.sample_tokens(logits, temps, top_k, top_p, noise, filt)
-        want = eager.sample_tokens(logits, temps, top_k, top_p, noise, filt)
+    for nucleus in (None, NucleusFilter(None, top_k, top_p, largest_top_k=50)):
+        got = compiled.sample_tokens(logits, temps, noise, nucleus)
+        want = eager.sample_tokens(logits, temps, noise, nucleus)
         assert got.tolist() == want.tolist()
 
 
@@ -123,9 +124,9 @@ def test_compiled_min_p_and_penalties_equal_eager(compiled, eager):
     top_p = torch.tensor([1.0, 1.0, 0.9, 1.0, 1.0])
     min_p = torch.tensor([0.1, 0.0, 0.05, 0.0, 0.3])
     noise = torch.empty(5, VOCAB).exponential_(generator=g)
-    for filt in (False, True):
-        got = compiled.sample_tokens(logits, temps, top_k, top_p, noise, filt, min_p, True)
-        want = eager.sample_tokens(logits, temps, top_k, top_p, noise, filt, min_p, True)
+    for nucleus in (None, NucleusFilter(None, top_k, top_p, largest_top_k=0)):
+        got = compiled.sample_tokens(logits, temps, noise, nucleus, min_p, True)
+        want = eager.sample_tokens(logits, temps, noise, nucleus, min_p, True)
         assert got.tolist() == want.tolist()
     counts = torch.randint(0, 3, (4, VOCAB), generator=g, dtype=torch.int32)
     prompt = torch.rand(4, VOCAB, generator=g) < 0.1

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fastgen.compile import build_op_set
+from fastgen.compile import build_op_set, sampling_ops
 from fastgen.sampling_params import SamplingParams
 from fastgen.sequence import Sequence
 from fastgen.worker.sampler import Sampler
@@ -196,3 +196,60 @@ def test_huge_logits_over_a_small_temperature_stay_finite():
     params = [SamplingParams(temperature=2e-5, top_k=5), SamplingParams(temperature=1.0)]
     for _ in range(10):
         assert make_sampler()(logits, seqs_for(*params)).tolist() == [7, 9]
+
+
+def test_only_the_rows_that_sample_reach_the_sampling_arithmetic():
+    """Greedy rows take their argmax and nothing else: one sampled request in a batch must not
+    make the others pay for its vocabulary-wide softmax, filter and noise."""
+    calls, eager = [], build_op_set(False).sample_tokens
+
+    def spy(logits, *args):
+        calls.append(logits.shape[0])
+        return eager(logits, *args)
+
+    logits = random_logits(8, seed=6)
+    params = [SamplingParams(temperature=0.0)] * 6 + [SamplingParams(temperature=1.0, top_p=0.5, seed=3),
+                                                      SamplingParams(temperature=0.0)]
+    tokens = Sampler(VOCAB, torch.device("cpu"), 0, spy)(logits, seqs_for(*params))
+    assert calls == [1]
+    greedy_rows = [0, 1, 2, 3, 4, 5, 7]
+    assert tokens[greedy_rows].tolist() == logits[greedy_rows].argmax(-1).tolist()
+    alone = make_sampler(9)(logits[6:7], seqs_for(params[6])).item()
+    assert tokens[6].item() == alone  # a seeded row draws the same whatever shares its batch
+
+
+LARGE_VOCAB = 4096  # large enough that the CPU filter looks at candidates before sorting
+
+
+@pytest.mark.parametrize("spread", ["peaked", "flat"])
+def test_the_nucleus_filter_keeps_what_transformers_warpers_keep(spread, monkeypatch):
+    """Top-k then top-p keep exactly the tokens transformers' TopKLogitsWarper then
+    TopPLogitsWarper keep, whether the nucleus lies among the CPU filter's candidates (peaked
+    rows: no row is sorted) or reaches past them (flat rows: the row whose top-p nucleus does is
+    sorted whole). A row that asks for top-k alone keeps all k, however its mass rounds."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(7, LARGE_VOCAB, generator=torch.Generator().manual_seed(5))
+    logits *= 6.0 if spread == "peaked" else 0.3
+    settings = [(LARGE_VOCAB, 0.9), (40, 1.0), (40, 0.5), (300, 0.95), (LARGE_VOCAB, 0.3), (1000, 1.0), (1, 0.9)]
+    top_k = torch.tensor([k for k, _ in settings])
+    top_p = torch.tensor([p for _, p in settings])
+    sorted_rows, sort_whole = [], sampling_ops._filter_sorted
+
+    def counting(rows, *args):
+        sorted_rows.append(rows.shape[0])
+        return sort_whole(rows, *args)
+
+    monkeypatch.setattr(sampling_ops, "_filter_sorted", counting)
+    ours = sampling_ops.filter_top_k_top_p(logits, top_k, top_p, largest_top_k=1000)
+    assert sorted_rows == ([] if spread == "peaked" else [1])
+    for row, (k, p) in enumerate(settings):
+        want = logits[row : row + 1]
+        if k < LARGE_VOCAB:
+            want = TopKLogitsWarper(k)(None, want)
+        if p < 1.0:
+            want = TopPLogitsWarper(p)(None, want)
+        kept = torch.isfinite(want[0])
+        assert torch.equal(torch.isfinite(ours[row]), kept), (row, int(kept.sum()), int(torch.isfinite(ours[row]).sum()))
+        assert torch.equal(ours[row][kept], logits[row][kept])
+    assert torch.equal(ours, sort_whole(logits, top_k, top_p))
