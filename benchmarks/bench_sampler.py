@@ -2,10 +2,11 @@
 
 Sampler.__call__ as the runner calls it: per-row parameter tensors, exponential noise, then the
 eager `sample_tokens` (torch.compile is off on CPU by default). Greedy runs at batch 1 and 256.
-Temperature and the mixed top-k/top-p batch run at batch 1 and 16, not 256: on this 2-core
-machine a 256 x 151,936 batch takes about 1.3-1.8 s (temperature: the exponential noise) and
-4-5.5 s (top-k/top-p: the full-vocabulary sort) per call, far too slow for a regression suite's rounds,
-and the cost is linear in the batch (extra_info["per_row_ms"] gives the per-row figure).
+Temperature and the mixed top-k/top-p batch run at batch 1 and 16, not 256: on a 2-core
+machine a 256 x 151,936 batch of sampled rows takes about a second per call (each row's noise,
+softmax and, where its nucleus is wide, a sort of the vocabulary), too slow for a regression
+suite's rounds, and the cost is linear in the sampled rows (extra_info["per_row_ms"] gives the
+per-row figure). `one-sampled-in-greedy-batch32` is a greedy batch with one top-p request.
 
 Penalties + logprobs (every row with presence, frequency and repetition penalties and 5
 logprobs) time what the runner does for a step: the sampler call, then the logprobs of the
