@@ -28,8 +28,9 @@ from fastgen.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from fastgen.llm import LLM
 
-# Text prompts up to this long are tokenized on the event loop (a few hundred microseconds at
-# most, about what handing them to a worker thread costs); longer ones in a worker thread.
+# Prompts up to this many characters (or token ids) are made ready on the event loop (a few
+# hundred microseconds at most, about what handing them to a worker thread costs); longer ones
+# in a worker thread.
 TOKENIZE_INLINE_MAX_CHARS = 1000
 
 
@@ -162,11 +163,12 @@ class AsyncLLM:
     async def submit(self, prompt: Prompt, params: SamplingParams | None = None,
                      final_only: bool = False) -> AsyncRequestStream:
         loop = asyncio.get_running_loop()
-        # A grammar compiles, and a long text tokenizes, off the event loop: its other tasks (a
-        # server's streams) would wait for them.
-        if getattr(params, "structured_outputs", None) is not None or any(
-                isinstance(text, str) and len(text) > TOKENIZE_INLINE_MAX_CHARS
-                for text in (prompt, getattr(params, "prediction", None))):
+        # A grammar compiles, a long text tokenizes and a long list of ids is checked off the
+        # event loop: its other tasks (a server's streams) would wait for them.
+        prediction = getattr(params, "prediction", None)
+        if (getattr(params, "structured_outputs", None) is not None
+                or (isinstance(prompt, (str, list, tuple)) and len(prompt) > TOKENIZE_INLINE_MAX_CHARS)
+                or (isinstance(prediction, str) and len(prediction) > TOKENIZE_INLINE_MAX_CHARS)):
             prompt, params = await asyncio.to_thread(self.background.prepare_input, prompt, params)
         outputs: asyncio.Queue = asyncio.Queue()
         post = self._posts.get(loop)

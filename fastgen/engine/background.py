@@ -143,11 +143,12 @@ class BackgroundEngine:
 
     def prepare_input(self, prompt: Prompt, params: SamplingParams | None) -> tuple[Prompt, SamplingParams | None]:
         """The part of adding a request that needs none of the engine's state, done in the calling
-        thread so that the loop's steps never wait on it: a text prompt is tokenized (returned as
-        a `TokenizedPrompt`; a long one takes milliseconds, and the loop would hold every running
-        stream for them), so is a text prediction that speculative decoding will read (returned in
-        a copy of `params`), and a structured-output grammar is compiled into the cache (the loop
-        then finds it there). ValueError for input the engine would refuse."""
+        thread so that the loop's steps never wait on it: a text prompt is tokenized, or a list
+        of token ids checked to be integers (either returned as a `TokenizedPrompt`; a long one
+        takes milliseconds, and the loop would hold every running stream for them), so is a text
+        prediction that speculative decoding will read (returned in a copy of `params`), and a
+        structured-output grammar is compiled into the cache (the loop then finds it there).
+        ValueError for input the engine would refuse."""
         spec = getattr(params, "structured_outputs", None)
         if spec is not None:
             self.engine.structured.compile(spec)

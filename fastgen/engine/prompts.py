@@ -1,5 +1,5 @@
-"""What a prompt may be: text, one request's token ids (list, tuple or 1-D integer array), or text
-with the token ids it was already encoded to (`TokenizedPrompt`)."""
+"""What a prompt may be: text, one request's token ids (list, tuple or 1-D integer array), or
+either made ready for the engine ahead of time (`TokenizedPrompt`)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from fastgen.engine.chat_template import message_text, template_failed
 
 @dataclass(frozen=True)
 class TokenizedPrompt:
-    """A text prompt with its token ids, encoded by the engine's tokenizer before it reaches the
-    thread that runs the steps (`tokenized_prompt`); the request's prompt text is `text`."""
+    """A prompt made ready before it reaches the thread that runs the steps (`tokenized_prompt`):
+    a text encoded by the engine's tokenizer (`text` is the request's prompt text), or a caller's
+    token ids checked to be integers (text None); their range is checked when it is queued."""
 
-    text: str
+    text: str | None
     token_ids: list[int]
 
 
@@ -94,11 +95,15 @@ def encode_text(tokenizer, text: str, field: str, max_tokens: int | None = None,
 
 
 def tokenized_prompt(tokenizer, prompt: Prompt, max_model_len: int) -> Prompt:
-    """A text prompt encoded as the engine would encode it, as a TokenizedPrompt (`encode_text`'s
-    ValueErrors); any other prompt, or any prompt without a tokenizer, as it is."""
-    if isinstance(prompt, str) and tokenizer is not None:
+    """A prompt as a TokenizedPrompt: a text encoded as the engine would encode it
+    (`encode_text`'s ValueErrors), token ids checked to be integers (`token_ids_of`'s). A text
+    without a tokenizer, or a TokenizedPrompt, is returned as it is (the engine says what is
+    wrong with the first)."""
+    if isinstance(prompt, TokenizedPrompt) or (isinstance(prompt, str) and tokenizer is None):
+        return prompt
+    if isinstance(prompt, str):
         return TokenizedPrompt(prompt, encode_text(tokenizer, prompt, "prompt", max_tokens=max_model_len))
-    return prompt
+    return TokenizedPrompt(None, token_ids_of(prompt))
 
 
 def check_unicode(text: str, field: str) -> None:

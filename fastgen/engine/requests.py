@@ -39,13 +39,13 @@ def prompt_token_ids(prompt: Prompt, params: SamplingParams, tokenizer,
             raise ValueError("prompt is a string but the engine was started with skip_tokenizer_init=True")
         # "" too: a tokenizer that adds BOS makes it a prompt.
         prompt = tokenized_prompt(tokenizer, prompt, config.max_model_len)
-    if isinstance(prompt, TokenizedPrompt):  # the tokenizer's ints (their range is checked below)
+    if isinstance(prompt, TokenizedPrompt):  # ints already (their range is checked below)
         text, token_ids = prompt.text, list(prompt.token_ids)
     else:
         text = None
         token_ids = token_ids_of(prompt)
     if not token_ids:
-        raise ValueError(f"prompt={prompt if text is None else text!r} is empty: a request needs at least 1 token")
+        raise ValueError(f"prompt={token_ids if text is None else text!r} is empty: a request needs at least 1 token")
     if params.stop and tokenizer is None:  # stop strings are looked for in the text
         raise ValueError(f"stop={params.stop!r} needs the text, but the engine was started with "
                          "skip_tokenizer_init=True (use stop_token_ids)")

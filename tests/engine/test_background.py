@@ -205,3 +205,26 @@ def test_a_text_prediction_is_tokenized_in_the_submitting_thread(tiny_models, re
     assert done.token_ids == want
     assert done.metrics.num_draft_tokens > 0
     assert_clean(llm)
+
+
+def test_token_id_prompts_are_checked_in_the_submitting_thread(llm, tiny_models, reference, monkeypatch):
+    """A long list of ids takes the loop milliseconds to check one by one: the submitting thread
+    does it, and a bad id raises there."""
+    from fastgen.engine import prompts, requests
+
+    threads, check = [], prompts.token_ids_of
+
+    def recording(prompt):
+        threads.append(threading.current_thread().name)
+        return check(prompt)
+
+    monkeypatch.setattr(prompts, "token_ids_of", recording)
+    monkeypatch.setattr(requests, "token_ids_of", recording)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with llm.background() as bg:
+        done = bg.submit([5, 6, 7, 8], params).result()
+        with pytest.raises(ValueError, match=r"prompt token_ids\[1\]=2.5 must be an integer"):
+            bg.submit([1, 2.5], params)
+        assert threads and set(threads) == {threading.current_thread().name}
+    assert done.prompt is None and done.token_ids == reference(tiny_models["qwen3"], [[5, 6, 7, 8]], 8)[0]
+    assert_clean(llm)
