@@ -51,15 +51,17 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(generator_seed(seed, device))
         self.request_generators: dict[int, torch.Generator] = {}
+        self.logit_biases: dict[int, tuple[dict, torch.Tensor, torch.Tensor]] = {}  # by sequence id: _bias_of
         self.penalty_fn = penalty_fn
         self.eos_token_ids = tuple(sorted(eos_token_ids))
         self.token_counts = TokenCounts(vocab_size, device)
 
     def release(self, seq_ids: Iterable[int]) -> None:
-        """Forget the generators and token counts of requests that finished."""
+        """Forget the generators, logit biases and token counts of requests that finished."""
         seq_ids = tuple(seq_ids)
         for seq_id in seq_ids:
             self.request_generators.pop(seq_id, None)
+            self.logit_biases.pop(seq_id, None)
         self.token_counts.release(seq_ids)
 
     def release_token_counts(self, seq_ids: Iterable[int]) -> None:
@@ -92,15 +94,13 @@ class Sampler:
                        ) -> torch.Tensor:
         """logit_bias added, then the grammar's disallowed tokens set to -inf (the same tensor
         when no row has either)."""
-        rows, cols, biases = [], [], []
-        for row, seq in enumerate(seqs):
-            for token, bias in (seq.params.logit_bias or {}).items():
-                rows.append(row)
-                cols.append(token)
-                biases.append(bias)
-        if rows:
-            index = torch.tensor([rows, cols], dtype=torch.int64).to(self.device, non_blocking=True)
-            values = torch.tensor(biases, dtype=torch.float32).to(self.device, non_blocking=True)
+        biased = [(row, self._bias_of(seq)) for row, seq in enumerate(seqs) if seq.params.logit_bias]
+        if biased:
+            rows = torch.repeat_interleave(torch.tensor([row for row, _ in biased], dtype=torch.int64),
+                                           torch.tensor([len(cols) for _, (cols, _) in biased]))
+            cols = torch.cat([cols for _, (cols, _) in biased])
+            values = torch.cat([values for _, (_, values) in biased]).to(self.device, non_blocking=True)
+            index = torch.stack([rows, cols]).to(self.device, non_blocking=True)
             logits = logits.float().index_put((index[0], index[1]), values, accumulate=True)
         if grammar is None or not grammar.seq_ids:
             return logits
@@ -116,6 +116,17 @@ class Sampler:
         rows_t = None if rows == list(range(len(seqs))) else torch.tensor(rows, dtype=torch.int64).to(
             self.device, non_blocking=True)
         return mask_disallowed(logits, rows_t, bitmask.to(self.device, non_blocking=True))
+
+    def _bias_of(self, seq: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+        """The request's logit_bias as (token ids int64, biases float32) host tensors, made on its
+        first step and kept until it finishes: a map of up to 1,024 entries is not walked again
+        every step."""
+        entries = seq.params.logit_bias
+        cached = self.logit_biases.get(seq.seq_id)
+        if cached is None or cached[0] is not entries:  # (a sequence id met again with other settings)
+            cached = self.logit_biases[seq.seq_id] = (entries, torch.tensor(list(entries), dtype=torch.int64),
+                                                      torch.tensor(list(entries.values()), dtype=torch.float32))
+        return cached[1], cached[2]
 
     def _process(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> tuple[torch.Tensor, tuple | None]:
         """min_tokens' bans, then the penalties; returns the new logits (the same tensor when no

@@ -76,6 +76,7 @@ def check_books(engine):
     runner = engine.runner
     assert not runner.inputs.block_table.row_of
     assert not runner.sampler.request_generators and not runner.sampler.token_counts.slot_of
+    assert not runner.sampler.logit_biases
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert engine.runner.readbacks[0].pending == engine.runner.readbacks[1].pending == 0
 

@@ -41,3 +41,24 @@ def test_logit_bias_outside_the_vocabulary_is_refused(tiny_models):
     llm = LLM(tiny_models["qwen3"], dtype="float32")
     with pytest.raises(ValueError, match=r"logit_bias names token 384, outside the vocabulary \[0, 384\)"):
         llm.generate([5, 6], SamplingParams(logit_bias={384: 1.0}))
+
+
+def test_the_sampler_keeps_a_requests_bias_until_it_finishes():
+    """The bias map is turned into tensors once a request, not every step; a sequence id met
+    again with another map (a sampler outside the engine) gets that map's bias."""
+    import torch
+
+    from fastgen.compile import build_op_set
+    from fastgen.sequence import Sequence
+    from fastgen.worker.sampler import Sampler
+
+    sampler = Sampler(16, torch.device("cpu"), 0, build_op_set(False).sample_tokens)
+    logits = torch.zeros(2, 16)
+    first = [Sequence(0, [1], SamplingParams(temperature=0, logit_bias={3: 5.0})),
+             Sequence(1, [1], SamplingParams(temperature=0))]
+    assert sampler(logits, first).tolist() == [3, 0]
+    assert sampler(logits, first).tolist() == [3, 0] and list(sampler.logit_biases) == [0]
+    again = [Sequence(0, [1], SamplingParams(temperature=0, logit_bias={9: 1.0, 3: -1.0}))]
+    assert sampler(logits[:1], again).tolist() == [9]
+    sampler.release([0])
+    assert not sampler.logit_biases
