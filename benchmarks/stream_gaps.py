@@ -59,13 +59,16 @@ async def gaps_while_added(engine, prompt):
             last = now
     task = asyncio.create_task(stream())
     while len(gaps) < 30:
+        if task.done():
+            task.result()  # (its error, or a stream that ended too soon)
+            raise RuntimeError("the stream ended before 30 tokens")
         await asyncio.sleep(0.0005)
     before = statistics.median(gaps)
     start = len(gaps)
     async for _ in engine.generate_async(prompt, SamplingParams(max_tokens=1)):
         pass
     # the gap under way when the prompt ended counts too
-    while len(gaps) == start:
+    while len(gaps) == start and not task.done():
         await asyncio.sleep(0.0005)
     worst = max(gaps[start:])
     task.cancel()
@@ -73,7 +76,8 @@ async def gaps_while_added(engine, prompt):
     return worst * 1000, before * 1000
 
 async def main():
-    llm = LLM(str(folder), max_model_len=16384, enforce_eager=True, dtype="float32")
+    # No prefix caching: each of the three additions of the prompt computes it whole.
+    llm = LLM(str(folder), max_model_len=16384, enforce_eager=True, dtype="float32", enable_prefix_caching=False)
     ids = llm.tokenizer.encode(text)
     engine = AsyncLLM(llm)
     results = {"prompt_tokens": len(ids)}

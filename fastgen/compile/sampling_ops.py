@@ -51,14 +51,12 @@ class NucleusFilter:
     """The rows of a sampling call whose requests ask for top-k or top-p, and what they ask.
 
     rows: int64 [R] on the logits' device, or None for every row. top_k: int64 [R], V when
-    disabled; top_p: float32 [R], 1.0 when disabled. largest_top_k: the largest top_k below V
-    among them (0: none), known on the host so that choosing the candidates reads nothing back.
+    disabled; top_p: float32 [R], 1.0 when disabled.
     """
 
     rows: torch.Tensor | None
     top_k: torch.Tensor
     top_p: torch.Tensor
-    largest_top_k: int
 
 
 def sample_tokens(
@@ -88,11 +86,10 @@ def sample_tokens(
     scaled = (scale or scale_logits)(logits, temperatures, min_p, filter_min_p)
     if nucleus is not None:
         if nucleus.rows is None:
-            scaled = filter_top_k_top_p(scaled, nucleus.top_k, nucleus.top_p, nucleus.largest_top_k)
-        else:
-            picked = filter_top_k_top_p(scaled.index_select(0, nucleus.rows), nucleus.top_k, nucleus.top_p,
-                                        nucleus.largest_top_k)
-            scaled = scaled.index_copy(0, nucleus.rows, picked)
+            scaled = filter_top_k_top_p(scaled, nucleus.top_k, nucleus.top_p)
+        else:  # (`scaled` is this call's own tensor)
+            scaled.index_copy_(0, nucleus.rows, filter_top_k_top_p(scaled.index_select(0, nucleus.rows),
+                                                                   nucleus.top_k, nucleus.top_p))
     return (pick or pick_tokens)(logits, scaled, temperatures, noise)
 
 
@@ -100,9 +97,12 @@ def scale_logits(logits: torch.Tensor, temperatures: torch.Tensor, min_p: torch.
                  filter_min_p: bool) -> torch.Tensor:
     """Logits over each row's temperature (greedy rows: 1), with min_p's cut applied as -inf."""
     safe_t = torch.where(temperatures > 0, temperatures, torch.ones_like(temperatures))
-    # Finite logits over a small temperature can overflow to inf, and inf - inf is NaN in the
-    # softmax: keep every scaled logit finite.
-    scaled = (logits / safe_t.unsqueeze(1)).clamp(min=-FLOAT32_MAX, max=FLOAT32_MAX)
+    # Shifted by the row's largest logit first (no softmax changes): over a small temperature
+    # only tokens far below the top then overflow, towards -inf, where two top ones would both
+    # have reached float32's largest value and tied. Finite logits over a small temperature can
+    # overflow, and inf - inf is NaN in the softmax: every scaled logit is kept finite.
+    top = logits.amax(dim=-1, keepdim=True).clamp(min=-FLOAT32_MAX, max=FLOAT32_MAX)
+    scaled = ((logits - top) / safe_t.unsqueeze(1)).clamp(min=-FLOAT32_MAX, max=FLOAT32_MAX)
     if filter_min_p:  # vLLM's order: after temperature, before top-k / top-p
         probs = torch.softmax(scaled, dim=-1)
         threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
@@ -119,53 +119,60 @@ def pick_tokens(logits: torch.Tensor, scaled: torch.Tensor, temperatures: torch.
     return torch.where(temperatures > 0, sampled, greedy)
 
 
-# How many of a row's most likely tokens the CPU's top-p filter looks at first (a partial top-k
-# instead of a sort of the whole vocabulary, several times its cost); a row whose nucleus they do
-# not hold is sorted whole.
+# How many of a row's most likely tokens the CPU's filter looks at first (a partial top-k instead
+# of a sort of the whole vocabulary, several times its cost): a row whose top-k is at most this
+# many is filtered among them alone, and a row asking for top-p alone is sorted whole only when
+# its nucleus reaches past them. Rows with a larger top-k are sorted whole. Which way a row goes
+# depends on its own settings and logits only, never on what shares its batch.
 TOP_P_CANDIDATES = 256
 
 
-def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                       largest_top_k: int | None = None) -> torch.Tensor:
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Set to -inf every logit outside the row's top-k and outside its top-p nucleus.
 
     The nucleus keeps the smallest prefix of the tokens by likelihood whose mass (after the
     top-k cut) reaches top_p. The most likely token always survives (top_k >= 1, and rank 0 is
     exempt from the top-p cut: a top_p that is 0 in float32 would otherwise drop every token
-    and leave a row of NaN). largest_top_k: the largest top_k below V in `top_k` (0: none; None:
-    unknown, read from the tensor).
+    and leave a row of NaN); a top_p of 1 cuts nothing, however the mass rounds.
 
-    On the CPU the rows' most likely tokens are found by a partial top-k first (top-k alone never
-    needs more; top-p rarely does), and only rows whose nucleus reaches past them are sorted
-    whole; the answer is the same either way. On a GPU the sort is cheap, and learning which rows
-    need it would make the host wait for the device: every row is sorted.
+    On the CPU most rows are filtered among their TOP_P_CANDIDATES most likely tokens (see
+    there). On a GPU the sort is cheap, and learning which rows need it would make the host wait
+    for the device: every row is sorted.
     """
     vocab = logits.shape[-1]
-    if largest_top_k is None:
-        below = top_k[top_k < vocab]
-        largest_top_k = int(below.max()) if below.numel() else 0
-    candidates = max(TOP_P_CANDIDATES, largest_top_k)
-    if logits.device.type != "cpu" or 2 * candidates >= vocab:
+    if logits.device.type != "cpu" or 2 * TOP_P_CANDIDATES >= vocab:
         return _filter_sorted(logits, top_k, top_p)
-    values, order = logits.topk(candidates, dim=-1)  # sorted, most likely first
-    ranks = torch.arange(candidates, device=logits.device).unsqueeze(0)
-    k_cut = ranks >= top_k.unsqueeze(1)
-    within = top_k <= candidates  # rows whose top-k cut leaves only candidates
+    cuts = top_p < 1.0
+    within = top_k <= TOP_P_CANDIDATES
+    # (the CPU: reading these flags costs nothing)
+    partial = (within | (top_k >= vocab)).nonzero().squeeze(1)
+    if partial.numel() == 0:
+        return _filter_sorted(logits, top_k, top_p)
+    filtered = torch.full_like(logits, float("-inf"))
+    rows = logits.index_select(0, partial)
+    k, p, cut, within_k = (t.index_select(0, partial) for t in (top_k, top_p, cuts, within))
+    values, order = rows.topk(TOP_P_CANDIDATES, dim=-1)  # sorted, most likely first
+    ranks = torch.arange(TOP_P_CANDIDATES, device=logits.device).unsqueeze(0)
+    k_cut = ranks >= k.unsqueeze(1)
     kept_values = values.masked_fill(k_cut, float("-inf"))
     # The nucleus is measured against what survives top-k: the candidates alone where the cut
     # leaves nothing else, the whole row otherwise.
-    total = torch.where(within, torch.logsumexp(kept_values, dim=-1), torch.logsumexp(logits, dim=-1))
+    total = torch.where(within_k, torch.logsumexp(kept_values, dim=-1), torch.logsumexp(rows, dim=-1))
     probs = torch.exp(kept_values - total.unsqueeze(1))
     mass = torch.cumsum(probs, dim=-1)
-    cuts = top_p < 1.0  # (a mass rounded up to 1.0 must not cut a row that asks for no top-p)
-    drop = k_cut | ((mass - probs >= top_p.unsqueeze(1)) & (ranks > 0) & cuts.unsqueeze(1))
-    # Where neither cut reaches past the candidates, the tokens after them would be kept too.
-    incomplete = ~within & (~cuts | (mass[:, -1] < top_p))
-    filtered = torch.full_like(logits, float("-inf")).scatter_(-1, order, values.masked_fill(drop, float("-inf")))
-    if bool(incomplete.any()):
-        rows = incomplete.nonzero().squeeze(1)
-        whole = _filter_sorted(logits.index_select(0, rows), top_k.index_select(0, rows), top_p.index_select(0, rows))
-        filtered.index_copy_(0, rows, whole)
+    drop = k_cut | ((mass - probs >= p.unsqueeze(1)) & (ranks > 0) & cut.unsqueeze(1))
+    filtered.index_copy_(0, partial, torch.full_like(rows, float("-inf")).scatter_(
+        -1, order, values.masked_fill(drop, float("-inf"))))
+    # Sorted whole: rows with a top-k past the candidates, and rows whose nucleus reaches past them
+    # (neither cut ends within the candidates, so tokens after them would be kept too; a row that
+    # asks for neither keeps every token).
+    whole = torch.ones(logits.shape[0], dtype=torch.bool)
+    whole[partial] = ~within_k & (~cut | (mass[:, -1] < p))
+    if bool(whole.any()):
+        rows_sorted = whole.nonzero().squeeze(1)
+        filtered.index_copy_(0, rows_sorted, _filter_sorted(logits.index_select(0, rows_sorted),
+                                                            top_k.index_select(0, rows_sorted),
+                                                            top_p.index_select(0, rows_sorted)))
     return filtered
 
 

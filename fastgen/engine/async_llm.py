@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from fastgen.engine.background import END, BackgroundEngine
-from fastgen.engine.prompts import Prompt
+from fastgen.engine.prompts import Prompt, prompt_size
 from fastgen.engine.stats import EngineStats
 from fastgen.outputs import RequestOutput
 from fastgen.sampling_params import SamplingParams
@@ -165,11 +165,8 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         # A grammar compiles, a long text tokenizes and a long list of ids is checked off the
         # event loop: its other tasks (a server's streams) would wait for them.
-        prediction = getattr(params, "prediction", None)
-        if (getattr(params, "structured_outputs", None) is not None
-                or (isinstance(prompt, (str, list, tuple)) and len(prompt) > TOKENIZE_INLINE_MAX_CHARS)
-                or (isinstance(prediction, str) and len(prediction) > TOKENIZE_INLINE_MAX_CHARS)):
-            prompt, params = await asyncio.to_thread(self.background.prepare_input, prompt, params)
+        if getattr(params, "structured_outputs", None) is not None or prompt_size(prompt) > TOKENIZE_INLINE_MAX_CHARS:
+            prompt = await asyncio.to_thread(self.background.prepare_input, prompt, params)
         outputs: asyncio.Queue = asyncio.Queue()
         post = self._posts.get(loop)
         if post is None:

@@ -20,7 +20,6 @@ it belongs to end with finish_reason "error".
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
@@ -33,7 +32,7 @@ import torch
 from fastgen.cpu.native.openmp import release_openmp_threads
 from fastgen.engine.llm_engine import LLMEngine, Prompt
 from fastgen.engine.output_stream import OutputStream
-from fastgen.engine.prompts import encode_text, tokenized_prompt
+from fastgen.engine.prompts import tokenized_prompt
 from fastgen.engine.requests import check_request_id
 from fastgen.engine.stats import EngineStats
 from fastgen.errors import EngineDeadError
@@ -132,7 +131,7 @@ class BackgroundEngine:
         alone). The future resolves to its request id, or to the engine's ValueError /
         EngineOverloaded; RuntimeError at once when the loop has stopped. A ValueError that
         `prepare_input` finds is raised at once."""
-        prompt, params = self.prepare_input(prompt, params)
+        prompt = self.prepare_input(prompt, params)
         accepted: Future = Future()
         with self._accepting:
             if self._stopped.is_set():
@@ -141,23 +140,17 @@ class BackgroundEngine:
                                 accepted))
         return accepted
 
-    def prepare_input(self, prompt: Prompt, params: SamplingParams | None) -> tuple[Prompt, SamplingParams | None]:
+    def prepare_input(self, prompt: Prompt, params: SamplingParams | None) -> Prompt:
         """The part of adding a request that needs none of the engine's state, done in the calling
         thread so that the loop's steps never wait on it: a text prompt is tokenized, or a list
         of token ids checked to be integers (either returned as a `TokenizedPrompt`; a long one
-        takes milliseconds, and the loop would hold every running stream for them), so is a text
-        prediction that speculative decoding will read (returned in a copy of `params`), and a
+        takes milliseconds, and the loop would hold every running stream for them), and a
         structured-output grammar is compiled into the cache (the loop then finds it there).
         ValueError for input the engine would refuse."""
         spec = getattr(params, "structured_outputs", None)
         if spec is not None:
             self.engine.structured.compile(spec)
-        tokenizer, config = self.engine.tokenizer, self.engine.config
-        prediction = getattr(params, "prediction", None)
-        if isinstance(prediction, str) and tokenizer is not None and config.speculative_config is not None:
-            params = dataclasses.replace(params, prediction=encode_text(tokenizer, prediction, "prediction",
-                                                                        add_special_tokens=False))
-        return tokenized_prompt(tokenizer, prompt, config.max_model_len), params
+        return tokenized_prompt(self.engine.tokenizer, prompt, self.engine.config.max_model_len)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (a no-op for an unknown or finished one); its stream then yields a

@@ -75,11 +75,6 @@ class InFlightStep:
     started: float
     settled: bool = False
 
-    @property
-    def has_live_sequences(self) -> bool:
-        """Whether any of its sequences is unfinished (else its tokens are all dropped)."""
-        return any(not seq.is_finished for seq in (*self.out.seqs, *self.out.forked_seqs))
-
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, load_format: str = "safetensors", skip_tokenizer_init: bool = False):
@@ -226,11 +221,10 @@ class LLMEngine:
         """Whether requests are queued or running, or outputs wait for `step()` to return them
         (the final output of an aborted request, say)."""
         self._release_abandoned()
-        # A step in flight whose sequences all finished is read by the next step, whenever that is.
-        # (Read once: another thread may ask while the loop clears it.)
-        step = self.in_flight
-        in_flight = step is not None and step.has_live_sequences
-        return self.scheduler.has_unfinished() or bool(self.outbox.for_step) or in_flight
+        # A step in flight counts even when its sequences all finished (a late token ended them):
+        # their final outputs went out with the step before, and the next call reads it, so that
+        # an idle engine holds nothing of the requests it served.
+        return self.scheduler.has_unfinished() or bool(self.outbox.for_step) or self.in_flight is not None
 
     def shutdown(self) -> None:
         """Release the runner's processes (a tensor-parallel engine's workers, a draft model's
@@ -326,9 +320,7 @@ class LLMEngine:
             return StepResult(outputs, None, 0, 0, 0, started)
         outputs += self.live.deliver(made)
         if self.in_flight is None and not self.scheduler.has_unfinished():
-            # Idle now: the finished sequences' rows leave the runner (and their sampling state
-            # the sampler) here, not at a next step that may not come for a long time.
-            self.runner.forget(*self.scheduler.pop_facts())
+            self._forget_finished()
         if out is None:  # only the step in flight was read
             return StepResult(outputs, None, 0, 0, num_sampled, started)
         self.num_steps += 1
@@ -348,6 +340,16 @@ class LLMEngine:
                 self.drafter.observe_step(out.num_decodes, out.num_draft_tokens, now() - started)
         return StepResult(outputs, out.is_prefill, len(out.seqs), out.num_tokens, num_sampled, started, out.num_decodes,
                           out.num_draft_tokens)
+
+    def _forget_finished(self) -> None:
+        """The engine went idle: the finished sequences' rows leave the runner (and their sampling
+        state the sampler) now, not at a next step that may not come for a long time. Their
+        outputs are delivered already; should the runner fail here, it trusts no row instead."""
+        try:
+            self.runner.forget(*self.scheduler.pop_facts())
+        except Exception:  # noqa: BLE001 - nothing runs now: no request to fail for it
+            logger.exception("forgetting finished sequences failed; the runner will rewrite every row")
+            self.runner.recover(None)
 
     def _count_graphs_loaded(self) -> int:
         """Compiled CPU graphs the engine's runner and the draft model's have loaded so far."""
@@ -413,11 +415,7 @@ class LLMEngine:
                 if current is not None and current.settled:  # lost with the step before it
                     current = None
             if current is not None:
-                # A step whose sequences all ended in the step before it (a late token) waits to be
-                # read by the next step; with nothing left to run there is none, and an idle
-                # engine would hold it, and the finished requests in it, for good.
-                if self._may_stay_in_flight(current.out) and (current.has_live_sequences or
-                                                              self.scheduler.has_unfinished()):
+                if self._may_stay_in_flight(current.out):
                     self.in_flight = current
                 else:
                     more, n = self._finish(current)

@@ -15,15 +15,23 @@ from fastgen.engine.chat_template import message_text, template_failed
 
 @dataclass(frozen=True)
 class TokenizedPrompt:
-    """A prompt made ready before it reaches the thread that runs the steps (`tokenized_prompt`):
-    a text encoded by the engine's tokenizer (`text` is the request's prompt text), or a caller's
-    token ids checked to be integers (text None); their range is checked when it is queued."""
+    """A prompt made ready before it reaches the thread that runs the steps, by `tokenized_prompt`
+    alone (the engine trusts it to hold ints): a text encoded by the engine's tokenizer (`text` is
+    the request's prompt text), or a caller's token ids checked to be integers (text None); their
+    range is checked when it is queued."""
 
     text: str | None
     token_ids: list[int]
 
 
 Prompt = str | list[int] | TokenizedPrompt
+
+
+def prompt_size(prompt: object) -> int:
+    """A prompt's characters or token ids (0 for anything else): what making it ready costs."""
+    if isinstance(prompt, np.ndarray):
+        return prompt.size
+    return len(prompt) if isinstance(prompt, (str, list, tuple)) else 0
 
 
 def is_token_ids(prompt: object) -> bool:

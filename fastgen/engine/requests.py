@@ -56,9 +56,9 @@ def prompt_token_ids(prompt: Prompt, params: SamplingParams, tokenizer,
     for t in params.logit_bias or ():
         if t >= vocab:
             raise ValueError(f"logit_bias names token {t}, outside the vocabulary [0, {vocab})")
-    for i, t in enumerate(token_ids):
-        if not 0 <= t < vocab:
-            raise ValueError(f"prompt token_ids[{i}]={t!r} is outside the vocabulary [0, {vocab})")
+    if token_ids and not (min(token_ids) >= 0 and max(token_ids) < vocab):  # (at C speed; then which one)
+        i, t = next((i, t) for i, t in enumerate(token_ids) if not 0 <= t < vocab)
+        raise ValueError(f"prompt token_ids[{i}]={t!r} is outside the vocabulary [0, {vocab})")
     total = len(token_ids) + params.max_tokens
     if total > config.max_model_len:
         raise ValueError(

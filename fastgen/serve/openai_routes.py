@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
 
-from fastgen.engine.async_llm import AsyncRequestStream
+from fastgen.engine.async_llm import TOKENIZE_INLINE_MAX_CHARS, AsyncRequestStream
 from fastgen.engine.chat_template import message_text
 from fastgen.engine.prompts import TokenizedPrompt, chat_token_ids, tokenized_prompt
 from fastgen.errors import EngineDeadError
@@ -67,11 +67,18 @@ async def completions(body: CompletionRequest, request: Request):
 
 
 async def _tokenized(state: ServerState, prompt):
-    """A text prompt as a TokenizedPrompt, encoded once, in a worker thread: the event loop serves
-    every other stream meanwhile, and the engine takes these ids as they are."""
-    if isinstance(prompt, str) and state.tokenizer is not None:
+    """A text prompt as a TokenizedPrompt, encoded once (its length sets max_tokens here, and the
+    engine takes the ids as they are); a long one in a worker thread, so that the event loop
+    serves every other stream meanwhile. A prompt refused here counts as the engine's refusals do."""
+    if not isinstance(prompt, str) or state.tokenizer is None:
+        return prompt
+    try:
+        if len(prompt) <= TOKENIZE_INLINE_MAX_CHARS:
+            return tokenized_prompt(state.tokenizer, prompt, state.max_model_len)
         return await asyncio.to_thread(tokenized_prompt, state.tokenizer, prompt, state.max_model_len)
-    return prompt
+    except ValueError:
+        state.metrics.rejected.labels("400").inc()
+        raise
 
 
 def _prompt_length(prompt) -> int:
@@ -126,16 +133,33 @@ def chat_messages(body_messages) -> list[dict]:
     return messages
 
 
-def _chat_prompt(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan) -> list[int]:
+def _chat_prompt(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan) -> TokenizedPrompt:
+    """The conversation rendered by the model's template and tokenized (ints: the engine takes
+    them without checking each again)."""
     messages = chat_messages(body.messages)
     if state.tokenizer is None:
         raise RequestError("this server has no tokenizer for chat", param="messages")
     limit = state.max_model_len  # a conversation too long to fit is refused before it is tokenized
     if not tools.shown:
-        return chat_token_ids(state.tokenizer, messages, max_tokens=limit)
-    if template_renders_tools(state.tokenizer):
-        return chat_token_ids(state.tokenizer, messages, tools=[t.as_openai() for t in tools.shown], max_tokens=limit)
-    return chat_token_ids(state.tokenizer, with_tools_in_system(messages, tools.shown), max_tokens=limit)
+        ids = chat_token_ids(state.tokenizer, messages, max_tokens=limit)
+    elif template_renders_tools(state.tokenizer):
+        ids = chat_token_ids(state.tokenizer, messages, tools=[t.as_openai() for t in tools.shown], max_tokens=limit)
+    else:
+        ids = chat_token_ids(state.tokenizer, with_tools_in_system(messages, tools.shown), max_tokens=limit)
+    return TokenizedPrompt(None, ids)
+
+
+def _conversation_size(body: ChatCompletionRequest) -> int:
+    """The characters of a conversation's text contents (parts counted too; what rendering and
+    tokenizing it costs, near enough)."""
+    size = 0
+    for message in body.messages:
+        content = message.content
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            size += sum(len(str(part)) for part in content)
+    return size
 
 
 @router.post("/v1/chat/completions")
@@ -149,9 +173,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                                          (body.response_format or {}).get("type", "text") != "text"):
         raise RequestError(f"tool_choice={body.tool_choice!r} constrains the output, and so does "
                            "response_format / structured_outputs; send one", param="tool_choice")
-    # Rendered and tokenized in a worker thread: the event loop serves every other stream meanwhile.
-    prompt = await asyncio.to_thread(_chat_prompt, state, body, tools)
-    body.max_tokens = chat_max_tokens(body, len(prompt), state.max_model_len)
+    # A long conversation is rendered and tokenized in a worker thread: the event loop serves
+    # every other stream meanwhile.
+    if _conversation_size(body) <= TOKENIZE_INLINE_MAX_CHARS and not tools.shown:
+        prompt = _chat_prompt(state, body, tools)
+    else:
+        prompt = await asyncio.to_thread(_chat_prompt, state, body, tools)
+    body.max_tokens = chat_max_tokens(body, len(prompt.token_ids), state.max_model_len)
     params = sampling_params(body, logprobs=top_logprobs, structured_outputs=tools.constraint)
     stream = await _submit(state, prompt, params, body, "tools" if tools.constraint is not None else None)
     shape = ResponseShape("chat.completion", state.model_name, chat_top_logprobs=top_logprobs or 0, tools=tools,

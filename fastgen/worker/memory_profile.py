@@ -6,7 +6,8 @@ block-table entry is 0, so attention reads that one block as if it were a long h
 * the worst prefill the scheduler can form (`worst_prefill_step`): max_num_batched_tokens new
   tokens, as many sequences as a step may hold (each reaching its last prompt token, so each
   samples), and one of them the last chunk of a max_model_len context (what chunked prefill
-  and prefix-cache hits attend over); sampled with top-k and top-p, the sampler's costliest path;
+  and prefix-cache hits attend over); sampled with top-k and top-p, the sampler's costliest path,
+  but for one greedy row (see PROFILE_PARAMS);
 * when graphs are on, a decode at the largest capture size: the forward, LM head and greedy
   argmax the graph captures, then the same sampling. It stands in for the graphs' private
   memory pool.
@@ -34,8 +35,16 @@ from fastgen.worker.step_inputs import PrepareMeta, StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
 
-# The sampler's costliest settings: temperature scaling, a sort for top-k and top-p.
+# The sampler's costliest settings: temperature scaling, a sort for top-k and top-p. The last
+# row of a profiled step is greedy, which costs more than none: the sampled rows are gathered out
+# of the batch's logits into a copy of their own.
 PROFILE_PARAMS = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=1)
+PROFILE_GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
+
+
+def profile_params(i: int, count: int) -> SamplingParams:
+    """Row i's settings in a profiled step of `count` sampled rows."""
+    return PROFILE_GREEDY if count > 1 and i == count - 1 else PROFILE_PARAMS
 # (step inputs, the step's sequences, kv layers) -> runs the model and samples every sampling row.
 RunStep = Callable[[StepInputs, list[Sequence], list], object]
 
@@ -58,7 +67,7 @@ def worst_prefill_step(config: EngineConfig) -> SchedulerOutput:
     seqs = []
     for i, chunk in enumerate(chunks):
         length = max_len if i == 0 else chunk
-        seq = Sequence(-2 - i, [0] * length, PROFILE_PARAMS)
+        seq = Sequence(-2 - i, [0] * length, profile_params(i, count))
         seq.num_computed_tokens = length - chunk
         seq.block_table = [0] * config.max_blocks_per_seq
         seqs.append(seq)
@@ -105,7 +114,7 @@ def _activation_peaks(config: EngineConfig, run_step: RunStep, graph_batch_size:
         run_step(step, [out.seqs[i] for i in step.sample_rows], stand_in.layers)
 
     def run_decode():
-        padding = [Sequence(-1, [0], PROFILE_PARAMS)] * graph_batch_size
+        padding = [Sequence(-1, [0], profile_params(i, graph_batch_size)) for i in range(graph_batch_size)]
         run_step(inputs.build_decode(SchedulerOutput.empty_decode(), pad_to=graph_batch_size), padding,
                  stand_in.layers)
 

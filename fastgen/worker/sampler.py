@@ -191,7 +191,6 @@ class Sampler:
                                                                                           non_blocking=True),
                 top_p=torch.tensor([params[row].top_p for row in filtered], dtype=torch.float32).to(
                     self.device, non_blocking=True),
-                largest_top_k=max((top_k[row] for row in filtered if top_k[row] < vocab), default=0),
             )
         temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
         min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
@@ -228,13 +227,18 @@ class Sampler:
 
 
 def draw_exponential(out: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Fill `out` with Exp(1) draws from `generator`; returns it. On the CPU as -log(U) of
-    uniform draws, several times cheaper there than torch's `exponential_` (the race only needs
-    the distribution; U = 0 gives an infinite draw, a token that cannot win, as a draw that
-    large would not); elsewhere torch's own, one kernel."""
+    """Fill `out` with Exp(1) draws from `generator`; returns it. On the CPU as -log(U) of float64
+    uniform draws (U = 0 taken as the smallest positive double: an infinite draw would zero a row
+    whose one allowed token then loses to a banned one), twice to four times cheaper there than
+    torch's `exponential_`, and without float32's 2**-24 steps between small draws; elsewhere
+    torch's own, one kernel."""
     if out.device.type == "cpu":
-        return torch.rand(out.shape, generator=generator, out=out).log_().neg_()
+        uniform = torch.rand(out.shape, generator=generator, dtype=torch.float64)
+        return out.copy_(uniform.clamp_(min=_SMALLEST_DOUBLE).log_().neg_())
     return out.exponential_(generator=generator)
+
+
+_SMALLEST_DOUBLE = torch.finfo(torch.float64).tiny
 
 
 def output_position(seq: Sequence) -> int:

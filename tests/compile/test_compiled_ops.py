@@ -82,7 +82,7 @@ def test_compiled_sampler_equals_eager(compiled, eager, device, vocab):
     top_k = torch.tensor([vocab, 5, vocab, 50, vocab, 1], device=device)
     top_p = torch.tensor([1.0, 1.0, 0.9, 0.5, 1.0, 1.0], device=device)
     noise = torch.empty(6, vocab).exponential_(generator=g).to(device)
-    for nucleus in (None, NucleusFilter(None, top_k, top_p, largest_top_k=50)):
+    for nucleus in (None, NucleusFilter(None, top_k, top_p)):
         got = compiled.sample_tokens(logits, temps, noise, nucleus)
         want = eager.sample_tokens(logits, temps, noise, nucleus)
         assert got.tolist() == want.tolist()
@@ -124,7 +124,7 @@ def test_compiled_min_p_and_penalties_equal_eager(compiled, eager):
     top_p = torch.tensor([1.0, 1.0, 0.9, 1.0, 1.0])
     min_p = torch.tensor([0.1, 0.0, 0.05, 0.0, 0.3])
     noise = torch.empty(5, VOCAB).exponential_(generator=g)
-    for nucleus in (None, NucleusFilter(None, top_k, top_p, largest_top_k=0)):
+    for nucleus in (None, NucleusFilter(None, top_k, top_p)):
         got = compiled.sample_tokens(logits, temps, noise, nucleus, min_p, True)
         want = eager.sample_tokens(logits, temps, noise, nucleus, min_p, True)
         assert got.tolist() == want.tolist()

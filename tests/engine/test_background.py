@@ -188,25 +188,6 @@ def test_text_prompts_are_tokenized_in_the_submitting_thread(llm, tiny_models, r
     assert_clean(llm)
 
 
-def test_a_text_prediction_is_tokenized_in_the_submitting_thread(tiny_models, reference, monkeypatch):
-    """Speculative decoding reads a prediction as tokens: a text one is encoded before the loop
-    takes the request, and the answer is still transformers'."""
-    llm = LLM(tiny_models["qwen3"], dtype="float32", block_size=8, num_kv_blocks=64, max_model_len=128,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
-    prompt = [5, 6, 7, 8]
-    want = reference(tiny_models["qwen3"], [prompt], 16)[0]
-    prediction = llm.tokenizer.decode(want)
-    threads = spy_encoding_threads(llm.engine.tokenizer, monkeypatch)
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, prediction=prediction)
-    with llm.background() as bg:
-        done = bg.submit(prompt, params).result()
-        assert threads == [threading.current_thread().name]
-    assert params.prediction == prediction  # the caller's object is left as it was
-    assert done.token_ids == want
-    assert done.metrics.num_draft_tokens > 0
-    assert_clean(llm)
-
-
 def test_token_id_prompts_are_checked_in_the_submitting_thread(llm, tiny_models, reference, monkeypatch):
     """A long list of ids takes the loop milliseconds to check one by one: the submitting thread
     does it, and a bad id raises there."""

@@ -115,10 +115,11 @@ def test_only_streamed_responses_ask_the_engine_for_an_output_every_step(client,
     assert chat.choices[0].message.content == streamed_chat
 
 
-def test_prompts_are_tokenized_once_off_the_event_loop(server, client, expected, monkeypatch):
-    """The event loop serves every stream: a prompt's tokenization (milliseconds for a long one,
-    holding the thread) runs in a worker thread, neither there nor in the engine's loop thread,
-    and a completion's text is encoded once (for its length and for the engine alike)."""
+def test_long_prompts_are_tokenized_once_off_the_event_loop(server, client, chat_model, expected, monkeypatch):
+    """The event loop serves every stream: a long prompt's tokenization (milliseconds, holding
+    the thread) runs in a worker thread, neither there nor in the engine's loop thread; a short
+    one where it costs less than the hand-over, on the event loop. A completion's text is encoded
+    once (for its length and for the engine alike)."""
     from fastgen.engine.tokenizer import FastTokenizer
 
     calls, encode = [], FastTokenizer.encode
@@ -132,15 +133,21 @@ def test_prompts_are_tokenized_once_off_the_event_loop(server, client, expected,
         calls.append((text, where))
         return encode(self, text, *args, **kwargs)
 
+    long = "fibonacci " * 102  # past the 1,000 characters made ready inline, in 105 tokens
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    want = LLM(chat_model, **ENGINE_ARGS).generate(long, params)[0]
     monkeypatch.setattr(FastTokenizer, "encode", spy)
-    completion = client.completions.create(prompt=PROMPTS[1], **GREEDY)
-    chat = client.chat.completions.create(messages=CHAT, **GREEDY)
-    counted = httpx.post(f"{server}/tokenize", json={"prompt": PROMPTS[1]}).json()
-    assert completion.choices[0].text == expected[0][PROMPTS[1]].text
-    assert chat.choices[0].message.content == expected[1].text
-    assert counted["tokens"] == expected[0][PROMPTS[1]].prompt_token_ids
-    assert [text for text, _ in calls].count(PROMPTS[1]) == 2  # the completion's once, /tokenize's
-    assert len(calls) == 3 and not {where for _, where in calls} & {"event loop", "fastgen-engine-loop"}, calls
+    completion = client.completions.create(prompt=long, **GREEDY)
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": long}], **GREEDY)
+    counted = httpx.post(f"{server}/tokenize", json={"prompt": long}).json()
+    short = client.completions.create(prompt=PROMPTS[1], **GREEDY)
+    assert completion.choices[0].text == want.text and counted["tokens"] == want.prompt_token_ids
+    assert completion.usage.prompt_tokens == len(want.prompt_token_ids) and chat.choices[0].finish_reason == "length"
+    assert short.choices[0].text == expected[0][PROMPTS[1]].text
+    assert [text for text, _ in calls].count(long) == 2  # the completion's once, /tokenize's
+    assert len(calls) == 4, calls
+    assert not {where for _, where in calls[:3]} & {"event loop", "fastgen-engine-loop"}, calls
+    assert calls[3] == (PROMPTS[1], "event loop")
 
 
 def test_32_concurrent_streaming_clients_finish_with_correct_token_counts(server, expected):

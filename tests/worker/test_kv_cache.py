@@ -53,7 +53,10 @@ def test_profiled_prefill_is_the_worst_step_the_scheduler_can_form(
     assert step.is_prefill and step.num_new_tokens == chunks
     # Every sequence reaches its last token, so every one samples (the most logits rows) ...
     assert all(step.samples(i) for i in range(len(step.seqs)))
-    assert all(not p.greedy and p.top_k and p.top_p < 1 for p in (s.params for s in step.seqs))
+    # ... with top-k and top-p, but for the last row: greedy, it makes the sampled rows a copy.
+    params = [s.params for s in step.seqs]
+    assert all(not p.greedy and p.top_k and p.top_p < 1 for p in params[:-1])
+    assert params[-1].greedy == (len(params) > 1)
     # ... and the first one attends over a full max_model_len context: its chunk follows a
     # cached history (what chunked prefill and prefix-cache hits run), with a full-width table.
     first = step.seqs[0]

@@ -188,14 +188,15 @@ def test_a_tiny_top_p_keeps_the_most_likely_token(top_p):
 
 
 def test_huge_logits_over_a_small_temperature_stay_finite():
-    """Finite logits divided by a small temperature overflow to inf in float32, and inf - inf in
-    the softmax is NaN: the scaled logits are kept finite, so the top token still wins."""
+    """Finite logits divided by a small temperature overflow in float32, and inf - inf in the
+    softmax is NaN: the scaled logits are kept finite, and the top token still wins (the second
+    is 1e34 below it, a chance of exp(-5e38)), whatever the draws."""
     logits = torch.zeros(2, VOCAB)
     logits[0, 7], logits[0, 8] = 1e35, 9e34
     logits[1, 9] = float("inf")
     params = [SamplingParams(temperature=2e-5, top_k=5), SamplingParams(temperature=1.0)]
-    for _ in range(10):
-        assert make_sampler()(logits, seqs_for(*params)).tolist() == [7, 9]
+    for seed in range(10):
+        assert make_sampler(seed)(logits, seqs_for(*params)).tolist() == [7, 9]
 
 
 def test_only_the_rows_that_sample_reach_the_sampling_arithmetic():
@@ -224,9 +225,10 @@ LARGE_VOCAB = 4096  # large enough that the CPU filter looks at candidates befor
 @pytest.mark.parametrize("spread", ["peaked", "flat"])
 def test_the_nucleus_filter_keeps_what_transformers_warpers_keep(spread, monkeypatch):
     """Top-k then top-p keep exactly the tokens transformers' TopKLogitsWarper then
-    TopPLogitsWarper keep, whether the nucleus lies among the CPU filter's candidates (peaked
-    rows: no row is sorted) or reaches past them (flat rows: the row whose top-p nucleus does is
-    sorted whole). A row that asks for top-k alone keeps all k, however its mass rounds."""
+    TopPLogitsWarper keep, on the CPU filter's partial top-k and on its whole sort alike: rows
+    with a top-k past its candidates are sorted whole, and so is a top-p row whose nucleus
+    reaches past them (flat rows), but not one whose nucleus lies among them (peaked rows). A
+    row that asks for top-k alone keeps all k, however its mass rounds."""
     from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
     logits = torch.randn(7, LARGE_VOCAB, generator=torch.Generator().manual_seed(5))
@@ -241,8 +243,8 @@ def test_the_nucleus_filter_keeps_what_transformers_warpers_keep(spread, monkeyp
         return sort_whole(rows, *args)
 
     monkeypatch.setattr(sampling_ops, "_filter_sorted", counting)
-    ours = sampling_ops.filter_top_k_top_p(logits, top_k, top_p, largest_top_k=1000)
-    assert sorted_rows == ([] if spread == "peaked" else [1])
+    ours = sampling_ops.filter_top_k_top_p(logits, top_k, top_p)
+    assert sorted_rows == ([2] if spread == "peaked" else [4])
     for row, (k, p) in enumerate(settings):
         want = logits[row : row + 1]
         if k < LARGE_VOCAB:
@@ -253,3 +255,35 @@ def test_the_nucleus_filter_keeps_what_transformers_warpers_keep(spread, monkeyp
         assert torch.equal(torch.isfinite(ours[row]), kept), (row, int(kept.sum()), int(torch.isfinite(ours[row]).sum()))
         assert torch.equal(ours[row][kept], logits[row][kept])
     assert torch.equal(ours, sort_whole(logits, top_k, top_p))
+
+
+def test_a_uniform_draw_of_zero_cannot_pick_a_banned_token(monkeypatch):
+    """-log(U) with U = 0 would be an infinite draw: in a row where one token is allowed (top-k 1
+    here; a grammar alike), every other token's chance is 0, and an all-zero race would pick
+    token 0. The only allowed token must win whatever the draws."""
+    logits = random_logits(2, seed=8)
+    assert logits[0].argmax() != 0
+    real_rand = torch.rand
+
+    def zeros(*args, **kwargs):
+        return real_rand(*args, **kwargs).zero_()
+
+    monkeypatch.setattr(torch, "rand", zeros)
+    params = [SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=1.0, top_k=1, seed=5)]
+    tokens = make_sampler()(logits, seqs_for(*params))
+    assert tokens.tolist() == logits.argmax(-1).tolist()
+
+
+def test_a_rows_filter_does_not_depend_on_what_shares_its_batch():
+    """Which way the CPU filter takes a row (its candidates or a whole sort) follows from the
+    row alone: a top-p row gets the same tokens beside rows with large top-k's as on its own, so
+    a seeded request reproduces in any batch."""
+    logits = torch.randn(8, LARGE_VOCAB, generator=torch.Generator().manual_seed(11))
+    logits[:4] *= 6.0  # peaked rows: their nucleus lies among the candidates
+    top_p = torch.tensor([0.9, 0.5, 0.95, 0.7, 0.9, 0.5, 0.95, 0.7])
+    top_k = torch.full((8,), LARGE_VOCAB)
+    batch = sampling_ops.filter_top_k_top_p(torch.cat([logits, logits[:2]]), torch.cat([top_k, torch.tensor([1000, 3000])]),
+                                            torch.cat([top_p, torch.tensor([1.0, 0.9])]))
+    for row in range(8):
+        alone = sampling_ops.filter_top_k_top_p(logits[row : row + 1], top_k[row : row + 1], top_p[row : row + 1])
+        assert torch.equal(batch[row], alone[0]), row
