@@ -48,6 +48,12 @@ def token_ids_of(prompt: object) -> list[int]:
         raise ValueError(f"prompt must be a string or a 1-D sequence of token ids, got an array of shape {prompt.shape}")
     if not isinstance(prompt, (SequenceABC, np.ndarray)) or isinstance(prompt, (bytes, bytearray)):
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+    # Plain ints (or an integer array) are copied at C speed: a long prompt is checked one by one
+    # only when something in it is not (to name the first that is wrong, or to convert it).
+    if isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:
+        return list(prompt)
+    if isinstance(prompt, np.ndarray) and np.issubdtype(prompt.dtype, np.integer):
+        return prompt.tolist()
     token_ids = []
     for i, t in enumerate(prompt):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
