@@ -11,7 +11,7 @@ from fastgen.checks import boolean
 from fastgen.config import EngineConfig
 from fastgen.engine.logprob_dicts import TokenTexts
 from fastgen.engine.parallel_sampling import ChildId, ParentRequest, child_params
-from fastgen.engine.prompts import Prompt, TokenizedPrompt, encode_text, token_ids_of, tokenized_prompt
+from fastgen.engine.prompts import Prompt, encode_text, tokenized_prompt
 from fastgen.engine.request_state import RequestState, now
 from fastgen.sampling_params import SamplingParams
 from fastgen.sequence import Sequence
@@ -34,16 +34,12 @@ def check_request_id(request_id: object) -> str:
 def prompt_token_ids(prompt: Prompt, params: SamplingParams, tokenizer,
                      config: EngineConfig) -> tuple[str | None, list[int]]:
     """The prompt's text (None for token ids) and token ids; ValueError naming what is wrong."""
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise ValueError("prompt is a string but the engine was started with skip_tokenizer_init=True")
-        # "" too: a tokenizer that adds BOS makes it a prompt.
-        prompt = tokenized_prompt(tokenizer, prompt, config.max_model_len)
-    if isinstance(prompt, TokenizedPrompt):  # ints already (their range is checked below)
-        text, token_ids = prompt.text, list(prompt.token_ids)
-    else:
-        text = None
-        token_ids = token_ids_of(prompt)
+    if isinstance(prompt, str) and tokenizer is None:
+        raise ValueError("prompt is a string but the engine was started with skip_tokenizer_init=True")
+    # Text ("" too: a tokenizer that adds BOS makes it a prompt) or ids, unless a caller's thread
+    # made it ready already; ints either way (their range is checked below).
+    ready = tokenized_prompt(tokenizer, prompt, config.max_model_len)
+    text, token_ids = ready.text, list(ready.token_ids)
     if not token_ids:
         raise ValueError(f"prompt={token_ids if text is None else text!r} is empty: a request needs at least 1 token")
     if params.stop and tokenizer is None:  # stop strings are looked for in the text

@@ -191,7 +191,7 @@ def test_text_prompts_are_tokenized_in_the_submitting_thread(llm, tiny_models, r
 def test_token_id_prompts_are_checked_in_the_submitting_thread(llm, tiny_models, reference, monkeypatch):
     """A long list of ids takes the loop milliseconds to check one by one: the submitting thread
     does it, and a bad id raises there."""
-    from fastgen.engine import prompts, requests
+    from fastgen.engine import prompts
 
     threads, check = [], prompts.token_ids_of
 
@@ -200,7 +200,6 @@ def test_token_id_prompts_are_checked_in_the_submitting_thread(llm, tiny_models,
         return check(prompt)
 
     monkeypatch.setattr(prompts, "token_ids_of", recording)
-    monkeypatch.setattr(requests, "token_ids_of", recording)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     with llm.background() as bg:
         done = bg.submit([5, 6, 7, 8], params).result()
